@@ -1,0 +1,196 @@
+"""The tidy results table shared by every analysis, trainer and sweep.
+
+One number per row. A unit of work (one checkpoint step, one training run, one experiment)
+writes one Parquet shard atomically: a temp file in the same folder, then ``os.replace``, so a
+killed job never leaves a half-written shard and a resumed job can skip finished ones.
+Each run folder also holds ``manifest.json`` (argv, effective config, versions, git sha, times).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pythia_probe import __version__ as CODE_VERSION
+
+# column -> (arrow type, nullable)
+SCHEMA: dict[str, tuple[pa.DataType, bool]] = {
+    "model": (pa.string(), False),
+    "step": (pa.int64(), True),
+    "analysis": (pa.string(), False),
+    "layer": (pa.int64(), True),
+    "head": (pa.int64(), True),
+    "metric": (pa.string(), False),
+    "value": (pa.float64(), False),
+    "n": (pa.int64(), True),
+    "stats_id": (pa.string(), True),
+    "dtype": (pa.string(), True),
+    "code_version": (pa.string(), False),
+    "run_id": (pa.string(), True),
+}
+COLUMNS = list(SCHEMA)
+ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.items()])
+MANIFEST = "manifest.json"
+
+
+class ResultsError(ValueError):
+    """A results table or shard that does not follow the schema."""
+
+
+def new_run_id() -> str:
+    """A short unique id for one run: UTC time plus 6 random hex digits."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def make_rows(rows: Iterable[Mapping[str, Any]], **common: Any) -> pd.DataFrame:
+    """Build a schema-conformant frame from row dicts; ``common`` fills every row.
+
+    Missing nullable columns become null; ``code_version`` defaults to this package's version.
+    """
+    common = {"code_version": CODE_VERSION, **common}
+    records = [{**common, **dict(r)} for r in rows]
+    df = pd.DataFrame.from_records(records, columns=COLUMNS)
+    return validate(_coerce(df))
+
+
+def _coerce(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    for col, (typ, _) in SCHEMA.items():
+        if col not in df:
+            df[col] = None
+        if pa.types.is_integer(typ):
+            df[col] = df[col].astype("Int64")
+        elif pa.types.is_floating(typ):
+            df[col] = df[col].astype("float64")
+        else:
+            df[col] = df[col].astype("string")
+    return df[COLUMNS]
+
+
+def validate(df: pd.DataFrame) -> pd.DataFrame:
+    """Check columns, types and required values; return ``df`` or raise ResultsError."""
+    missing = [c for c in COLUMNS if c not in df.columns]
+    extra = [c for c in df.columns if c not in SCHEMA]
+    if missing or extra:
+        raise ResultsError(f"results columns wrong: missing {missing}, unexpected {extra}; "
+                           f"valid columns are {COLUMNS}")
+    for col, (_, nullable) in SCHEMA.items():
+        if not nullable and df[col].isna().any():
+            raise ResultsError(f"column {col!r} must not be null ({int(df[col].isna().sum())} "
+                               "null rows)")
+    bad = df["value"].map(lambda v: isinstance(v, float) and math.isinf(v))
+    if bad.any():
+        raise ResultsError(f"{int(bad.sum())} rows have an infinite value")
+    for col in ("step", "layer", "head", "n"):
+        neg = df[col].dropna() < 0
+        if neg.any():
+            raise ResultsError(f"column {col!r} has negative entries")
+    return df
+
+
+def write_shard(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Validate ``df`` and write it to ``path`` atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(validate(_coerce(df)), schema=ARROW_SCHEMA, preserve_index=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def read_shard(path: str | os.PathLike) -> pd.DataFrame:
+    """Read one shard written by :func:`write_shard`, with a clear error if unreadable."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise ResultsError(f"cannot read results shard {path}: {e}") from e
+    return validate(_coerce(table.to_pandas()))
+
+
+def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
+    """Concatenate every ``*.parquet`` shard under ``run_dir`` (recursively), validated."""
+    shards = sorted(Path(run_dir).rglob("*.parquet"))
+    if not shards:
+        raise ResultsError(f"no *.parquet result shards under {run_dir}")
+    return pd.concat([read_shard(p) for p in shards], ignore_index=True)
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def package_versions(names: Iterable[str] = ("torch", "transformers", "huggingface-hub",
+                                             "datasets", "accelerate", "tokenizers", "numpy",
+                                             "pandas", "pyarrow")) -> dict[str, str | None]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x, default=str))
+
+
+def write_manifest(run_dir: str | os.PathLike, config: Mapping[str, Any], *,
+                   argv: list[str] | None = None, started: datetime | None = None,
+                   run_id: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+    """Write ``run_dir/manifest.json`` atomically. Call again at the end to set ``ended``."""
+    now = datetime.now(timezone.utc)
+    manifest = {
+        "run_id": run_id,
+        "argv": list(sys.argv if argv is None else argv),
+        "config": _jsonable(dict(config)),
+        "code_version": CODE_VERSION,
+        "git_sha": _git_sha(),
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "started": (started or now).isoformat(),
+        "ended": now.isoformat(),
+        **_jsonable(dict(extra or {})),
+    }
+    path = Path(run_dir) / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(run_dir) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise ResultsError(f"no {MANIFEST} in {run_dir}") from e
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path} is not valid JSON: {e}") from e
