@@ -82,13 +82,17 @@ def _coerce(df: pd.DataFrame) -> pd.DataFrame:
     return df[COLUMNS]
 
 
-def validate(df: pd.DataFrame) -> pd.DataFrame:
-    """Check columns, types and required values; return ``df`` or raise ResultsError."""
+def _check_columns(df: pd.DataFrame) -> None:
     missing = [c for c in COLUMNS if c not in df.columns]
     extra = [c for c in df.columns if c not in SCHEMA]
     if missing or extra:
         raise ResultsError(f"results columns wrong: missing {missing}, unexpected {extra}; "
                            f"valid columns are {COLUMNS}")
+
+
+def validate(df: pd.DataFrame) -> pd.DataFrame:
+    """Check columns, types and required values; return ``df`` or raise ResultsError."""
+    _check_columns(df)
     for col, (_, nullable) in SCHEMA.items():
         if not nullable and df[col].isna().any():
             raise ResultsError(f"column {col!r} must not be null ({int(df[col].isna().sum())} "
@@ -125,7 +129,9 @@ def read_shard(path: str | os.PathLike) -> pd.DataFrame:
         table = pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as e:
         raise ResultsError(f"cannot read results shard {path}: {e}") from e
-    return validate(_coerce(table.to_pandas()))
+    df = table.to_pandas()
+    _check_columns(df)
+    return validate(_coerce(df))
 
 
 def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
