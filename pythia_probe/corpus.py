@@ -1,0 +1,434 @@
+"""Document sources behind one interface: a list of `Shard`s, each yielding document strings.
+
+source:
+- "builtin": generated TinyStories-style stories (pythia_probe.builtin_corpus), deterministic
+  by seed; options n_stories (20000), seed (0), stories_per_shard (1000), length, min_tokens,
+  p_topic (see builtin_corpus.story).
+- a local path: a .txt file in TinyStories format (stories separated by "<|endoftext|>" lines),
+  a .jsonl file (one JSON object per line, text in `text_field`), a .parquet file (column
+  `text_field`, read with the `datasets` parquet builder, exactly as hub files are), a directory
+  (every such file below it, sorted; one shard each), or a glob of such files.
+- a hub dataset id ("org/name"): its .parquet files for `split` (listed with huggingface_hub at
+  run time; option data_dir limits them to one folder, revision picks a branch), or an
+  "hf://datasets/org/name[@rev]/path/*.parquet" glob. Each file is one shard, streamed with
+  datasets.load_dataset("parquet", data_files=..., streaming=True): nothing is cached in full.
+
+Run `python -m pythia_probe.corpus --help` for the generate / inspect commands.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from urllib.parse import quote
+
+from pythia_probe import builtin_corpus
+
+SEPARATOR = "<|endoftext|>"
+FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+VALID_SOURCES = ("'builtin', a .txt (<|endoftext|>-separated) / .jsonl / .parquet file, a "
+                 "directory or glob of those, a hub dataset id 'org/name', or an "
+                 "'hf://datasets/org/name/...parquet' path or glob")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation",
+                "valid": "validation", "val": "validation", "dev": "validation", "test": "test"}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One unit of a corpus: `name` is a stable id (for checkpointing), `documents()` streams
+    its documents in order. Picklable, so shards can be handed to worker processes."""
+
+    name: str
+    reader: Callable[[], Iterator[str]] = field(repr=False, compare=False)
+
+    def documents(self) -> Iterator[str]:
+        return self.reader()
+
+
+# ---------------------------------------------------------------- readers
+def _builtin_docs(start: int, stop: int, seed: int, length: int, min_tokens: int,
+                  p_topic: float) -> Iterator[str]:
+    for i in range(start, stop):
+        yield builtin_corpus.story(i, seed, length=length, min_tokens=min_tokens,
+                                   p_topic=p_topic)
+
+
+def _txt_docs(path: str) -> Iterator[str]:
+    buf: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        try:
+            for line in f:
+                if SEPARATOR not in line:
+                    buf.append(line)
+                    continue
+                pieces = line.split(SEPARATOR)
+                for piece in pieces[:-1]:
+                    doc = ("".join(buf) + piece).strip()
+                    buf = []
+                    if doc:
+                        yield doc
+                buf = [pieces[-1]]
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must be "
+                             "UTF-8 with stories separated by <|endoftext|> lines") from e
+    doc = "".join(buf).strip()
+    if doc:
+        yield doc
+
+
+def _jsonl_docs(path: str, text_field: str) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
+                                 "corpus has one JSON object per line") from e
+            yield _text_of(record, text_field, f"{path} line {lineno}")
+
+
+def _text_of(record: object, text_field: str, where: str) -> str:
+    if not isinstance(record, dict) or text_field not in record:
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise KeyError(f"{where} has no text field {text_field!r}; fields present: {keys} "
+                       "(choose one with text_field=...)")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: field {text_field!r} is {type(text).__name__}, not a string")
+    return text
+
+
+def _open_parquet(data_file: str, text_field: str):
+    import datasets
+    try:
+        ds = datasets.load_dataset("parquet", data_files=[data_file], split="train",
+                                   streaming=True)
+        features = ds.features
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"parquet file {data_file} not found ({e})") from e
+    except Exception as e:
+        raise ValueError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
+                         "expected a valid .parquet file with a string text column") from e
+    if features is not None and text_field not in features:
+        raise KeyError(f"{data_file} has no text field {text_field!r}; columns present: "
+                       f"{sorted(features)} (choose one with text_field=...)")
+    return ds.select_columns([text_field])
+
+
+def _parquet_docs(data_file: str, text_field: str) -> Iterator[str]:
+    ds = _open_parquet(data_file, text_field)
+    rows = iter(ds)
+    while True:
+        try:
+            record = next(rows)
+        except StopIteration:
+            return
+        except Exception as e:
+            raise ValueError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
+                             "the file is corrupt or not parquet") from e
+        yield _text_of(record, text_field, data_file)
+
+
+# ---------------------------------------------------------------- shard lists
+def builtin_shards(n_stories: int = 20000, seed: int = 0, stories_per_shard: int = 1000,
+                   length: int = 24, min_tokens: int = 0, p_topic: float = 0.9) -> list[Shard]:
+    """Shards of the built-in story stream; shard i holds stories [i*S, (i+1)*S)."""
+    builtin_corpus._check_args(n_stories, seed, length, min_tokens, p_topic)
+    if not isinstance(stories_per_shard, int) or stories_per_shard < 1:
+        raise ValueError(f"stories_per_shard must be an integer >= 1, got {stories_per_shard!r}")
+    tag = f"builtin/seed={seed}/length={length}/min_tokens={min_tokens}/p_topic={p_topic}"
+    shards = []
+    for start in range(0, n_stories, stories_per_shard):
+        stop = min(start + stories_per_shard, n_stories)
+        reader = partial(_builtin_docs, start, stop, seed, length, min_tokens, p_topic)
+        shards.append(Shard(f"{tag}/stories={start}-{stop}", reader))
+    return shards
+
+
+def file_shard(path: str | Path, text_field: str = "text") -> Shard:
+    """One local .txt / .jsonl / .parquet file as a shard."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FILE_SUFFIXES:
+        raise ValueError(f"unsupported corpus file {path}: the suffix must be one of "
+                         f"{', '.join(FILE_SUFFIXES)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus file {path} does not exist")
+    if suffix == ".txt":
+        return Shard(str(path), partial(_txt_docs, str(path)))
+    if suffix == ".jsonl":
+        return Shard(str(path), partial(_jsonl_docs, str(path), text_field))
+    return Shard(str(path), partial(_parquet_docs, str(path), text_field))
+
+
+def _local_files(paths: list[Path], where: str) -> list[Path]:
+    files = sorted(p for p in paths if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
+    if not files:
+        raise ValueError(f"no {'/'.join(FILE_SUFFIXES)} files in {where}; give a directory or "
+                         "glob containing such files")
+    return files
+
+
+def file_split(path: str) -> str | None:
+    """The split a data file belongs to by hub naming conventions ("train", "validation",
+    "test"), or None when its path names none."""
+    for word in re.split(r"[/\-_.]", path.lower()):
+        if word in _SPLIT_WORDS:
+            return _SPLIT_WORDS[word]
+    return None
+
+
+def select_split(files: list[str], split: str) -> list[str]:
+    """The files of `split`; when no file names a split, all files are "train"."""
+    want = _SPLIT_WORDS.get(split.lower(), split.lower())
+    named = {f: file_split(f) for f in files}
+    if all(s is None for s in named.values()):
+        return list(files) if want == "train" else []
+    return [f for f, s in named.items() if s == want]
+
+
+def hub_parquet_files(repo_id: str, split: str = "train", revision: str | None = None,
+                      data_dir: str | None = None) -> list[str]:
+    """hf:// paths of a hub dataset's parquet files for `split` (listed at run time)."""
+    from huggingface_hub import list_repo_files
+    try:
+        files = list_repo_files(repo_id, repo_type="dataset", revision=revision)
+    except Exception as e:
+        raise OSError(f"{repo_id!r} is no local path, and listing it as a hub dataset failed "
+                      f"({type(e).__name__}: {e}); check the path or id and the network "
+                      "(HF_HUB_OFFLINE=1 uses the cache only)") from e
+    files = sorted(f for f in files if f.endswith(".parquet")
+                   and (data_dir is None or f.startswith(data_dir.rstrip("/") + "/")))
+    chosen = select_split(files, split)
+    if not chosen:
+        raise ValueError(f"hub dataset {repo_id!r} has no .parquet files for split {split!r}"
+                         f"{'' if data_dir is None else f' under {data_dir!r}'}; parquet files "
+                         f"found: {files[:10]}{' ...' if len(files) > 10 else ''}")
+    at = "" if revision is None else "@" + quote(revision, safe="")
+    return [f"hf://datasets/{repo_id}{at}/{f}" for f in chosen]
+
+
+def _hf_glob(pattern: str) -> list[str]:
+    if not any(c in pattern for c in "*?["):
+        return [pattern]
+    from huggingface_hub import HfFileSystem
+    try:
+        found = sorted("hf://" + p for p in HfFileSystem().glob(pattern))
+    except Exception as e:
+        raise OSError(f"cannot list {pattern} ({type(e).__name__}: {e})") from e
+    if not found:
+        raise ValueError(f"no files match {pattern}")
+    return found
+
+
+def _hub_shards(source: str, text_field: str, split: str, revision: str | None,
+                data_dir: str | None) -> list[Shard]:
+    if source.startswith("hf://"):
+        files = _hf_glob(source)
+    else:
+        files = hub_parquet_files(source, split, revision, data_dir)
+    bad = [f for f in files if not f.endswith(".parquet")]
+    if bad:
+        raise ValueError(f"hub sources are read as parquet only; not parquet: {bad[:3]}")
+    return [Shard(f, partial(_parquet_docs, f, text_field)) for f in files]
+
+
+def corpus_shards(source: str = "builtin", *, text_field: str = "text", split: str = "train",
+                  revision: str | None = None, data_dir: str | None = None,
+                  **builtin_opts) -> list[Shard]:
+    """The shards of `source`, in a fixed order (see the module docstring for sources).
+
+    builtin_opts (n_stories, seed, stories_per_shard, length, min_tokens, p_topic) apply to
+    "builtin" only; text_field to .jsonl/.parquet/hub; split, revision, data_dir to hub ids.
+    """
+    source = str(source)
+    if source == "builtin":
+        if split != "train":
+            raise ValueError("the builtin corpus has one stream ('train'); use another seed "
+                             f"for held-out stories, not split={split!r}")
+        return builtin_shards(**builtin_opts)
+    if builtin_opts:
+        raise TypeError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
+    return _source_shards(source, text_field, split, revision, data_dir)
+
+
+def _source_shards(source: str, text_field: str, split: str, revision: str | None,
+                   data_dir: str | None) -> list[Shard]:
+    path = Path(source).expanduser()
+    if source.startswith("hf://"):
+        return _hub_shards(source, text_field, split, revision, data_dir)
+    if path.is_dir():
+        files = _local_files(list(path.rglob("*")), f"directory {path}")
+    elif any(c in source for c in "*?["):
+        files = _local_files([Path(p) for p in globlib.glob(source, recursive=True)],
+                             f"glob {source!r}")
+    elif path.exists() or path.suffix.lower() in FILE_SUFFIXES:
+        if not path.exists():
+            raise FileNotFoundError(f"corpus file {path} does not exist; valid sources: "
+                                    f"{VALID_SOURCES}")
+        files = [path]
+    elif _HUB_ID.match(source):
+        return _hub_shards(source, text_field, split, revision, data_dir)
+    else:
+        raise FileNotFoundError(f"corpus source {source!r} not found; valid sources: "
+                                f"{VALID_SOURCES}")
+    return [file_shard(f, text_field) for f in files]
+
+
+def iter_documents(source: str = "builtin", *, text_field: str = "text", min_chars: int = 0,
+                   max_docs: int | None = None, split: str = "train",
+                   **opts) -> Iterator[str]:
+    """All documents of all shards of `source`, in order, with at least `min_chars`
+    characters, stopping after `max_docs` kept documents (None: no limit).
+
+    Raises ValueError when the source holds no document, or none passes min_chars.
+    """
+    if not isinstance(min_chars, int) or min_chars < 0:
+        raise ValueError(f"min_chars must be an integer >= 0, got {min_chars!r}")
+    if max_docs is not None and (not isinstance(max_docs, int) or max_docs < 1):
+        raise ValueError(f"max_docs must be None or an integer >= 1, got {max_docs!r}")
+    seen = kept = longest = 0
+    for shard in corpus_shards(source, text_field=text_field, split=split, **opts):
+        for doc in shard.documents():
+            seen += 1
+            longest = max(longest, len(doc))
+            if len(doc) >= min_chars:
+                kept += 1
+                yield doc
+                if max_docs is not None and kept >= max_docs:
+                    return
+    if seen == 0:
+        raise ValueError(f"empty corpus: {source!r} holds no documents (a .txt corpus needs "
+                         "non-blank text between <|endoftext|> lines)")
+    if kept == 0:
+        raise ValueError(f"no document of {source!r} has >= {min_chars} characters ({seen} "
+                         f"documents, longest {longest}); lower min_chars")
+
+
+# ---------------------------------------------------------------- command line
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Write built-in stories to a TinyStories-format .txt file."""
+
+    out: str
+    n_stories: int = 20000
+    seed: int = 0
+    length: int = 24
+    min_tokens: int = 0
+    p_topic: float = 0.9
+
+    def __post_init__(self):
+        if not self.out.endswith(".txt"):
+            raise ValueError(f"--out must name a .txt file, got {self.out!r}")
+        builtin_corpus._check_args(self.n_stories, self.seed, self.length, self.min_tokens,
+                                   self.p_topic)
+
+
+@dataclass(frozen=True)
+class InspectConfig:
+    """Summarise a corpus: counts, lengths, top words, a sample, planted groups (builtin)."""
+
+    source: str = "builtin"
+    max_docs: int = 2000
+    min_chars: int = 0
+    text_field: str = "text"
+    split: str = "train"
+    top: int = 20
+
+    def __post_init__(self):
+        if self.max_docs < 1 or self.top < 1 or self.min_chars < 0:
+            raise ValueError("need --max-docs >= 1, --top >= 1 and --min-chars >= 0")
+
+
+def generate(cfg: GenerateConfig) -> int:
+    """Write the stories, each followed by a "<|endoftext|>" line; returns the token count."""
+    from tqdm import tqdm
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    n_tokens = 0
+    with open(cfg.out, "w", encoding="utf-8") as f:
+        for i in tqdm(range(cfg.n_stories), desc="stories", unit="story", mininterval=1):
+            text = builtin_corpus.story(i, cfg.seed, length=cfg.length,
+                                        min_tokens=cfg.min_tokens, p_topic=cfg.p_topic)
+            n_tokens += builtin_corpus.count_tokens(text)
+            f.write(f"{text}\n{SEPARATOR}\n")
+    return n_tokens
+
+
+def summarise(cfg: InspectConfig) -> str:
+    """The report `inspect` prints (every number computed from the documents read)."""
+    import numpy as np
+
+    from pythia_probe.tokenizer import word_tokens
+    docs = list(iter_documents(cfg.source, text_field=cfg.text_field, min_chars=cfg.min_chars,
+                               max_docs=cfg.max_docs, split=cfg.split))
+    toks = [word_tokens(d) for d in docs]
+    chars, ntok = np.array([len(d) for d in docs]), np.array([len(t) for t in toks])
+    counts: dict[str, int] = {}
+    for t in toks:
+        for w in t:
+            counts[w] = counts.get(w, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: cfg.top]
+    lines = [f"source: {cfg.source}", f"documents read: {len(docs)} (max_docs={cfg.max_docs})",
+             f"characters/doc: mean {chars.mean():.1f}, median {np.median(chars):.0f}, "
+             f"min {chars.min()}, max {chars.max()}",
+             f"word-level tokens/doc: mean {ntok.mean():.1f}, median {np.median(ntok):.0f}, "
+             f"min {ntok.min()}, max {ntok.max()}; docs with >= 201 tokens: "
+             f"{(ntok >= 201).mean():.1%}",
+             f"tokens: {ntok.sum()}, distinct: {len(counts)}",
+             "top words: " + ", ".join(f"{w} {c}" for w, c in top), "sample document:", docs[0]]
+    if cfg.source == "builtin":
+        lines.append("planted groups (kind: words -> partners):")
+        for name, g in builtin_corpus.PLANTED.items():
+            lines.append(f"  {name} ({g.kind}): {' '.join(g.words[:8])}"
+                         f"{' ...' if len(g.words) > 8 else ''} -> {' '.join(g.partners[:8])}"
+                         f"{' ...' if len(g.partners) > 8 else ''}")
+    return "\n".join(lines)
+
+
+def _parser():
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m pythia_probe.corpus", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help=GenerateConfig.__doc__)
+    g.add_argument("--out", required=True, help="output .txt (TinyStories format)")
+    g.add_argument("--n-stories", type=int, default=20000)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--length", type=int, default=24, help="mean body sentences per story")
+    g.add_argument("--min-tokens", type=int, default=0,
+                   help="extend stories to at least this many word-level tokens (201 for T=200)")
+    g.add_argument("--p-topic", type=float, default=0.9,
+                   help="probability a habitat/action word comes from the story's own topic")
+    i = sub.add_parser("inspect", help=InspectConfig.__doc__)
+    i.add_argument("source", nargs="?", default="builtin", help=VALID_SOURCES)
+    i.add_argument("--max-docs", type=int, default=2000)
+    i.add_argument("--min-chars", type=int, default=0)
+    i.add_argument("--text-field", default="text")
+    i.add_argument("--split", default="train")
+    i.add_argument("--top", type=int, default=20, help="how many top words to list")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`generate` or `inspect` (see --help)."""
+    args = vars(_parser().parse_args(argv))
+    command = args.pop("command")
+    if command == "generate":
+        cfg = GenerateConfig(**args)
+        n_tokens = generate(cfg)
+        print(f"wrote {cfg.n_stories} stories, {n_tokens} word-level tokens to {cfg.out}")
+    else:
+        print(summarise(InspectConfig(**args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
