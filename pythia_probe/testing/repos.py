@@ -1,0 +1,140 @@
+"""Tiny GPT-NeoX checkpoint repos laid out like Pythia's, for the loopback hub and local-dir tests.
+
+On-disk layout (also a valid "one folder per step" local directory for ``CheckpointSource``)::
+
+    root/ORG/NAME/step0/{config.json, pytorch_model.bin}
+    root/ORG/NAME/step1/...        byte-identical to step0 (as in every Pythia model)
+    root/ORG/NAME/step64/{config.json, model.safetensors}
+    root/ORG/NAME/step128/{config.json, pytorch_model-00001-of-00002.bin, ..., index json}
+    root/ORG/NAME/main/...         copy of the last step
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+Layout = tuple[str, int]  # (format "bin" | "safetensors", number of shards)
+
+
+def tiny_config(**overrides):
+    """A small random GPT-NeoX config with partial rotary, parallel residual, untied embeddings."""
+    from transformers import GPTNeoXConfig
+
+    kw = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=64, rotary_pct=0.25, max_position_embeddings=64,
+              use_parallel_residual=True, tie_word_embeddings=False)
+    return GPTNeoXConfig(**{**kw, **overrides})
+
+
+def random_state_dict(config, seed: int, dtype=torch.float16) -> dict[str, torch.Tensor]:
+    """Hub-named (``embed_out.weight``) random weights for ``config``, deterministic in ``seed``."""
+    from transformers import GPTNeoXForCausalLM
+
+    with torch.device("meta"):  # shapes only
+        sd = GPTNeoXForCausalLM(config).state_dict()
+    sd = {("embed_out.weight" if k == "lm_head.weight" else k): v for k, v in sd.items()}
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(v.shape, generator=g).mul(0.1).to(dtype) for k, v in sd.items()}
+
+
+def legacy_buffers(config) -> dict[str, torch.Tensor]:
+    """Non-parameter buffers old Pythia .bin files carry (causal mask, masked_bias, inv_freq)."""
+    n = config.max_position_embeddings
+    d_head = config.hidden_size // config.num_attention_heads
+    rd = int(d_head * config.rope_parameters["partial_rotary_factor"])
+    out = {}
+    for i in range(config.num_hidden_layers):
+        p = f"gpt_neox.layers.{i}.attention."
+        out[p + "bias"] = torch.ones(n, n, dtype=torch.bool).tril().view(1, 1, n, n)
+        out[p + "masked_bias"] = torch.tensor(-1e9)
+        out[p + "rotary_emb.inv_freq"] = 1.0 / (10000 ** (torch.arange(0, rd, 2).float() / rd))
+    return out
+
+
+def _shards(sd: Mapping[str, torch.Tensor], n: int) -> list[dict[str, torch.Tensor]]:
+    names = sorted(sd)
+    return [{k: sd[k] for k in names[i::n]} for i in range(n)]
+
+
+def _write_index(folder: Path, index_name: str, shards: dict[str, dict]) -> None:
+    total = sum(v.numel() * v.element_size() for s in shards.values() for v in s.values())
+    weight_map = {k: fname for fname, s in shards.items() for k in s}
+    body = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / index_name).write_text(json.dumps(body, indent=2))
+
+
+def write_checkpoint(
+    folder: Path, config, sd: Mapping[str, torch.Tensor], fmt: str = "bin", n_shards: int = 1,
+    with_legacy_buffers: bool = True,
+) -> list[str]:
+    """Write config.json and weights in HF layout; returns the weight file names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(config.to_json_string(use_diff=True))
+    if fmt == "bin":
+        sd = {**sd, **(legacy_buffers(config) if with_legacy_buffers else {})}
+        stem, ext, index = "pytorch_model", "bin", "pytorch_model.bin.index.json"
+    elif fmt == "safetensors":
+        stem, ext, index = "model", "safetensors", "model.safetensors.index.json"
+    else:
+        raise ValueError(f"fmt must be 'bin' or 'safetensors', got {fmt!r}")
+    parts = _shards(sd, n_shards)
+    names = ([f"{stem}.{ext}"] if n_shards == 1 else
+             [f"{stem}-{i + 1:05d}-of-{n_shards:05d}.{ext}" for i in range(n_shards)])
+    for name, part in zip(names, parts, strict=True):
+        if fmt == "bin":
+            torch.save({k: v.contiguous() for k, v in part.items()}, folder / name)
+        else:
+            save_file({k: v.contiguous() for k, v in part.items()}, folder / name, {"format": "pt"})
+    if n_shards > 1:
+        _write_index(folder, index, dict(zip(names, parts, strict=True)))
+    return names
+
+
+DEFAULT_STEPS = (0, 1, 2, 4, 64, 128, 1000, 2000)
+
+
+def default_layouts(steps: Sequence[int]) -> dict[int, Layout]:
+    """Mostly single .bin (like Pythia step branches); one safetensors, one sharded of each kind."""
+    special = [("safetensors", 1), ("bin", 2), ("safetensors", 2)]
+    lay = {s: ("bin", 1) for s in steps}
+    for s, l in zip([s for s in steps if s > 2], special, strict=False):
+        lay[s] = l
+    return lay
+
+
+def build_pythia_like_repo(
+    root: Path, repo_id: str = "EleutherAI/pythia-tiny", steps: Sequence[int] = DEFAULT_STEPS,
+    config=None, layouts: Mapping[int, Layout] | None = None, with_main: bool = True,
+) -> Path:
+    """One folder per ``step{N}`` branch (step0, step1 byte-identical); returns the repo dir."""
+    config = config or tiny_config()
+    layouts = {**default_layouts(steps), **(layouts or {})}
+    repo = Path(root) / repo_id
+    for step in steps:
+        folder = repo / f"step{step}"
+        if step == 1 and 0 in steps:
+            shutil.copytree(repo / "step0", folder, dirs_exist_ok=True)
+            continue
+        fmt, n = layouts[step]
+        write_checkpoint(folder, config, random_state_dict(config, seed=step), fmt, n)
+    if with_main:
+        shutil.copytree(repo / f"step{max(steps)}", repo / "main", dirs_exist_ok=True)
+    return repo
+
+
+def write_malicious_bin(path: Path, marker: Path) -> None:
+    """A .bin whose pickle runs ``touch marker`` on an unsafe load (for the refusal test)."""
+
+    class Payload:
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"gpt_neox.embed_in.weight": torch.zeros(2, 2), "payload": Payload()}, path)
