@@ -1,0 +1,21 @@
+"""Corpus statistics of the leading-terms paper (section 2): streaming, exact, any device.
+
+Public API: ``CorpusStats`` (frozen result, save/load), ``batch_stats`` (both passes over one
+batch), ``CountAccumulator`` / ``QAccumulator`` (streaming passes, ``update -> self``,
+``finalize``), ``SequencePolicy``; ``run.compute_stats`` is the shard driver behind
+``python -m pythia_probe.stats``. Memory plan for |V| = 50,304: ``stats/MEMORY.md``.
+"""
+
+from pythia_probe.stats.accumulate import AccumulatorError, CountAccumulator, QAccumulator
+from pythia_probe.stats.corpus_stats import (
+    CorpusStats,
+    StatsFileError,
+    StatsMismatchError,
+    read_meta,
+)
+from pythia_probe.stats.engine import batch_stats, first_pass, top_k_ids
+from pythia_probe.stats.sequences import SequencePolicy
+
+__all__ = ["AccumulatorError", "CorpusStats", "CountAccumulator", "QAccumulator",
+           "SequencePolicy", "StatsFileError", "StatsMismatchError", "batch_stats",
+           "first_pass", "read_meta", "top_k_ids"]

@@ -55,3 +55,31 @@ def reference_stats(tokens: Tensor, d_vocab: int) -> dict[str, Tensor]:
     Delta = Delta / NT
     return {"Bbar": Bbar, "SigmaB": SigmaB, "Phibar": Phibar, "PhiBT": Phibar.T @ Bbar.T,
             "Gbar": Gbar, "M": M, "Q": Q, "Qbar": Qbar, "Delta": Delta}
+
+
+def reference_stats_ragged(seqs: list[Tensor], d_vocab: int) -> dict[str, Tensor]:
+    """Literal statistics of sequences of different lengths (each >= 2 tokens).
+
+    Sequence i contributes its own T_i = len - 1 positions with its own X_i, Y_i, U and A0;
+    every average divides by the total number of positions sum_i T_i (= NT when all equal).
+    Returns Bbar, SigmaB, Phibar, PhiBT, Gbar, Qbar and Delta (length max T_i).
+    """
+    parts = [one_hot_xy(s[None, :], d_vocab) for s in seqs]
+    P = sum(X.shape[1] for X, _ in parts)
+    Tmax = max(X.shape[1] for X, _ in parts)
+    Bbar = sum(torch.einsum("ntv,ntw->vw", X, Y - 1.0 / d_vocab) for X, Y in parts) / P
+    Phibar = sum(torch.einsum("ntv,ts,nsw->vw", Y - 1.0 / d_vocab, uniform_causal(X.shape[1]), X)
+                 for X, Y in parts) / P
+    SigmaB = Bbar.T @ Bbar
+    Gbar = SigmaB @ Phibar
+    Qbar = torch.zeros(d_vocab, d_vocab, dtype=torch.float64)
+    Delta = torch.zeros(Tmax, dtype=torch.float64)
+    for X, Y in parts:
+        T = X.shape[1]
+        M = torch.einsum("ntv,vw,nsw->nts", Y - 1.0 / d_vocab, Gbar, X)
+        Q = torch.einsum("tjk,ntk->ntj", softmax_jacobian_uniform(T), M)
+        Qbar += torch.einsum("ntv,nts,nsw->vw", X, Q, X)
+        for r in range(T):
+            Delta[r] += torch.diagonal(Q, offset=-r, dim1=1, dim2=2).sum()
+    return {"Bbar": Bbar, "SigmaB": SigmaB, "Phibar": Phibar, "PhiBT": Phibar.T @ Bbar.T,
+            "Gbar": Gbar, "Qbar": Qbar / P, "Delta": Delta / P}

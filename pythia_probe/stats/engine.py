@@ -1,0 +1,184 @@
+"""From accumulators to CorpusStats: Bbar/Phibar from counts, compositions, pass 2, top-k.
+
+``batch_stats(tokens, d_vocab)`` runs both passes exactly over one batch (the toy experiment's
+theory matrices from the first training batch). The streaming driver (``run.py``) uses the same
+steps: ``first_pass`` -> ``QAccumulator`` over the data again -> ``assemble``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pythia_probe import __version__ as CODE_VERSION
+from pythia_probe.stats import compose
+from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator, _slices
+from pythia_probe.stats.corpus_stats import FORMAT, CorpusStats
+
+TILE_ROWS = 1 << 10
+EAGER_LIMIT = 16384
+"""Above this d_vocab, PhiBT (and SigmaB when offloaded) stay lazy: 20 GB each at 50,304."""
+
+
+@dataclass
+class FirstPass:
+    """Final pass-1 matrices (float64) and the accumulator's identity."""
+
+    Bbar: Tensor
+    Phibar: Tensor
+    SigmaB: Tensor | None
+    Gbar: Tensor
+    token_counts: Tensor
+    n_positions: int
+    n_sequences: int
+    n_tokens: int
+    checksum: list[int]
+
+
+def bbar_phibar(acc: CountAccumulator, consume: bool = False) -> tuple[Tensor, Tensor]:
+    """Bbar = counts/P - rowsum/(P V); Phibar = (W - 1 colsum(W)^T / V) / P, W the context sums.
+
+    consume=True writes the float64 results into the accumulator's own int64 storage (no extra
+    memory; the accumulator is unusable afterwards).
+    """
+    V, P = acc.d_vocab, acc.n_positions
+    if P == 0:
+        raise ValueError("no positions were counted (empty corpus or every document skipped)")
+    acc.context.normalize()
+    big = acc.bigram.view(V, V)
+    rowsum = big.sum(1).double()
+    hi, lo = acc.context.hi.view(V, V), acc.context.lo.view(V, V)
+    colsum = hi.sum(0).double() + lo.sum(0).double() * 2.0 ** -acc.context.F
+    B = big.view(torch.float64) if consume else torch.empty(V, V, dtype=torch.float64,
+                                                             device=big.device)
+    Phi = hi.view(torch.float64) if consume else torch.empty_like(B)
+    for sl in _slices(V, TILE_ROWS):
+        B[sl] = big[sl].double() / P - (rowsum[sl] / (P * V))[:, None]
+        W = hi[sl].double() + lo[sl].double() * 2.0 ** -acc.context.F
+        Phi[sl] = (W - colsum[None, :] / V) / P
+    if consume:
+        acc.context.lo = acc.bigram = acc.context.hi = None  # type: ignore[assignment]
+    return B, Phi
+
+
+def first_pass(acc: CountAccumulator, *, consume: bool = False,
+               device: str | torch.device | None = None, budget_bytes: int | None = None,
+               offload: bool | None = None) -> FirstPass:
+    """Finalize pass 1: Bbar, Phibar, then SigmaB and Gbar at full vocabulary (tiled).
+
+    offload: keep the V x V results in host memory and use ``device`` only for matmul tiles
+    (default: when a CUDA device could not hold six V x V float64 matrices; see MEMORY.md).
+    """
+    checksum = acc.checksum()
+    counts = acc.token_counts.clone()
+    n = (acc.n_positions, acc.n_sequences, acc.n_tokens)
+    dev = torch.device(device) if device is not None else acc.device
+    host = needs_offload(acc.d_vocab, dev) if offload is None else offload
+    Bbar, Phibar = bbar_phibar(acc, consume=consume)
+    if host:
+        Bbar, Phibar = Bbar.cpu(), Phibar.cpu()
+    kw = {"device": dev, "budget_bytes": budget_bytes, "out_device": "cpu" if host else dev}
+    SigmaB = compose.sigma_b(Bbar, **kw)
+    Gbar = compose.g_bar(SigmaB, Phibar, **kw)
+    return FirstPass(Bbar, Phibar, SigmaB, Gbar, counts, *n, checksum)
+
+
+def needs_offload(d_vocab: int, device: torch.device) -> bool:
+    """True when a CUDA device cannot hold six V x V float64 matrices at once."""
+    if device.type != "cuda":
+        return False
+    total = torch.cuda.get_device_properties(device).total_memory
+    return 6 * 8 * d_vocab * d_vocab > 0.8 * total
+
+
+def top_k_ids(token_counts: Tensor, k: int) -> Tensor:
+    """The k most frequent token ids, most frequent first (ties: smaller id first)."""
+    V = token_counts.numel()
+    if not 1 <= k <= V:
+        raise ValueError(f"top-k must be in 1..{V} (d_vocab), got {k}")
+    ids = torch.arange(V, device=token_counts.device)
+    order = torch.argsort(token_counts * V + (V - 1 - ids), descending=True)
+    return order[:k].cpu()
+
+
+def assemble(fp: FirstPass, q: QAccumulator, meta: dict[str, Any],
+             ids: Tensor | None = None, *, device: str | torch.device | None = None,
+             budget_bytes: int | None = None) -> CorpusStats:
+    """Freeze everything into CorpusStats; with ``ids`` slice after composing at full |V|.
+
+    Results live where Bbar lives; PhiBT is composed eagerly (on ``device``) up to
+    EAGER_LIMIT tokens and left lazy above.
+    """
+    if q.n_positions != fp.n_positions:
+        raise ValueError(f"second pass saw {q.n_positions} positions, first pass "
+                         f"{fp.n_positions}: the data changed between passes")
+    P, home = fp.n_positions, fp.Bbar.device
+    t = {"Bbar": fp.Bbar, "Phibar": fp.Phibar, "SigmaB": fp.SigmaB, "Gbar": fp.Gbar,
+         "Qbar": q.qbar_sum().to(home, copy=True).div_(P), "Delta": (q.Delta / P).to(home),
+         "token_counts": fp.token_counts.to(home)}
+    if ids is not None:
+        t = _restrict(t, ids)
+        i = ids.to(home)
+        t["PhiBT"] = fp.Phibar[:, i].T @ fp.Bbar[i].T
+    elif fp.Bbar.shape[0] <= EAGER_LIMIT:
+        t["PhiBT"] = compose.phi_bt(fp.Bbar, fp.Phibar, device=device,
+                                    budget_bytes=budget_bytes)
+    t = {k: v for k, v in t.items() if v is not None}
+    meta = _full_meta(fp, meta, ids)
+    return CorpusStats(t, meta)
+
+
+def _restrict(t: dict[str, Tensor], ids: Tensor) -> dict[str, Tensor]:
+    out = {}
+    for name, x in t.items():
+        if x is None:
+            continue
+        if name in ("Qbar", "Delta"):
+            out[name] = x.contiguous()  # Qbar was accumulated over the top-k block only
+        elif name == "token_counts":
+            out[name] = x[ids.to(x.device)]
+        else:
+            i = ids.to(x.device)
+            out[name] = x[i][:, i].contiguous()
+    return out
+
+
+def _full_meta(fp: FirstPass, meta: dict[str, Any], ids: Tensor | None) -> dict[str, Any]:
+    V = fp.Bbar.shape[0]
+    meta = dict(meta)
+    meta.update(format=FORMAT, code_version=CODE_VERSION, full_d_vocab=V,
+                counts=dict(meta.get("counts", {}), sequences=fp.n_sequences,
+                            positions=fp.n_positions, tokens=fp.n_tokens))
+    meta["vocab"] = {"restricted": ids is not None, "compose": "full_then_slice",
+                     "ids": None if ids is None else ids.tolist(), "full_d_vocab": V}
+    ident = {k: meta.get(k) for k in ("tokenizer", "policy", "ledger", "counts", "vocab")}
+    ident.update(format=FORMAT, checksum=fp.checksum, T=meta.get("T"))
+    blob = json.dumps(ident, sort_keys=True, default=str).encode()
+    meta["stats_id"] = hashlib.sha256(blob).hexdigest()[:12]
+    return meta
+
+
+def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
+                top_k: int | None = None, device: str | torch.device | None = None,
+                tokenizer: dict[str, Any] | None = None) -> CorpusStats:
+    """Both passes, exactly, over one batch [N, T+1] (padding beyond ``lengths`` ignored)."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2:
+        raise ValueError("tokens must be a LongTensor [N, T+1]")
+    dev = torch.device(device) if device is not None else tokens.device
+    T = tokens.shape[1] - 1
+    acc = CountAccumulator(d_vocab, T, dev).update(tokens, lengths)
+    digest = hashlib.sha256(tokens.cpu().to(torch.int64).numpy().tobytes())
+    if lengths is not None:
+        digest.update(lengths.cpu().to(torch.int64).numpy().tobytes())
+    acc.ledger = [{"shard": "batch", "sequences": tokens.shape[0], "sha256": digest.hexdigest()}]
+    fp = first_pass(acc, consume=True)
+    ids = None if top_k is None else top_k_ids(fp.token_counts, top_k)
+    q = QAccumulator(fp.Gbar, T, ids).update(tokens, lengths)
+    meta = {"T": T, "tokenizer": tokenizer, "ledger": acc.ledger,
+            "policy": {"kind": "batch"}}
+    return assemble(fp, q, meta, ids)

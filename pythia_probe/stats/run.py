@@ -1,0 +1,231 @@
+"""The shard driver: corpus shards -> tokens -> pass 1 -> Gbar -> pass 2 -> stats file.
+
+Pass 1 tokenizes each shard once and caches its windows (int32 safetensors in the work dir),
+so pass 2 never re-tokenizes. Every ``checkpoint_every`` shards the accumulator and its ledger
+(shards finished, documents/sequences/positions and skips per shard) are saved atomically; a
+killed run restarted with the same arguments loads them and skips finished shards, so no shard
+is counted twice. With several processes each rank takes shards rank, rank+world, ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from pythia_probe.stats import checkpoint, engine
+from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
+from pythia_probe.stats.corpus_stats import CorpusStats
+from pythia_probe.stats.dist import Dist, device_for, reduce_counts, reduce_q, share_gbar
+from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything the passes need besides the shards (built by the CLI from StatsConfig)."""
+
+    d_vocab: int
+    policy: SequencePolicy
+    encode: Callable[[list[str]], Iterator[list[int]]]
+    identity: dict[str, Any]
+    work_dir: Path
+    min_chars: int = 0
+    max_docs: int | None = None
+    batch_size: int = 256
+    checkpoint_every: int = 1
+    device: str = "cpu"
+    top_k: int | None = None
+    budget_bytes: int | None = None
+    progress: bool = True
+
+
+def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any]) -> CorpusStats | None:
+    """Both passes over ``shards``; returns the stats on rank 0 (None on other ranks)."""
+    d = Dist.from_env(spec.device)
+    dev = device_for(spec.device, d)
+    quotas = plan_quotas(shards, spec) if d.world > 1 else None
+    mine = [(i, s) for i, s in enumerate(shards) if i % d.world == d.rank]
+    acc = reduce_counts(d, count_pass(mine, spec, d, dev, quotas))
+    fp = engine.first_pass(acc, consume=True, device=dev, budget_bytes=spec.budget_bytes)
+    fp.Gbar = share_gbar(d, fp.Gbar, dev)
+    ids = None if spec.top_k is None else engine.top_k_ids(fp.token_counts, spec.top_k)
+    if ids is None and fp.Bbar.shape[0] > engine.EAGER_LIMIT:
+        fp.SigmaB = None  # lazy: saves 20 GB of host memory at 50,304 tokens
+    done = {e["shard"] for e in acc.ledger}
+    q = reduce_q(d, q_pass([(i, s) for i, s in mine if s.name in done], fp, ids, spec, d, dev))
+    q.Gc = None  # type: ignore[assignment]  # frees 20 GB of device memory at 50,304 tokens
+    if d.rank != 0:
+        d.barrier()
+        return None
+    skipped = sum((Counter(e["skipped"]) for e in acc.ledger), Counter())
+    docs = {"docs": sum(e["docs"] for e in acc.ledger), **dict(skipped)}
+    meta = dict(meta, T=spec.policy.seq_len, ledger=acc.ledger, counts=docs,
+                policy=dict(spec.policy.as_dict(), min_chars=spec.min_chars,
+                            max_docs=spec.max_docs))
+    stats = engine.assemble(fp, q, meta, ids, device=dev, budget_bytes=spec.budget_bytes)
+    d.barrier()
+    return stats
+
+
+# -- pass 1 --------------------------------------------------------------------------------
+def count_pass(mine: list, spec: RunSpec, d: Dist, dev: torch.device,
+               quotas: dict[str, int] | None) -> CountAccumulator:
+    """Pass 1 over this rank's shards, resuming from its checkpoint."""
+    path = spec.work_dir / f"pass1-rank{d.rank}-of{d.world}.safetensors"
+    acc = _resume_counts(path, spec, dev)
+    done = {e["shard"] for e in acc.ledger}
+    used = sum(e["docs"] for e in acc.ledger)
+    bar = _bar(spec, "pass 1", d)
+    since = 0
+    for index, shard in mine:
+        quota = _quota(shard.name, quotas, spec.max_docs, used)
+        if shard.name in done or quota == 0:
+            continue
+        entry = count_shard(index, shard, acc, spec, quota, bar)
+        used += entry["docs"]
+        since += 1
+        if since >= spec.checkpoint_every:
+            _save_counts(path, acc, spec)
+            since = 0
+    _save_counts(path, acc, spec)
+    bar.close()
+    return acc
+
+
+def count_shard(index: int, shard, acc: CountAccumulator, spec: RunSpec, quota: int | None,
+                bar) -> dict[str, Any]:
+    """Count one shard, cache its windows, append its ledger entry."""
+    seq = Sequencer(spec.policy, spec.d_vocab)
+    docs = _DocFilter(shard.documents(), spec.min_chars, quota)
+    tok_list, len_list = [], []
+    windows = seq.windows(spec.encode(docs))
+    for tokens, lengths in batches(windows, spec.policy.seq_len, spec.batch_size):
+        acc.update(tokens, lengths)
+        tok_list.append(tokens.to(torch.int32))
+        len_list.append(lengths)
+        bar.update(int(lengths.sum()))
+    T1 = spec.policy.seq_len + 1
+    cache = {"tokens": torch.cat(tok_list) if tok_list else torch.zeros(0, T1, dtype=torch.int32),
+             "lengths": torch.cat(len_list) if len_list else torch.zeros(0, dtype=torch.int64)}
+    checkpoint.save_state(_cache_path(spec, shard.name), cache, {"shard": shard.name})
+    entry = {"shard": shard.name, "index": index, "docs": docs.kept, "docs_read": docs.read,
+             "sequences": int(cache["lengths"].numel()),
+             "positions": int((cache["lengths"] - 1).clamp(min=0).sum()),
+             "skipped": dict(seq.skipped, docs_under_min_chars=docs.read - docs.kept)}
+    if int(cache["lengths"].numel()) == 0:
+        entry["skipped"]["empty_shard"] = 1
+    acc.ledger.append(entry)
+    return entry
+
+
+class _DocFilter:
+    """Documents with >= min_chars characters, at most ``quota`` of them; counts both."""
+
+    def __init__(self, docs: Iterator[str], min_chars: int, quota: int | None) -> None:
+        self.docs, self.min_chars, self.quota = docs, min_chars, quota
+        self.read = self.kept = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for doc in self.docs:
+            if self.quota is not None and self.kept >= self.quota:
+                return
+            self.read += 1
+            if len(doc) >= self.min_chars:
+                self.kept += 1
+                yield doc
+
+
+def plan_quotas(shards: list, spec: RunSpec) -> dict[str, int] | None:
+    """Multi-process --docs: documents each shard contributes to the first max_docs (a scan)."""
+    if spec.max_docs is None:
+        return None
+    out, left = {}, spec.max_docs
+    for s in shards:
+        n = 0
+        if left > 0:
+            n = sum(1 for doc in s.documents() if len(doc) >= spec.min_chars)
+        out[s.name] = min(n, left)
+        left -= out[s.name]
+    return out
+
+
+def _quota(name: str, quotas: dict[str, int] | None, max_docs: int | None, used: int
+           ) -> int | None:
+    if quotas is not None:
+        return quotas.get(name, 0)
+    return None if max_docs is None else max(max_docs - used, 0)
+
+
+def _resume_counts(path: Path, spec: RunSpec, dev: torch.device) -> CountAccumulator:
+    if not path.exists():
+        return CountAccumulator(spec.d_vocab, spec.policy.seq_len, dev)
+    tensors, meta = checkpoint.load_state(path, spec.identity)
+    return CountAccumulator.from_state(tensors, meta["state"], dev)
+
+
+def _save_counts(path: Path, acc: CountAccumulator, spec: RunSpec) -> None:
+    tensors, state = acc.state()
+    checkpoint.save_state(path, tensors, {"identity": spec.identity, "state": state})
+
+
+# -- pass 2 --------------------------------------------------------------------------------
+def q_pass(mine: list, fp: engine.FirstPass, ids, spec: RunSpec, d: Dist,
+           dev: torch.device) -> QAccumulator:
+    """Pass 2 over the cached windows of this rank's counted shards, resuming if possible."""
+    path = spec.work_dir / f"pass2-rank{d.rank}-of{d.world}.safetensors"
+    q = QAccumulator(fp.Gbar, spec.policy.seq_len, ids, device=dev)
+    ident = dict(spec.identity, checksum=fp.checksum)
+    if path.exists():
+        tensors, meta = checkpoint.load_state(path, ident)
+        q.load_state(tensors, meta["state"])
+    done = {e["shard"] for e in q.ledger}
+    bar = _bar(spec, "pass 2", d)
+    since = 0
+    for index, shard in mine:
+        if shard.name in done:
+            continue
+        cache, _ = checkpoint.load_state(_cache_path(spec, shard.name))
+        _q_shard(q, cache, spec, bar)
+        q.ledger.append({"shard": shard.name, "index": index})
+        since += 1
+        if since >= spec.checkpoint_every:
+            _save_q(path, q, ident)
+            since = 0
+    _save_q(path, q, ident)
+    bar.close()
+    return q
+
+
+def _q_shard(q: QAccumulator, cache: dict, spec: RunSpec, bar) -> None:
+    tokens, lengths = cache["tokens"].to(torch.int64), cache["lengths"]
+    for start in range(0, lengths.numel(), spec.batch_size):
+        sl = slice(start, start + spec.batch_size)
+        q.update(tokens[sl], lengths[sl])
+        bar.update(int(lengths[sl].sum()))
+
+
+def _save_q(path: Path, q: QAccumulator, ident: dict) -> None:
+    tensors, state = q.state()
+    checkpoint.save_state(path, tensors, {"identity": ident, "state": state})
+
+
+def _cache_path(spec: RunSpec, name: str) -> Path:
+    return spec.work_dir / "cache" / (hashlib.sha256(name.encode()).hexdigest()[:24]
+                                      + ".safetensors")
+
+
+def _bar(spec: RunSpec, desc: str, d: Dist):
+    return tqdm(desc=f"{desc} (rank {d.rank})" if d.world > 1 else desc, unit="tok",
+                unit_scale=True, disable=not spec.progress or d.rank != 0)
+
+
+def spec_identity(**parts: Any) -> dict[str, Any]:
+    """JSON-able identity of a run (a checkpoint is only resumed under the same one)."""
+    return {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v)
+            for k, v in sorted(parts.items())}

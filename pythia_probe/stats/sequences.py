@@ -1,0 +1,126 @@
+"""Sequence policy: token ids of documents -> batches of windows of T+1 tokens (with lengths).
+
+mode "first" (the paper): the first T+1 tokens of each document; mode "packed": documents
+concatenated (optionally separated by ``eos``) and cut into consecutive, non-overlapping
+windows of T+1 tokens, as Pythia's training packs its 2049-token sequences; the stream restarts
+at every shard so shards stay independent units. Documents (or a packed remainder) shorter than
+T+1 tokens are skipped and counted (``short="skip"``) or kept as variable-length rows whose
+padding is never counted (``short="keep"``). Ids outside the vocabulary skip the document
+(counted) or raise (``oov="error"``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+MODES = ("first", "packed")
+
+
+@dataclass(frozen=True)
+class SequencePolicy:
+    """How documents become counted sequences; recorded in every stats file."""
+
+    seq_len: int = 128
+    """T: predicted positions per sequence (windows hold T+1 tokens)."""
+    mode: str = "first"
+    """'first' (first T+1 tokens of each document, the paper) or 'packed'."""
+    short: str = "skip"
+    """Sequences shorter than T+1 tokens: 'skip' (counted in meta) or 'keep' (masked)."""
+    oov: str = "skip"
+    """Documents with ids outside 0..d_vocab-1: 'skip' (counted) or 'error'."""
+    bos: int | None = None
+    """Id prepended to every document (None: nothing)."""
+    eos: int | None = None
+    """Id appended to every document (the packed separator; None: nothing)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ValueError(f"seq_len (T) must be an integer >= 1, got {self.seq_len!r}")
+        for name, value, valid in (("mode", self.mode, MODES), ("short", self.short,
+                                   ("skip", "keep")), ("oov", self.oov, ("skip", "error"))):
+            if value not in valid:
+                raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Sequencer:
+    """Turns one shard's documents into windows; ``skipped`` counts what was left out."""
+
+    def __init__(self, policy: SequencePolicy, d_vocab: int) -> None:
+        self.p, self.d_vocab = policy, d_vocab
+        self.skipped: Counter[str] = Counter()
+        self._stream: list[int] = []
+
+    def windows(self, docs: Iterable[list[int]]) -> Iterator[list[int]]:
+        """All windows (lists of 2..T+1 ids) of a shard's documents, in order."""
+        for ids in docs:
+            ids = self._wrap(ids)
+            if ids is None:
+                continue
+            if self.p.mode == "first":
+                yield from self._keep_or_skip(ids[: self.p.seq_len + 1], "docs_short")
+            else:
+                yield from self._pack(ids)
+        if self.p.mode == "packed" and self._stream:
+            yield from self._keep_or_skip(self._stream, "packed_remainder")
+            self._stream = []
+
+    def _wrap(self, ids: list[int]) -> list[int] | None:
+        if not ids:
+            self.skipped["docs_empty"] += 1
+            return None
+        if min(ids) < 0 or max(ids) >= self.d_vocab:
+            bad = next(i for i in ids if not 0 <= i < self.d_vocab)
+            if self.p.oov == "error":
+                raise ValueError(f"token id {bad} outside the vocabulary 0..{self.d_vocab - 1}"
+                                 "; use oov='skip' to drop such documents")
+            self.skipped["docs_oov"] += 1
+            return None
+        head = [self.p.bos] if self.p.bos is not None else []
+        tail = [self.p.eos] if self.p.eos is not None else []
+        return head + list(ids) + tail
+
+    def _keep_or_skip(self, ids: list[int], reason: str) -> Iterator[list[int]]:
+        if len(ids) == self.p.seq_len + 1 or (self.p.short == "keep" and len(ids) >= 2):
+            yield ids
+        else:
+            self.skipped[reason] += 1
+
+    def _pack(self, ids: list[int]) -> Iterator[list[int]]:
+        self._stream.extend(ids)
+        L = self.p.seq_len + 1
+        n = len(self._stream) // L
+        for i in range(n):
+            yield self._stream[i * L:(i + 1) * L]
+        del self._stream[: n * L]
+
+
+def batches(windows: Iterable[list[int]], T: int, batch_size: int
+            ) -> Iterator[tuple[Tensor, Tensor]]:
+    """Group windows into (tokens [n, T+1] int64 zero-padded, lengths [n])."""
+    buf: list[list[int]] = []
+    for w in windows:
+        buf.append(w)
+        if len(buf) == batch_size:
+            yield to_batch(buf, T)
+            buf = []
+    if buf:
+        yield to_batch(buf, T)
+
+
+def to_batch(rows: list[list[int]], T: int) -> tuple[Tensor, Tensor]:
+    """Pad rows to T+1 with 0 (never counted: lengths mark the valid prefix)."""
+    if all(len(r) == T + 1 for r in rows):
+        return torch.tensor(rows, dtype=torch.int64), torch.full((len(rows),), T + 1)
+    out = torch.zeros(len(rows), T + 1, dtype=torch.int64)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.int64)
+    return out, lengths

@@ -1,0 +1,121 @@
+"""Top associated tokens per row of each statistic (the paper's Figure 5 lists), as a table.
+
+``python -m pythia_probe.stats top stats.safetensors --rows red,happy,fish --k 5``
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from pythia_probe.stats.corpus_stats import MATRICES, CorpusStats
+
+
+@dataclass(frozen=True)
+class TopConfig:
+    """Which rows of which matrices to list."""
+
+    stats: str
+    """Path of a stats .safetensors file."""
+    matrices: tuple[str, ...] = ("Bbar", "SigmaB", "Phibar")
+    """Matrices to list (Figure 5: Bbar, SigmaB, Phibar)."""
+    rows: tuple[str, ...] = ()
+    """Row tokens (strings as the tokenizer writes them, or integer ids); default: most frequent."""
+    n_rows: int = 10
+    """Rows listed when --rows is not given (the most frequent tokens)."""
+    k: int = 5
+    """Entries per row."""
+    tokenizer: str | None = None
+    """Tokenizer to name tokens (default: the one saved next to / recorded in the stats)."""
+    keep_self: bool = False
+    """Keep the row's own token among its top entries (default: excluded)."""
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.matrices if m not in MATRICES or m == "Delta"]
+        if bad:
+            raise ValueError(f"unknown matrices {bad}; valid: {', '.join(MATRICES[:-1])}")
+        if self.k < 1 or self.n_rows < 1:
+            raise ValueError("k and n_rows must be >= 1")
+
+
+def load_names(stats: CorpusStats, stats_path: str, tokenizer: str | None) -> list[str]:
+    """Display name of every row/column (decoded token, or the id when no tokenizer)."""
+    ids = stats.token_ids.tolist()
+    src = tokenizer or _saved_tokenizer(stats, stats_path)
+    if src is None:
+        return [str(i) for i in ids]
+    from pythia_probe.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(src)
+    return [tok.decode([i]).strip() or repr(tok.decode([i])) for i in ids]
+
+
+def _saved_tokenizer(stats: CorpusStats, stats_path: str) -> str | None:
+    f = stats.meta.get("tokenizer_file")
+    if f and (Path(stats_path).parent / f).is_file():
+        return str(Path(stats_path).parent / f)
+    name = (stats.meta.get("tokenizer") or {}).get("name")
+    return name if name and name != "unnamed" else None
+
+
+def row_indices(rows: tuple[str, ...], names: list[str], stats: CorpusStats, n: int) -> list[int]:
+    """Row positions of the requested tokens (names or ids); default: the n most frequent."""
+    if not rows:
+        counts = stats.token_counts
+        order = torch.argsort(counts, descending=True) if counts is not None else torch.arange(n)
+        return order[:n].tolist()
+    lookup = {name: i for i, name in enumerate(names)}
+    ids = {int(t): i for i, t in enumerate(stats.token_ids.tolist())}
+    out = []
+    for r in rows:
+        if r in lookup:
+            out.append(lookup[r])
+        elif r.lstrip("-").isdigit() and int(r) in ids:
+            out.append(ids[int(r)])
+        else:
+            raise ValueError(f"row token {r!r} is not in the statistics' vocabulary")
+    return out
+
+
+def top_table(stats: CorpusStats, names: list[str], matrices: tuple[str, ...],
+              rows: list[int], k: int, keep_self: bool = False) -> pd.DataFrame:
+    """One line per (matrix, row): the k largest entries of that row, as 'token (value)'."""
+    records = []
+    for m in matrices:
+        M = stats[m]
+        for r in rows:
+            row = M[r].clone().double()
+            if not keep_self:
+                row[r] = -float("inf")
+            vals, idx = torch.topk(row, min(k, row.numel() - (not keep_self)))
+            pairs = zip(vals.tolist(), idx.tolist(), strict=True)
+            tops = [f"{names[j]} ({v:.3g})" for v, j in pairs]
+            records.append({"matrix": m, "row": names[r], "top": ", ".join(tops)})
+    return pd.DataFrame(records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pythia_probe.stats top",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("stats")
+    ap.add_argument("--matrices", default="Bbar,SigmaB,Phibar")
+    ap.add_argument("--rows", default="", help="comma-separated row tokens or ids")
+    ap.add_argument("--n-rows", type=int, default=10)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--keep-self", action="store_true")
+    a = ap.parse_args(argv)
+    cfg = TopConfig(a.stats, tuple(a.matrices.split(",")),
+                    tuple(r for r in a.rows.split(",") if r), a.n_rows, a.k, a.tokenizer,
+                    a.keep_self)
+    stats = CorpusStats.load(cfg.stats)
+    names = load_names(stats, cfg.stats, cfg.tokenizer)
+    rows = row_indices(cfg.rows, names, stats, cfg.n_rows)
+    table = top_table(stats, names, cfg.matrices, rows, cfg.k, cfg.keep_self)
+    with pd.option_context("display.max_colwidth", None, "display.width", 200):
+        print(table.to_string(index=False))
+    return 0

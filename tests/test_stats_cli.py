@@ -1,0 +1,111 @@
+"""CLI end to end on the built-in corpus: planted relations recovered, `top`, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pythia_probe import builtin_corpus as bc
+from pythia_probe.stats import CorpusStats, StatsMismatchError
+from pythia_probe.stats.__main__ import StatsConfig, main
+from pythia_probe.stats.top import load_names
+
+MATRIX_OF = {"bigram": "Bbar", "interchangeable": "SigmaB", "topical": "Phibar"}
+
+
+@pytest.fixture(scope="module")
+def builtin_stats(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stats") / "builtin.safetensors"
+    rc = main(["--dataset", "builtin", "--stories", "3000", "--stories-per-shard", "1000",
+               "--seq-len", "128", "--mode", "packed", "--tokenizer", "word:3000",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    return out
+
+
+def planted_precision(stats: CorpusStats, names: list[str]) -> dict[str, float]:
+    """Mean precision@10 over each planted group's words (row of the group's matrix)."""
+    idx = {n: i for i, n in enumerate(names)}
+    out = {}
+    for group, pg in bc.PLANTED.items():
+        M = stats[MATRIX_OF[pg.kind]]
+        relevant = pg.words if pg.kind == "interchangeable" else pg.partners
+        relevant = [w.lower() for w in relevant]
+        scores = []
+        for w in (w.lower() for w in pg.words):
+            exclude = {w} | (set(bc.FUNCTION_WORDS) if pg.kind == "topical" else set())
+            scores.append(bc.precision_at_k(M[idx[w]].tolist(), names, relevant, 10, exclude))
+        out[group] = sum(scores) / len(scores)
+    return out
+
+
+def test_planted_relations_recovered(builtin_stats):
+    stats = CorpusStats.load(builtin_stats)
+    names = load_names(stats, str(builtin_stats), None)
+    prec = planted_precision(stats, names)
+    assert set(prec) == set(bc.PLANTED)
+    low = {g: p for g, p in prec.items() if p < 0.8}
+    assert not low, f"planted groups below precision@10 = 0.8: {low}"
+
+
+def test_cli_file_records_policy_tokenizer_and_ledger(builtin_stats):
+    from pythia_probe.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    tok = load_tokenizer(str(builtin_stats) + ".tokenizer.json")
+    stats = CorpusStats.load(builtin_stats, expect=tokenizer_fingerprint(tok))
+    m = stats.meta
+    assert m["policy"]["mode"] == "packed" and m["T"] == 128 and stats.T == 128
+    assert [e["index"] for e in m["ledger"]] == [0, 1, 2] and m["counts"]["docs"] == 3000
+    assert m["counts"]["positions"] == 128 * m["counts"]["sequences"]
+    assert float(stats.Bbar.sum(1).abs().max()) < 1e-15
+    with pytest.raises(StatsMismatchError, match="recompute"):
+        CorpusStats.load(builtin_stats, expect={"name": "pythia", "sha256": "0" * 64,
+                                                "d_vocab": 50277})
+
+
+def test_top_subcommand_prints_figure5_lists(builtin_stats, capsys):
+    rc = main(["top", str(builtin_stats), "--rows", "red,happy,fish", "--k", "4",
+               "--matrices", "Bbar,SigmaB,Phibar"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith(("Bbar", "SigmaB"))]
+    red = next(ln for ln in lines if ln.split()[:2] == ["Bbar", "red"])
+    assert sum(w in red.split()[2:] for w in bc.TOYS + bc.VEHICLES) == 4
+    happy = next(ln for ln in lines if ln.split()[:2] == ["SigmaB", "happy"])
+    assert sum(w in happy.split()[2:] for w in bc.EMOTIONS) == 4
+    with pytest.raises(ValueError, match="not in the statistics' vocabulary"):
+        main(["top", str(builtin_stats), "--rows", "zebra-not-a-word"])
+
+
+def test_cli_top_k_and_bad_config(tmp_path):
+    out = tmp_path / "k.safetensors"
+    assert main(["--dataset", "builtin", "--stories", "200", "--stories-per-shard", "100",
+                 "--seq-len", "32", "--tokenizer", "word:3000", "--top-k", "50",
+                 "--out", str(out), "--no-progress"]) == 0
+    s = CorpusStats.load(out)
+    assert s.d_vocab == 50 and s.restricted and s.Qbar.shape == (50, 50)
+    counts = s.token_counts
+    assert bool((counts[:-1] >= counts[1:]).all())  # most frequent first
+    assert torch.isfinite(s.Gbar).all()
+    with pytest.raises(ValueError, match="--seq-len must be >= 1"):
+        StatsConfig(seq_len=0)
+    with pytest.raises(ValueError, match="word:K needs an integer"):
+        StatsConfig(tokenizer="word:many")
+    with pytest.raises(ValueError, match="--mode must be one of"):
+        StatsConfig(mode="sliding")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            StatsConfig(device="cuda")
+    with pytest.raises(FileNotFoundError):
+        main(["--dataset", str(tmp_path / "missing.txt"), "--out", str(out), "--no-progress"])
+
+
+def test_cli_text_file_with_short_and_empty_documents(tmp_path):
+    corpus = tmp_path / "c.txt"
+    docs = ["a b c d e f g h i j k l", "tiny", "b c d e f g h i j k l m n o"]
+    corpus.write_text("\n<|endoftext|>\n".join(docs))
+    out = tmp_path / "t.safetensors"
+    assert main(["--dataset", str(corpus), "--seq-len", "8", "--tokenizer", "word:30",
+                 "--out", str(out), "--no-progress"]) == 0
+    s = CorpusStats.load(out)
+    assert s.meta["counts"]["sequences"] == 2 and s.meta["counts"]["docs_short"] == 1
