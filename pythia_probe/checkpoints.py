@@ -29,17 +29,15 @@ API::
 - Lower level: ``fetch(rev, names) -> {path: local Path}``, ``load(rev, paths, names) -> Loaded``,
   ``evict(rev)``, ``live_bytes()`` (bytes reserved by fetched, not evicted revisions: what
   ``max_disk`` bounds; files already in the cache before the run are not counted),
-  ``disk_usage()`` (walks the cache), ``load_tensors(path, predicate)``.
+  ``disk_usage()`` (walks the cache). File-level pieces (``FileInfo``, ``Revision``, hashing,
+  ``load_tensors``, the cache layout) live in :mod:`pythia_probe.weights_io`, re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import pickle
 import shutil
-import stat
 import threading
 import time
 from collections import deque
@@ -58,35 +56,40 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from safetensors import safe_open
 
 from pythia_probe import steps as steps_mod
-from pythia_probe.arch import is_legacy_buffer
+from pythia_probe.weights_io import (
+    INDEX_NAMES,
+    WEIGHT_SUFFIXES,
+    CheckpointError,
+    CheckpointNotCachedError,
+    ChecksumError,
+    FileInfo,
+    Names,
+    Revision,
+    UnsafeCheckpointError,
+    cached_branches,
+    cached_files,
+    dir_bytes,
+    hub_cache_layout,
+    load_tensors,
+    load_weight_files,
+    sha256_file,
+    shards_for,
+    verify_file,
+)
 
-Names = Iterable[str] | Callable[[str], bool] | None
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
-INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+__all__ = [
+    "INDEX_NAMES", "RETRY_STATUS", "WEIGHT_SUFFIXES", "CheckpointDownloadError", "CheckpointError",
+    "CheckpointNotCachedError", "CheckpointSource", "ChecksumError", "FileInfo", "Loaded", "Names",
+    "Revision", "RetryPolicy", "UnsafeCheckpointError", "dir_bytes", "load_tensors",
+]
+
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
-
-
-class CheckpointError(RuntimeError):
-    """Base class for checkpoint loading errors."""
-
-
-class CheckpointNotCachedError(CheckpointError):
-    """Offline (or local cache) and the asked revision/file is not there."""
 
 
 class CheckpointDownloadError(CheckpointError):
     """The hub kept failing after all retries."""
-
-
-class ChecksumError(CheckpointError):
-    """Downloaded bytes do not match the hash the hub announced."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A pickle that ``torch.load(weights_only=True)`` refuses (it would execute code)."""
 
 
 @dataclass(frozen=True)
@@ -101,96 +104,10 @@ class RetryPolicy:
         return min(self.max_delay, self.base_delay * 2**attempt)
 
 
-@dataclass(frozen=True)
-class FileInfo:
-    """One file of a revision: size, LFS sha256 (weights) and/or git blob id (small files)."""
-
-    path: str
-    size: int
-    sha256: str | None = None
-    git_oid: str | None = None
-
-    @property
-    def etag(self) -> str | None:
-        """The hub cache's blob name for this file."""
-        return self.sha256 or self.git_oid
-
-
-@dataclass(frozen=True)
-class Revision:
-    """A resolved checkpoint: step, branch, commit sha and its files (nothing downloaded yet)."""
-
-    model: str
-    step: int
-    branch: str
-    commit: str | None
-    files: tuple[FileInfo, ...]
-    local_dir: str | None = None  # set for "one folder per step" sources
-
-    def file(self, path: str) -> FileInfo | None:
-        return next((f for f in self.files if f.path == path), None)
-
-    @property
-    def layout(self) -> str:
-        """"safetensors", "bin", "safetensors-sharded" or "bin-sharded" (safetensors preferred)."""
-        names = {f.path for f in self.files}
-        for fmt, single, index in (("safetensors", "model.safetensors", INDEX_NAMES[0]),
-                                   ("bin", "pytorch_model.bin", INDEX_NAMES[1])):
-            if single in names:
-                return fmt
-            if index in names:
-                return fmt + "-sharded"
-        raise CheckpointError(f"{self.model}@{self.branch}: no weights among {sorted(names)}")
-
-    @property
-    def weight_files(self) -> tuple[FileInfo, ...]:
-        ext = ".safetensors" if self.layout.startswith("safetensors") else ".bin"
-        return tuple(f for f in self.files if f.path.endswith(ext) and "/" not in f.path)
-
-    @property
-    def index_file(self) -> FileInfo | None:
-        return self.file(INDEX_NAMES[0 if self.layout.startswith("safetensors") else 1])
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of config, index and all weight files."""
-        return sum(f.size for f in self._needed())
-
-    def _needed(self) -> tuple[FileInfo, ...]:
-        extra = tuple(f for f in (self.file("config.json"), self.index_file) if f is not None)
-        return extra + self.weight_files
-
-    def manifest(self) -> dict:
-        return {"step": self.step, "branch": self.branch, "commit": self.commit,
-                "files": {f.path: f.sha256 or f.git_oid for f in self._needed()}}
-
-
 class Loaded(NamedTuple):
     revision: Revision
     tensors: dict[str, torch.Tensor]
     config: dict
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _git_oid(path: Path) -> str:
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def _predicate(names: Names) -> Callable[[str], bool]:
-    if names is None:
-        return lambda n: not is_legacy_buffer(n)
-    if callable(names):
-        return lambda n: not is_legacy_buffer(n) and names(n)
-    wanted = set(names)
-    return lambda n: n in wanted
 
 
 def _retryable(err: BaseException) -> bool:
@@ -210,16 +127,6 @@ def _is_offline() -> bool:
     return constants.is_offline_mode() or env
 
 
-def _hub_cache_layout(path: Path) -> tuple[Path, str] | None:
-    """``(cache_dir, model_id)`` if ``path`` is a hub-style cache or a models--ORG--NAME folder."""
-    if path.name.startswith("models--") and (path / "snapshots").is_dir():
-        return path.parent, path.name[len("models--"):].replace("--", "/")
-    repos = [p for p in path.glob("models--*") if (p / "snapshots").is_dir()]
-    if len(repos) == 1:
-        return path, repos[0].name[len("models--"):].replace("--", "/")
-    return None
-
-
 class CheckpointSource:
     """Resolve, download, verify, load and evict checkpoint revisions of one model."""
 
@@ -233,7 +140,7 @@ class CheckpointSource:
         self.local_dir: Path | None = None
         self.from_cache = False
         path = Path(model)
-        cache = _hub_cache_layout(path) if path.is_dir() else None
+        cache = hub_cache_layout(path) if path.is_dir() else None
         if cache is not None:
             cache_dir, model, self.from_cache = cache[0], cache[1], True
         elif path.is_dir():
@@ -258,14 +165,14 @@ class CheckpointSource:
         steps = list(steps)
         if self.local_dir is not None:
             return [self._resolve_local(s) for s in steps]
-        branches = self._cached_branches() if self.offline else self._hub_branches()
+        branches = cached_branches(self.storage) if self.offline else self._hub_branches()
         revs = []
         for s in steps:
             branch = self.revision_for(s)
             if branch not in branches:
                 self._missing_branch(s, branch, branches)
             commit = branches[branch]
-            files = self._cached_files(commit) if self.offline else self._hub_files(commit)
+            files = cached_files(self.storage, commit) if self.offline else self._hub_files(commit)
             revs.append(Revision(self.model, s, branch, commit, files))
         return revs
 
@@ -287,26 +194,6 @@ class CheckpointSource:
         return tuple(FileInfo(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
                      for e in entries if hasattr(e, "size"))
 
-    def _cached_branches(self) -> dict[str, str]:
-        refs = self.storage / "refs"
-        if not refs.is_dir():
-            raise CheckpointNotCachedError(
-                f"offline and {self.model} is not in the cache {self.cache_dir} (no {refs})")
-        branches = {p.name: p.read_text().strip() for p in refs.iterdir() if p.is_file()}
-        return {b: c for b, c in branches.items() if (self.storage / "snapshots" / c).is_dir()}
-
-    def _cached_files(self, commit: str) -> tuple[FileInfo, ...]:
-        snap = self.storage / "snapshots" / commit
-        if not snap.is_dir():
-            raise CheckpointNotCachedError(f"offline and commit {commit} has no snapshot in {snap}")
-        out = []
-        for p in sorted(snap.iterdir()):
-            blob = p.resolve()
-            tag = blob.name
-            sha = tag if len(tag) == 64 else None
-            out.append(FileInfo(p.name, blob.stat().st_size, sha, None if sha else tag))
-        return tuple(out)
-
     def _resolve_local(self, step: int) -> Revision:
         branch = self.revision_for(step)
         folder = self.local_dir / branch
@@ -323,7 +210,8 @@ class CheckpointSource:
     def weights_key(self, rev: Revision) -> tuple:
         """Identity of a revision's weight bytes (LFS sha256s; hashed locally when unknown)."""
         if rev.local_dir is not None:
-            return tuple((f.path, _sha256(Path(rev.local_dir) / f.path)) for f in rev.weight_files)
+            folder = Path(rev.local_dir)
+            return tuple((f.path, sha256_file(folder / f.path)) for f in rev.weight_files)
         return tuple((f.path, f.etag, f.size) for f in rev.weight_files)
 
     def duplicates(self, revisions: Iterable[Revision]) -> dict[int, int]:
@@ -367,9 +255,7 @@ class CheckpointSource:
         out = [f for f in (rev.file("config.json"), index) if f is not None]
         if index is None or names is None:
             return out + list(rev.weight_files)
-        weight_map = json.loads(self._fetch_file(rev, index).read_text())["weight_map"]
-        want = _predicate(names)
-        shards = {v for k, v in weight_map.items() if want(k)}
+        shards = shards_for(self._fetch_file(rev, index), names)
         return out + [f for f in rev.weight_files if f.path in shards]
 
     def _fetch_file(self, rev: Revision, f: FileInfo) -> Path:
@@ -393,21 +279,9 @@ class CheckpointSource:
         return p
 
     def _check(self, p: Path, f: FileInfo) -> None:
-        """Verify size and hash; on mismatch delete the blob and its pointer (to re-download)."""
-        if not self.verify:
-            return
-        got = p.stat().st_size
-        ok = got == f.size
-        if ok and f.sha256:
-            ok = _sha256(p) == f.sha256
-        elif ok and f.git_oid:
-            ok = _git_oid(p) == f.git_oid
-        if not ok:
-            blob = p.resolve()
-            p.unlink(missing_ok=True)
-            blob.unlink(missing_ok=True)
-            raise ChecksumError(f"{f.path}: bytes do not match the hub's hash/size "
-                                f"({got} bytes, expected {f.size}); deleted for re-download")
+        """Verify size and hash (unless ``verify=False``); a bad blob is deleted and re-fetched."""
+        if self.verify:
+            verify_file(p, f)
 
     def fetch(self, rev: Revision, names: Names = None) -> dict[str, Path]:
         """Download (or find) and verify the files needed for ``names``: ``{path: local path}``."""
@@ -422,15 +296,8 @@ class CheckpointSource:
     # ---- loading -------------------------------------------------------------------------------
     def load(self, rev: Revision, paths: dict[str, Path], names: Names = None) -> Loaded:
         """Load config.json and the asked tensors (legacy buffers skipped) from fetched files."""
-        want = _predicate(names)
-        tensors: dict[str, torch.Tensor] = {}
-        for f in rev.weight_files:
-            if f.path in paths:
-                tensors.update(load_tensors(paths[f.path], want))
-        if names is not None and not callable(names):
-            missing = sorted(set(names) - set(tensors))
-            if missing:
-                raise KeyError(f"{rev.model}@{rev.branch} has no tensors {missing}")
+        files = [paths[f.path] for f in rev.weight_files if f.path in paths]
+        tensors = load_weight_files(files, names, f"{rev.model}@{rev.branch}")
         config = json.loads(paths["config.json"].read_text()) if "config.json" in paths else {}
         return Loaded(rev, tensors, config)
 
@@ -531,41 +398,3 @@ class CheckpointSource:
             for rev in [r for r, _ in pending] + ([current] if current is not None else []):
                 self.evict(rev)
 
-
-def dir_bytes(root: Path) -> int:
-    """Bytes of the regular files under ``root`` (symlinks not followed, vanished files skipped)."""
-    total = 0
-    for folder, _, files in os.walk(root):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(folder, name))
-            except FileNotFoundError:
-                continue
-            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
-    return total
-
-
-def load_tensors(path: Path, want: Callable[[str], bool]) -> dict[str, torch.Tensor]:
-    """Tensors of one weight file whose names pass ``want`` (copied out of the file mapping)."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys() if want(k)}
-    try:
-        sd = _torch_load(path)
-    except pickle.UnpicklingError as err:
-        raise UnsafeCheckpointError(
-            f"{path}: refused to unpickle with torch.load(weights_only=True); the file holds "
-            f"objects other than tensors (possible code execution). Details: {err}") from err
-    if not isinstance(sd, dict):
-        raise UnsafeCheckpointError(f"{path}: expected a state dict, got {type(sd).__name__}")
-    return {k: v.clone() for k, v in sd.items() if want(k)}
-
-
-def _torch_load(path: Path):
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as err:  # legacy (non-zip) serialization cannot be memory-mapped
-        if "mmap" not in str(err):
-            raise
-        return torch.load(path, map_location="cpu", weights_only=True)

@@ -115,6 +115,7 @@ def _open_parquet(data_file: str, text_field: str):
     except FileNotFoundError as e:
         raise FileNotFoundError(f"parquet file {data_file} not found ({e})") from e
     except Exception as e:
+        _raise_if_network(e, data_file)
         raise ValueError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
                          "expected a valid .parquet file with a string text column") from e
     if features is not None and text_field not in features:
@@ -132,9 +133,35 @@ def _parquet_docs(data_file: str, text_field: str) -> Iterator[str]:
         except StopIteration:
             return
         except Exception as e:
+            _raise_if_network(e, data_file)
             raise ValueError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
                              "the file is corrupt or not parquet") from e
         yield _text_of(record, text_field, data_file)
+
+
+def _raise_if_network(err: BaseException, data_file: str) -> None:
+    """Re-raise a hub/network failure (anywhere in the cause chain) as an OSError naming it,
+    so that it is not reported as a corrupt file."""
+    from huggingface_hub.errors import HfHubHTTPError
+    kinds: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, HfHubHTTPError)
+    try:
+        import httpx2
+        kinds += (httpx2.TransportError,)
+    except ImportError:
+        pass
+    e: BaseException | None = err
+    while e is not None and not isinstance(e, kinds):
+        e = e.__cause__ or e.__context__
+    if e is None:
+        return
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    what = f"reading {data_file} failed ({type(e).__name__}: {e}); "
+    if status is None or status in (408, 429) or status >= 500:
+        raise ConnectionError(what + "the hub or network kept failing after retries; check the "
+                              "connection and HF_ENDPOINT, then retry (HF_HUB_OFFLINE=1 reads "
+                              "the local cache only)") from err
+    raise OSError(what + f"the hub refused it (HTTP {status}); check the dataset id, revision "
+                  "and access token") from err
 
 
 # ---------------------------------------------------------------- shard lists

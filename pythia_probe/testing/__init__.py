@@ -1,2 +1,5 @@
-"""Test helpers: a loopback Hugging Face hub (``testing.hub``: HubServer, Fault) and tiny
-Pythia-like checkpoint repos (``testing.repos``: build_pythia_like_repo, tiny_config)."""
+"""Test helpers: a loopback Hugging Face hub serving model and dataset repos (``testing.hub``:
+HubServer, Fault; ``testing.store``: the on-disk layout), tiny Pythia-like checkpoint repos and
+OpenWebText-like parquet dataset repos (``testing.repos``: build_pythia_like_repo,
+build_dataset_repo, tiny_config), and ``testing.endpoint.use_endpoint`` (point huggingface_hub and
+datasets at a hub inside a running process)."""

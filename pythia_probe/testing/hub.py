@@ -1,15 +1,22 @@
 """A loopback Hugging Face hub for tests: the parts of the protocol huggingface_hub 2.x uses.
 
-Serves ``root/ORG/NAME/<branch>/<files>`` (see :mod:`pythia_probe.testing.repos`), each branch a
-commit whose sha is derived from the branch name and file contents:
+Serves model repos ``root/ORG/NAME/<branch>/<files>`` and dataset repos
+``root/datasets/ORG/NAME/<branch>/<files, sub-folders allowed>`` (see
+:mod:`pythia_probe.testing.store` and :mod:`pythia_probe.testing.repos`), each branch a commit
+whose sha is derived from the branch name and file contents. ``{type}`` is ``models`` or
+``datasets``:
 
-- ``GET /api/models/{repo}[/revision/{rev}]`` (model_info; ``?blobs=True`` adds sizes + LFS)
-- ``GET /api/models/{repo}/refs`` (list_repo_refs), ``GET /api/models/{repo}/tree/{rev}``
-  (list_repo_tree), ``POST /api/models/{repo}/paths-info/{rev}`` (get_paths_info)
-- ``HEAD|GET /{repo}/resolve/{rev}/{file}``: small files answered directly (ETag = git blob id);
-  LFS files (.bin, .safetensors) redirected with 302 to a "CDN" on another origin (``localhost``
-  instead of ``127.0.0.1``) with ``X-Repo-Commit``, ``X-Linked-Etag`` (sha256), ``X-Linked-Size``.
-- ``HEAD|GET /cdn/{repo}/{commit}/{file}`` with ``Range: bytes=N-`` (206) support.
+- ``GET /api/{type}/{repo}[/revision/{rev}]`` (model_info / dataset_info / repo_info;
+  ``?blobs=True`` adds sizes + LFS), ``GET /api/{type}/{repo}/refs`` (list_repo_refs)
+- ``GET /api/{type}/{repo}/tree/{rev}[/{folder}][?recursive=true]`` (list_repo_tree,
+  list_repo_files, HfFileSystem.ls/glob/find), ``POST /api/{type}/{repo}/paths-info/{rev}``
+  (get_paths_info, HfFileSystem.info): files and folders
+- ``HEAD|GET /{repo}/resolve/{rev}/{path}`` (models), ``/datasets/{repo}/resolve/{rev}/{path}``
+  (datasets): small files answered directly (ETag = git blob id); LFS files (.bin, .safetensors,
+  .parquet) redirected with 302 to a "CDN" on another origin (``localhost`` instead of
+  ``127.0.0.1``) with ``X-Repo-Commit``, ``X-Linked-Etag`` (sha256), ``X-Linked-Size``.
+- ``HEAD|GET /cdn/[datasets/]{repo}/{commit}/{path}``; ``Range: bytes=a-b`` / ``a-`` / ``-n``
+  answered with 206 (resolve URLs of small files too), as HfFileSystem's block reads need.
 
 Faults (:class:`Fault`), consumed in order per request: ``drop`` (close the connection after
 ``after_bytes``), ``500``, ``429`` (with ``Retry-After``), ``slow`` (``bandwidth`` bytes/s),
@@ -19,7 +26,6 @@ Faults (:class:`Fault`), consumed in order per request: ``drop`` (close the conn
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import socket
 import threading
@@ -29,7 +35,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-LFS_SUFFIXES = (".bin", ".safetensors", ".pt")
+from pythia_probe.testing.store import (  # noqa: F401 - FileEntry, RepoStore re-exported
+    LFS_SUFFIXES,
+    FileEntry,
+    RepoStore,
+    folder_json,
+    folders_of,
+)
+
 CHUNK = 64 * 1024
 
 
@@ -50,68 +63,6 @@ class Fault:
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.on not in ("data", "head", "api", "any"):
             raise ValueError(f"fault 'on' must be data, head, api or any; got {self.on!r}")
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int
-    sha256: str
-    git_oid: str
-    abspath: Path
-
-    @property
-    def lfs(self) -> bool:
-        return self.path.endswith(LFS_SUFFIXES)
-
-    def tree_json(self) -> dict:
-        d = {"type": "file", "oid": self.git_oid, "size": self.size, "path": self.path}
-        if self.lfs:
-            d["lfs"] = {"oid": self.sha256, "size": self.size, "pointerSize": 134}
-        return d
-
-
-def _hashes(path: Path) -> tuple[str, str]:
-    data = path.read_bytes()
-    git = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    return hashlib.sha256(data).hexdigest(), git
-
-
-class RepoStore:
-    """Branch folders on disk -> commits and file entries (hashes cached by mtime and size)."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self._cache: dict[tuple, tuple[str, str]] = {}
-        self._lock = threading.Lock()
-
-    def branches(self, repo: str) -> dict[str, Path]:
-        d = self.root / repo
-        return {p.name: p for p in sorted(d.iterdir()) if p.is_dir()} if d.is_dir() else {}
-
-    def files(self, folder: Path) -> list[FileEntry]:
-        out = []
-        for p in sorted(folder.iterdir()):
-            st = p.stat()
-            key = (str(p), st.st_mtime_ns, st.st_size)
-            with self._lock:
-                if key not in self._cache:
-                    self._cache[key] = _hashes(p)
-                sha, git = self._cache[key]
-            out.append(FileEntry(p.name, st.st_size, sha, git, p))
-        return out
-
-    def commit(self, repo: str, branch: str) -> str:
-        files = self.files(self.branches(repo)[branch])
-        text = branch + "".join(f"{f.path}:{f.git_oid}" for f in files)
-        return hashlib.sha1(text.encode()).hexdigest()
-
-    def resolve(self, repo: str, rev: str) -> tuple[str, Path] | None:
-        """A branch name or a commit sha -> (commit, folder)."""
-        for name, folder in self.branches(repo).items():
-            if rev in (name, self.commit(repo, name)):
-                return self.commit(repo, name), folder
-        return None
 
 
 class HubServer:
@@ -200,14 +151,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.query = parse_qs(url.query)
         rng = self.headers.get("Range")
         self.hub.log.append({"method": method, "path": url.path, "range": rng, "t": time.time()})
+        route = _parse_route(parts)
         try:
-            if parts[0] == "api" and len(parts) >= 4 and parts[1] == "models":
-                return self._api(method, "/".join(parts[2:4]), parts[4:], url.path)
-            if parts[0] == "cdn" and len(parts) == 5:
-                return self._cdn(method, "/".join(parts[1:3]), parts[3], parts[4])
-            if len(parts) == 5 and parts[2] == "resolve":
-                return self._resolve(method, "/".join(parts[:2]), parts[3], parts[4])
-            self._error(404, "RepoNotFound", f"no route for {url.path}")
+            if route is None:
+                return self._error(404, "RepoNotFound", f"no route for {url.path}")
+            kind, rtype, repo, rest = route
+            if kind == "api":
+                return self._api(method, rtype, repo, rest, url.path)
+            if len(rest) < 2:
+                return self._error(404, "EntryNotFound", f"no file named in {url.path}")
+            fn = self._cdn if kind == "cdn" else self._resolve
+            return fn(method, rtype, repo, rest[0], "/".join(rest[1:]))
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -240,36 +194,52 @@ class _Handler(BaseHTTPRequestHandler):
         return True, f
 
     # -- API ------------------------------------------------------------------------------------
-    def _api(self, method: str, repo: str, rest: list[str], path: str) -> None:
+    def _api(self, method: str, rtype: str, repo: str, rest: list[str], path: str) -> None:
         if self._fault_status("api", path)[0]:
             return
-        branches = self.hub.store.branches(repo)
+        store = self.hub.store
+        branches = store.branches(repo, rtype)
         if not branches:
             return self._error(404, "RepoNotFound", f"Repository {repo} not found")
         if rest == ["refs"]:
-            return self._json(self._refs(repo, branches))
+            return self._json(self._refs(rtype, repo, branches))
         rev = rest[1] if len(rest) >= 2 else "main"
-        resolved = self.hub.store.resolve(repo, rev)
+        resolved = store.resolve(repo, rev, rtype)
         if resolved is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         commit, folder = resolved
-        files = self.hub.store.files(folder)
+        files = store.files(folder)
         if not rest or rest[0] == "revision":
-            return self._json(self._info(repo, commit, files))
+            return self._json(self._info(rtype, repo, commit, files))
         if rest[0] == "tree":
-            return self._json([f.tree_json() for f in files])
+            return self._tree(files, "/".join(rest[2:]).strip("/"), commit)
         if rest[0] == "paths-info" and method == "POST":
             wanted = self._posted_paths()
-            return self._json([f.tree_json() for f in files if f.path in wanted])
+            found = [f.tree_json() for f in files if f.path in wanted]
+            return self._json(found + [folder_json(d, files) for d in folders_of(files)
+                                       if d in wanted])
         self._error(404, None, f"unknown api route {path}")
 
-    def _refs(self, repo: str, branches: dict) -> dict:
-        commit = self.hub.store.commit
-        heads = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": commit(repo, b)}
-                 for b in branches]
+    def _tree(self, files: list[FileEntry], folder: str, commit: str) -> None:
+        """Children of ``folder`` ("" = the root); with ``?recursive=true`` all descendants."""
+        recursive = self.query.get("recursive", ["false"])[0].lower() == "true"
+        dirs = folders_of(files)
+        if folder and folder not in dirs:
+            return self._error(404, "EntryNotFound", f"{folder} does not exist at {commit}")
+        prefix = folder + "/" if folder else ""
+
+        def keep(p: str) -> bool:
+            return p.startswith(prefix) and (recursive or "/" not in p[len(prefix):])
+
+        out = [folder_json(d, files) for d in dirs if keep(d)]
+        self._json(out + [f.tree_json() for f in files if keep(f.path)])
+
+    def _refs(self, rtype: str, repo: str, branches: dict) -> dict:
+        heads = [{"name": b, "ref": f"refs/heads/{b}",
+                  "targetCommit": self.hub.store.commit(repo, b, rtype)} for b in branches]
         return {"branches": heads, "converts": [], "tags": []}
 
-    def _info(self, repo: str, commit: str, files: list[FileEntry]) -> dict:
+    def _info(self, rtype: str, repo: str, commit: str, files: list[FileEntry]) -> dict:
         blobs = self.query.get("blobs", ["false"])[0].lower() == "true"
         sib = []
         for f in files:
@@ -279,17 +249,19 @@ class _Handler(BaseHTTPRequestHandler):
                 if f.lfs:
                     s["lfs"] = {"size": f.size, "sha256": f.sha256, "pointerSize": 134}
             sib.append(s)
-        return {"id": repo, "modelId": repo, "sha": commit, "private": False, "siblings": sib}
+        info = {"id": repo, "sha": commit, "private": False, "siblings": sib}
+        return {**info, "modelId": repo} if rtype == "model" else info
 
     def _posted_paths(self) -> set[str]:
         n = int(self.headers.get("Content-Length") or 0)
         return set(parse_qs(self.rfile.read(n).decode()).get("paths", []))
 
     # -- files ----------------------------------------------------------------------------------
-    def _lookup(self, repo: str, rev: str, name: str) -> tuple[str, FileEntry] | None:
-        resolved = self.hub.store.resolve(repo, rev)
+    def _lookup(self, rtype: str, repo: str, rev: str, name: str) -> tuple[str, FileEntry] | None:
+        resolved = self.hub.store.resolve(repo, rev, rtype)
         if resolved is None:
-            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            code = "RevisionNotFound" if self.hub.store.branches(repo, rtype) else "RepoNotFound"
+            self._error(404, code, f"Invalid rev id: {rev}")
             return None
         commit, folder = resolved
         entry = next((f for f in self.hub.store.files(folder) if f.path == name), None)
@@ -298,23 +270,24 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return commit, entry
 
-    def _resolve(self, method: str, repo: str, rev: str, name: str) -> None:
+    def _resolve(self, method: str, rtype: str, repo: str, rev: str, name: str) -> None:
         if method == "HEAD":
             if self._fault_status("head", name)[0]:
                 return
-        found = self._lookup(repo, rev, name)
+        found = self._lookup(rtype, repo, rev, name)
         if found is None:
             return
         commit, e = found
         h = {"X-Repo-Commit": commit, "ETag": f'"{e.git_oid}"'}
         if not e.lfs:
             return self._body(method, e, h, name)
-        cdn = f"http://{self.hub.cdn_host}:{self.hub.port}/cdn/{repo}/{commit}/{quote(name)}"
+        kind = "datasets/" if rtype == "dataset" else ""
+        cdn = f"http://{self.hub.cdn_host}:{self.hub.port}/cdn/{kind}{repo}/{commit}/{quote(name)}"
         h.update({"Location": cdn, "X-Linked-Etag": f'"{e.sha256}"', "X-Linked-Size": str(e.size)})
         self._send(302, h, b"", method)
 
-    def _cdn(self, method: str, repo: str, commit: str, name: str) -> None:
-        found = self._lookup(repo, commit, name)
+    def _cdn(self, method: str, rtype: str, repo: str, commit: str, name: str) -> None:
+        found = self._lookup(rtype, repo, commit, name)
         if found is not None:
             self._body(method, found[1], {"ETag": f'"{found[1].sha256}"'}, name)
 
@@ -325,13 +298,17 @@ class _Handler(BaseHTTPRequestHandler):
             if answered:
                 return
         data = e.abspath.read_bytes()
-        start = _range_start(self.headers.get("Range"))
-        status, body = (206, data[start:]) if start else (200, data)
         headers = {**headers, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
-        if start:
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         if method == "HEAD":
             return self._send(200, {**headers, "Content-Length": str(e.size)}, b"", "HEAD")
+        status, body = 200, data
+        rng = _parse_range(self.headers.get("Range"), len(data))
+        if rng == (-1, -1):
+            msg = f"range {self.headers.get('Range')} outside 0-{len(data)}"
+            return self._error(416, None, msg, {"Content-Range": f"bytes */{len(data)}"})
+        if rng is not None:
+            status, body = 206, data[rng[0] : rng[1] + 1]
+            headers["Content-Range"] = f"bytes {rng[0]}-{rng[1]}/{len(data)}"
         self.send_response(status)
         for k, v in {**headers, "Content-Length": str(len(body))}.items():
             self.send_header(k, v)
@@ -361,11 +338,35 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
 
 
-def _range_start(header: str | None) -> int:
+def _parse_route(parts: list[str]) -> tuple[str, str, str, list[str]] | None:
+    """``(kind, repo_type, repo, rest)``: kind "api" (rest after the repo id), "resolve"
+    (rest = [rev, *path]) or "cdn" (rest = [commit, *path]); None for an unknown route."""
+    n = len(parts)
+    if n >= 4 and parts[0] == "api" and parts[1] in ("models", "datasets"):
+        return "api", parts[1][:-1], "/".join(parts[2:4]), parts[4:]
+    if n >= 6 and parts[0] == "cdn" and parts[1] == "datasets":
+        return "cdn", "dataset", "/".join(parts[2:4]), parts[4:]
+    if n >= 5 and parts[0] == "cdn":
+        return "cdn", "model", "/".join(parts[1:3]), parts[3:]
+    if n >= 6 and parts[0] == "datasets" and parts[3] == "resolve":
+        return "resolve", "dataset", "/".join(parts[1:3]), parts[4:]
+    if n >= 5 and parts[2] == "resolve":
+        return "resolve", "model", "/".join(parts[:2]), parts[3:]
+    return None
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """``Range: bytes=a-b | a- | -n`` -> inclusive ``(first, last)``; None = whole body;
+    ``(-1, -1)`` = unsatisfiable (416). Only the first range of a list is honoured."""
     if not header or not header.startswith("bytes="):
-        return 0
-    first = header[len("bytes=") :].split(",")[0]
-    return int(first.split("-")[0] or 0)
+        return None
+    first, _, last = header[len("bytes=") :].split(",")[0].strip().partition("-")
+    if not first:  # suffix range: the last n bytes
+        n = int(last or 0)
+        return (max(0, size - n), size - 1) if n > 0 and size > 0 else (-1, -1)
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    return (start, end) if start <= end else (-1, -1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("root", type=Path, help="folder holding ORG/NAME/<branch>/ files")
+    ap.add_argument("root", type=Path, help="folder holding ORG/NAME/<branch>/ model repos and "
+                    "datasets/ORG/NAME/<branch>/ dataset repos")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s per transfer")
     args = ap.parse_args(argv)

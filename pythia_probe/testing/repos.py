@@ -7,11 +7,16 @@ On-disk layout (also a valid "one folder per step" local directory for ``Checkpo
     root/ORG/NAME/step64/{config.json, model.safetensors}
     root/ORG/NAME/step128/{config.json, pytorch_model-00001-of-00002.bin, ..., index json}
     root/ORG/NAME/main/...         copy of the last step
+
+Dataset repos (``build_dataset_repo``, OpenWebText-like: parquet shards with a "text" column)::
+
+    root/datasets/ORG/NAME/main/{README.md, data/train-00000-of-00003.parquet, ...}
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -138,3 +143,50 @@ def write_malicious_bin(path: Path, marker: Path) -> None:
             return (os.system, (f"touch {marker}",))
 
     torch.save({"gpt_neox.embed_in.weight": torch.zeros(2, 2), "payload": Payload()}, path)
+
+
+WORDS = ("the a of to and in that is was for on with as by it at from this be are have not "
+         "page city river market school report season water light people court music paper "
+         "energy garden story number island bridge winter doctor village engine forest").split()
+
+
+def web_documents(n_docs: int, seed: int = 0) -> list[str]:
+    """Deterministic web-text-like documents: 1-6 paragraphs of random sentences; lengths vary
+    from a few dozen to a few thousand characters (some short ones, for min_chars filters)."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        paragraphs = []
+        for _ in range(rng.randint(1, 6)):
+            sentences = (" ".join(rng.choices(WORDS, k=rng.randint(3, 18))).capitalize() + "."
+                         for _ in range(rng.randint(1, 8)))
+            paragraphs.append(" ".join(sentences))
+        docs.append("\n\n".join(paragraphs))
+    return docs
+
+
+def build_dataset_repo(
+    root: Path, repo_id: str = "Skylion007/openwebtext-tiny",
+    splits: Mapping[str, int] | None = None, docs_per_shard: int = 40, seed: int = 0,
+    branch: str = "main", row_group_size: int = 16,
+) -> dict[str, list[str]]:
+    """An OpenWebText-like dataset repo for the loopback hub: ``data/{split}-0000i-of-0000n``
+    ``.parquet`` shards (one "text" column, several row groups each) and a README.md, under
+    ``root/datasets/repo_id/branch``. ``splits``: shards per split (default ``{"train": 3}``).
+    Returns ``{path in repo: documents written}`` in path order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    splits = dict(splits or {"train": 3})
+    folder = Path(root) / "datasets" / repo_id / branch
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text(f"---\nlicense: cc0-1.0\n---\n# {repo_id}\nTest data.\n")
+    written = {}
+    for k, (split, n) in enumerate(sorted(splits.items())):
+        for i in range(n):
+            path = f"data/{split}-{i:05d}-of-{n:05d}.parquet"
+            docs = web_documents(docs_per_shard, seed=seed * 1000 + k * 100 + i)
+            table = pa.table({"text": docs, "id": [f"{split}-{i}-{j}" for j in range(len(docs))]})
+            pq.write_table(table, folder / path, row_group_size=row_group_size)
+            written[path] = docs
+    return dict(sorted(written.items()))

@@ -1,0 +1,180 @@
+"""corpus.py's hub path for real: huggingface_hub lists a dataset repo served by the loopback hub
+and datasets streams its parquet shards over hf:// (nothing in either library is patched; the
+endpoint they read at import is pointed at the hub with testing.endpoint.use_endpoint, and one
+test runs a fresh process that only sets HF_ENDPOINT)."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import httpx2
+import pytest
+from huggingface_hub import HfApi, HfFileSystem, constants
+
+from pythia_probe.corpus import corpus_shards, iter_documents
+from pythia_probe.testing.endpoint import use_endpoint
+from pythia_probe.testing.hub import Fault, HubServer
+from pythia_probe.testing.repos import build_dataset_repo
+
+REPO = "Skylion007/openwebtext-tiny"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    main = build_dataset_repo(root, REPO, splits={"train": 3, "test": 1})
+    v1 = build_dataset_repo(root, REPO, splits={"train": 2}, seed=1, branch="v1")
+    return root, main, v1
+
+
+@pytest.fixture(scope="module")
+def server(written):
+    with HubServer(written[0]) as hub, use_endpoint(hub.endpoint):
+        yield hub
+
+
+@pytest.fixture
+def hub(server, monkeypatch):
+    """The module's hub with no faults, an empty log and fresh HfFileSystem listings; datasets'
+    own read retries shortened (its defaults wait 5-60 s between 20 tries)."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "STREAMING_READ_MAX_RETRIES", 1)
+    monkeypatch.setattr(datasets.config, "STREAMING_READ_RATE_LIMIT_RETRY_INTERVAL", 0)
+    monkeypatch.setattr(datasets.config, "STREAMING_READ_RETRY_INTERVAL", 0)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    HfFileSystem.clear_instance_cache()
+    server.faults.clear()
+    server.log.clear()
+    return server
+
+
+def names(files: dict, split: str = "train", at: str = "") -> list[str]:
+    return [f"hf://datasets/{REPO}{at}/{p}" for p in files if f"/{split}-" in p]
+
+
+def docs_of(files: dict, split: str = "train") -> list[str]:
+    return [d for p in files if f"/{split}-" in p for d in files[p]]
+
+
+def test_lists_shards_and_streams_every_document(hub, written):
+    _, main, _ = written
+    shards = corpus_shards(REPO)
+    assert [s.name for s in shards] == names(main)
+    for s in shards:
+        assert list(s.documents()) == main[s.name.split(f"{REPO}/")[1]]
+    assert hub.requests("GET", f"/api/datasets/{REPO}/tree/main")
+    cdn = {r["path"].rsplit("/", 1)[1] for r in hub.requests("GET", "/cdn/datasets/")}
+    assert cdn == {n.rsplit("/", 1)[1] for n in names(main)}
+
+
+@pytest.mark.parametrize("min_chars,max_docs", [(0, None), (400, None), (900, 25), (0, 3)])
+def test_min_chars_and_max_docs_match_a_plain_filter(hub, written, min_chars, max_docs):
+    ref = [d for d in docs_of(written[1]) if len(d) >= min_chars][:max_docs]
+    assert 0 < len(ref) < len(docs_of(written[1])) or min_chars == 0
+    got = list(iter_documents(REPO, min_chars=min_chars, max_docs=max_docs))
+    assert got == ref
+
+
+def test_max_docs_stops_reading_early(hub, written):
+    assert list(iter_documents(REPO, max_docs=5)) == docs_of(written[1])[:5]
+    read = {r["path"].rsplit("/", 1)[1] for r in hub.requests("GET", "/cdn/")}
+    assert read == {"train-00000-of-00003.parquet"}
+
+
+def test_shard_names_are_stable(hub, written):
+    first = [s.name for s in corpus_shards(REPO)]
+    assert [s.name for s in corpus_shards(REPO)] == first
+    assert [pickle.loads(pickle.dumps(s)).name for s in corpus_shards(REPO)] == first
+    with HubServer(written[0]) as other, use_endpoint(other.endpoint):  # another port
+        assert [s.name for s in corpus_shards(REPO)] == first
+    assert not any("127.0.0.1" in n or "localhost" in n for n in first)
+
+
+def test_split_revision_and_glob(hub, written):
+    _, main, v1 = written
+    test = corpus_shards(REPO, split="test")
+    assert [s.name for s in test] == names(main, "test")
+    assert list(test[0].documents()) == docs_of(main, "test")
+    old = corpus_shards(REPO, revision="v1")
+    assert [s.name for s in old] == names(v1, at="@v1")
+    assert list(iter_documents(REPO, revision="v1")) == docs_of(v1)
+    glob = corpus_shards(f"hf://datasets/{REPO}/data/train-*.parquet")
+    assert [s.name for s in glob] == names(main)
+    assert [d for s in glob for d in s.documents()] == docs_of(main)
+
+
+def test_protocol_pieces(hub, written):
+    api = HfApi(endpoint=hub.endpoint)
+    refs = {b.name: b.target_commit for b in api.list_repo_refs(REPO, repo_type="dataset").branches}
+    assert set(refs) == {"main", "v1"} and refs["main"] != refs["v1"]
+    assert api.dataset_info(REPO).sha == refs["main"]
+    top = {(type(e).__name__, e.path) for e in api.list_repo_tree(REPO, repo_type="dataset")}
+    assert top == {("RepoFile", "README.md"), ("RepoFolder", "data")}
+    assert sorted(api.list_repo_files(REPO, repo_type="dataset")) == ["README.md", *written[1]]
+    [folder] = api.get_paths_info(REPO, ["data"], repo_type="dataset")
+    assert type(folder).__name__ == "RepoFolder"
+    path = next(iter(written[1]))
+    data = (written[0] / "datasets" / REPO / "main" / path).read_bytes()
+    url = f"{hub.endpoint}/datasets/{REPO}/resolve/main/{path}"
+    get = lambda rng: httpx2.get(url, headers={"Range": rng}, follow_redirects=True)  # noqa: E731
+    r = get("bytes=10-99")
+    assert r.status_code == 206 and r.content == data[10:100]
+    assert r.headers["Content-Range"] == f"bytes 10-99/{len(data)}"
+    assert get("bytes=-50").content == data[-50:] and get("bytes=100-").content == data[100:]
+    assert get(f"bytes={len(data)}-").status_code == 416
+
+
+def test_missing_text_field_names_the_columns(hub):
+    with pytest.raises(KeyError, match=r"no text field 'body'.*\['id', 'text'\]"):
+        next(iter_documents(REPO, text_field="body"))
+
+
+def test_unknown_dataset_is_a_clear_error(hub):
+    with pytest.raises(OSError, match=r"'org/none' is no local path, and listing it as a hub "
+                                      r"dataset failed \(RepositoryNotFoundError"):
+        corpus_shards("org/none")
+
+
+@pytest.mark.parametrize("fault", [Fault("500", match="*.parquet"),
+                                   Fault("drop", match="*.parquet", after_bytes=1000)],
+                         ids=lambda f: f.kind)
+def test_recovers_from_a_transient_fault(hub, written, fault):
+    hub.add_fault(fault)
+    assert list(iter_documents(REPO)) == docs_of(written[1])
+    assert fault.times == 0  # it fired
+
+
+def test_hub_that_keeps_failing_is_a_clear_error(hub):
+    hub.add_fault(Fault("429", match="*.parquet", times=-1, retry_after=0))  # rate limit forever
+    with pytest.raises(ConnectionError, match=r"reading hf://datasets/.*train-00000-of-00003"
+                                              r"\.parquet failed .*kept failing after retries"):
+        next(iter_documents(REPO))
+    assert len(hub.requests("GET", "/cdn/")) == 6  # huggingface_hub's 1 try + 5 retries
+
+
+def test_fresh_process_with_only_hf_endpoint(hub, written):
+    code = ("import json; from pythia_probe.corpus import corpus_shards, iter_documents as it; "
+            f"print(json.dumps([[s.name for s in corpus_shards({REPO!r})], "
+            f"list(it({REPO!r}, min_chars=300, max_docs=30))]))")
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    shard_names, docs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert shard_names == names(written[1])
+    assert docs == [d for d in docs_of(written[1]) if len(d) >= 300][:30]
+
+
+def test_use_endpoint_restores_everything():
+    import datasets
+
+    before = (constants.ENDPOINT, datasets.config.HF_ENDPOINT, os.environ.get("HF_ENDPOINT"))
+    with use_endpoint("http://127.0.0.1:1/"):
+        assert constants.ENDPOINT == datasets.config.HF_ENDPOINT == "http://127.0.0.1:1"
+    assert (constants.ENDPOINT, datasets.config.HF_ENDPOINT,
+            os.environ.get("HF_ENDPOINT")) == before
+    with pytest.raises(ValueError, match="http"):
+        use_endpoint("127.0.0.1:1").__enter__()
