@@ -1,0 +1,209 @@
+"""Frobenius cosine of row-centred covariances, factored so no |V| x |V| model matrix is formed.
+
+The paper's score (spec leading-terms.md section 5): for a model matrix M (rows = tokens) and a
+theory matrix T (rows = the same tokens),
+
+    cov(X)  = C C^T / (ncols - 1),  C = X with each ROW centred by its own mean
+    score   = <cov(M), cov(rownorm(T))>_F / (||cov(M)||_F ||cov(rownorm(T))||_F)
+
+where rownorm divides each row by its L2 norm (all-zero rows, e.g. tokens the corpus never
+shows, stay zero). The (ncols - 1) factors cancel in a cosine.
+
+Factored form. Every model matrix here is either a tall matrix E [V, d] (its covariance is
+C_E C_E^T) or a low-rank product M = F G^T with F, G [V, r] (attention, logits). Row-centring
+M gives F Gc^T with Gc = G centred over its rows (column means removed), so
+
+    cov(M) ~ F S F^T,  S = Gc^T Gc  [r, r]   (S = I for a tall matrix, F = C_E).
+
+With C_T the row-normalised, row-centred theory matrix and P = F^T C_T [r, V]:
+
+    <F S F^T, C_T C_T^T> = <S, P P^T>,   ||F S F^T||_F^2 = tr(S H S H),  H = F^T F,
+
+i.e. the identity <A A^T, B B^T> = ||A^T B||_F^2 generalised by a middle factor S. P P^T is
+accumulated over column chunks of C_T, so peak extra memory is O(V * chunk + r^2), never V^2.
+C_T itself is never stored: a column chunk is rebuilt from the theory matrix and two V-vectors
+(row scales and row means), so the only V x V matrix held is the statistic itself.
+``theory_norm`` (||C_T C_T^T||_F, a V^3 computation) depends only on the statistics and is
+computed once per run, chunked the same way.
+
+``materialised_cosine`` is the literal float64 reference used by the tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK = 4096
+
+
+def row_centre(X: Tensor) -> Tensor:
+    """Subtract each row's own mean."""
+    return X - X.mean(dim=1, keepdim=True)
+
+
+def row_normalise(X: Tensor) -> Tensor:
+    """Divide each row by its L2 norm; all-zero rows stay zero."""
+    norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
+    return X / torch.where(norms > 0, norms, torch.ones_like(norms))
+
+
+def covariance(X: Tensor) -> Tensor:
+    """The paper's covariance: centre each ROW by its own mean, then C C^T / (ncols - 1)."""
+    C = row_centre(X)
+    return C @ C.T / (X.shape[1] - 1)
+
+
+def frobenius_cosine(A: Tensor, B: Tensor) -> float:
+    """<A, B>_F / (||A||_F ||B||_F)."""
+    return float((A * B).sum() / (torch.linalg.matrix_norm(A) * torch.linalg.matrix_norm(B)))
+
+
+def materialised_cosine(M: Tensor, T: Tensor) -> float:
+    """Literal reference: cos(cov(M), cov(rownorm(T))) in float64 with V x V matrices."""
+    M, T = M.to(torch.float64), T.to(torch.float64)
+    return frobenius_cosine(covariance(M), covariance(row_normalise(T)))
+
+
+@dataclass(frozen=True)
+class Factors:
+    """cov(M) up to a positive scale as F S F^T; S None means the identity.
+
+    Build with :func:`tall` (M = E itself) or :func:`product` (M = F G^T).
+    """
+
+    F: Tensor
+    S: Tensor | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.F.shape[1]
+
+
+def tall(E: Tensor, dtype: torch.dtype = torch.float64) -> Factors:
+    """Factors of cov(E) for a tall matrix E [V, d] (rows = tokens)."""
+    return Factors(row_centre(E.to(dtype)))
+
+
+def product(F: Tensor, G: Tensor, dtype: torch.dtype = torch.float64) -> Factors:
+    """Factors of cov(F G^T) for F, G [V, r] without forming the V x V product."""
+    G = G.to(dtype)
+    Gc = G - G.mean(dim=0, keepdim=True)
+    return Factors(F.to(dtype), Gc.T @ Gc)
+
+
+@dataclass(frozen=True)
+class Theory:
+    """A theory matrix T prepared for scoring without a second V x V copy.
+
+    C_T = rownorm(T) row-centred is never stored: its column chunk s:e is
+    ``scale[:, None] * T[:, s:e] - mean[:, None]`` (scale = 1 / row norm, 0 for zero rows;
+    mean = row means of rownorm(T)). ``norm`` = ||C_T C_T^T||_F.
+    """
+
+    name: str
+    T: Tensor
+    scale: Tensor
+    mean: Tensor
+    norm: float
+
+    @property
+    def d_vocab(self) -> int:
+        return self.T.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.T.dtype
+
+    def columns(self, s: int, e: int) -> Tensor:
+        """C_T[:, s:e], shape [V, e - s]."""
+        out = self.T[:, s:e] * self.scale[:, None]
+        return out.sub_(self.mean[:, None])
+
+
+def theory_norm(th: Theory, chunk: int = DEFAULT_CHUNK) -> float:
+    """||C C^T||_F = ||C^T C||_F over column chunks: C^T C_b = T^T (scale * C_b) - 1 (mean^T C_b).
+
+    Peak extra memory O(V * chunk); cost O(V^3), once per statistics.
+    """
+    total = torch.zeros((), dtype=torch.float64, device=th.T.device)
+    for s in range(0, th.d_vocab, chunk):
+        Cb = th.columns(s, s + chunk)
+        m = th.mean @ Cb
+        G = th.T.T @ Cb.mul_(th.scale[:, None])
+        total += torch.linalg.vector_norm(G.sub_(m[None, :]), dtype=torch.float64) ** 2
+    return float(total.sqrt())
+
+
+def _row_norms_sums(T: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """Row L2 norms and row sums in float64, over row chunks (no V x V float64 copy)."""
+    norms, sums = [], []
+    for s in range(0, T.shape[0], chunk):
+        block = T[s:s + chunk].to(torch.float64)
+        norms.append(torch.linalg.vector_norm(block, dim=1))
+        sums.append(block.sum(dim=1))
+    return torch.cat(norms), torch.cat(sums)
+
+
+def prepare_theory(name: str, T: Tensor, *, dtype: torch.dtype = torch.float64,
+                   device: str | torch.device = "cpu", chunk: int = DEFAULT_CHUNK) -> Theory:
+    """Prepare theory matrix T (rows = tokens): row scales, row means and ||cov||.
+
+    T itself is kept (moved/cast only if ``dtype``/``device`` differ): no V x V copy is made.
+    """
+    if T.ndim != 2 or T.shape[0] != T.shape[1]:
+        raise ValueError(f"theory matrix {name!r} must be square [V, V], got {tuple(T.shape)}")
+    T = T.to(device=device, dtype=dtype)
+    norms, sums = _row_norms_sums(T, chunk)
+    scale = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-300), torch.zeros_like(norms))
+    mean = scale * sums / T.shape[1]
+    th = Theory(name, T, scale.to(dtype), mean.to(dtype), 0.0)
+    return Theory(name, T, th.scale, th.mean, theory_norm(th, chunk))
+
+
+def _model_norm(f: Factors) -> Tensor:
+    H = f.F.T @ f.F
+    if f.S is None:
+        return (H * H).sum().sqrt()
+    A = f.S @ H
+    return (A * A.T).sum().clamp_min(0).sqrt()
+
+
+def _cross(f: Factors, PPt: Tensor) -> Tensor:
+    return PPt.trace() if f.S is None else (f.S * PPt).sum()
+
+
+def cosines(factors: Sequence[Factors], theory: Theory, chunk: int = DEFAULT_CHUNK) -> list[float]:
+    """Covariance cosines of several model matrices against one theory, sharing each C_T chunk.
+
+    All factors are stacked column-wise so each chunk of C_T is read once; the only
+    intermediates are [sum r, chunk] and per-factor [r, r].
+    """
+    if not factors:
+        return []
+    V = theory.d_vocab
+    for f in factors:
+        if f.F.shape[0] != V:
+            raise ValueError(f"model matrix has {f.F.shape[0]} token rows but theory "
+                             f"{theory.name!r} has d_vocab={V}")
+    Fall = torch.cat([f.F.to(theory.dtype) for f in factors], dim=1)
+    edges = torch.tensor([0] + [f.rank for f in factors]).cumsum(0).tolist()
+    PPt = [torch.zeros(f.rank, f.rank, dtype=torch.float64, device=Fall.device) for f in factors]
+    for s in range(0, V, chunk):
+        P = Fall.T @ theory.columns(s, s + chunk)
+        for i in range(len(factors)):
+            Pi = P[edges[i]:edges[i + 1]].to(torch.float64)
+            PPt[i] += Pi @ Pi.T
+    out = []
+    for f, ppt in zip(factors, PPt, strict=True):
+        f64 = Factors(f.F.to(torch.float64), None if f.S is None else f.S.to(torch.float64))
+        out.append(float(_cross(f64, ppt) / (_model_norm(f64) * theory.norm)))
+    return out
+
+
+def cosine(f: Factors, theory: Theory, chunk: int = DEFAULT_CHUNK) -> float:
+    """Covariance cosine of one factored model matrix against a prepared theory."""
+    return cosines([f], theory, chunk)[0]

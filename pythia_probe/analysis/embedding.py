@@ -1,0 +1,62 @@
+"""The embedding mapping (spec section 5) and the W_E / W_U extra rows.
+
+Orientation: the theory matrix's ROW index is always the token the row describes.
+
+- ``embedding``: the residual stream of token i fed alone (sequence length 1) at layer l,
+  E_kind[i] for kind in pre (before layer l), attn (pre + attention output, the no-MLP stream)
+  and post (after layer l), against row i of PhiBT = Phibar^T Bbar^T (rows = token fed in; the
+  value matrix's leading term, so e_i + PhiBT[i] is what the one-hot model puts in the stream).
+- ``unembedding`` (extra rows, layer null):
+  * ``cos_WU_Bbar``: output orientation. Row j of W_U^T (the unembedding of token j) against
+    column j of Bbar, i.e. row j of Bbar^T (how often j follows each token). Similar
+    unembeddings <-> similar previous-token profiles (SigmaB = Bbar^T Bbar).
+  * ``cos_WEWU_Bbar``: input orientation, the W_O ~ s eta Bbar analogue. The direct-path
+    logit matrix W_E W_U (row i = logits when token i is fed in, skipping every block) against
+    row i of Bbar (rows = current token, columns = next token). Factored: never V x V.
+  * ``cos_WE_PhiBT``: the input embedding W_E (rows = token fed in) against PhiBT; equal to the
+    layer-0 ``pre`` row of ``embedding`` and reported under its own name for the table of
+    weights.
+Only the first d_vocab rows (ids the statistics index) are used; Pythia pads 50277 -> 50304.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor
+
+from pythia_probe.analysis.cosine import Theory, cosines, product, tall
+
+KINDS = ("pre", "attn", "post")
+
+
+def embedding_rows(residuals: Mapping[str, list[Tensor]], theory: Theory, *,
+                   chunk: int = 4096) -> list[dict]:
+    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT))."""
+    V, rows = theory.d_vocab, []
+    n_layers = max(len(v) for v in residuals.values())
+    for layer in range(n_layers):  # one layer at a time bounds memory
+        kinds = [k for k in KINDS if layer < len(residuals.get(k, []))]
+        values = cosines([tall(residuals[k][layer][:V], theory.dtype) for k in kinds], theory,
+                         chunk)
+        rows += [{"analysis": "embedding", "layer": layer, "metric": f"cos_{k}", "value": v,
+                  "n": V} for k, v in zip(kinds, values, strict=True)]
+    return rows
+
+
+def unembedding_rows(W_E: Tensor, W_U: Tensor, theories: Mapping[str, Theory], *,
+                     chunk: int = 4096) -> list[dict]:
+    """W_U vs Bbar (output orientation), W_E W_U vs Bbar (input), W_E vs PhiBT.
+
+    W_E is [d_vocab_model, d_model]; W_U is [d_model, d_vocab_model] (TransformerLens layout).
+    """
+    bbar, bbar_t, phibt = theories["Bbar"], theories["BbarT"], theories["PhiBT"]
+    V, dt = bbar.d_vocab, bbar.dtype
+    WE, WUt = W_E[:V], W_U[:, :V].T
+    vals = {
+        "cos_WU_Bbar": cosines([tall(WUt, dt)], bbar_t, chunk)[0],
+        "cos_WEWU_Bbar": cosines([product(WE, WUt, dt)], bbar, chunk)[0],
+        "cos_WE_PhiBT": cosines([tall(WE, dt)], phibt, chunk)[0],
+    }
+    return [{"analysis": "unembedding", "layer": None, "metric": m, "value": v, "n": V}
+            for m, v in vals.items()]

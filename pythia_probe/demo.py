@@ -1,0 +1,236 @@
+"""A small GPT-NeoX trained on the built-in corpus, with Pythia-like checkpoints, for ``--demo``.
+
+Built-in stories -> word tokenizer (the leading-terms paper's rule) -> [N, T+1] token windows
+-> transformers' GPTNeoXForCausalLM (a few layers, Pythia's architecture: parallel residual,
+partial rotary, untied embeddings) trained with AdamW, saving checkpoints at steps 0, 1, 2, 4,
+..., 512 (as far as training goes) and then every ``save_every`` steps.
+
+Layout (what :mod:`pythia_probe.checkpoints` reads as a local model folder)::
+
+    OUT/tokenizer.json               the word tokenizer
+    OUT/tokens.safetensors           the training windows (statistics use the same data)
+    OUT/step{N}/config.json          GPT-NeoX config
+    OUT/step{N}/model.safetensors    weights (safetensors only)
+
+``python -m pythia_probe.demo --out DIR`` trains on its own; ``python -m pythia_probe.sweep
+--demo`` also computes statistics, sweeps the checkpoints and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+TOKENS_FILE = "tokens.safetensors"
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Demo model and training settings (defaults: ~1-2 minutes on two CPU cores)."""
+
+    n_stories: int = 3000
+    vocab_size: int = 1000  # top-k words; the built-in corpus has fewer types, so no OOV
+    seq_len: int = 64  # T predicted positions per window
+    n_layers: int = 4
+    d_model: int = 64
+    n_heads: int = 4
+    d_mlp: int = 256
+    batch_size: int = 32
+    max_step: int = 1024
+    save_every: int = 256
+    lr: float = 3e-3
+    warmup: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        for name in ("n_stories", "vocab_size", "seq_len", "n_layers", "batch_size", "max_step",
+                     "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def checkpoint_steps(max_step: int, save_every: int) -> list[int]:
+    """Pythia-like schedule: 0, 1, 2, 4, ..., 512 (<= max_step), then every ``save_every``."""
+    early = [0] + [2**k for k in range(10) if 2**k <= max_step]
+    regular = range(save_every, max_step + 1, save_every)
+    return sorted(set(early) | {s for s in regular if s > 512} | {max_step})
+
+
+def build_data(cfg: DemoConfig):
+    """Built-in stories -> word tokenizer -> [N, T+1] LongTensor windows (OOV stories dropped)."""
+    from pythia_probe.builtin_corpus import generate_stories
+    from pythia_probe.tokenizer import build_word_tokenizer, encode_documents
+
+    docs = generate_stories(cfg.n_stories, seed=cfg.seed)
+    tok = build_word_tokenizer(docs, cfg.vocab_size)
+    ids = [i for doc in encode_documents(tok, docs, drop_oov=True) for i in doc]
+    n = len(ids) // (cfg.seq_len + 1)
+    if n < cfg.batch_size:
+        raise ValueError(f"only {n} windows of {cfg.seq_len + 1} tokens from {cfg.n_stories} "
+                         f"stories; need >= batch_size={cfg.batch_size}: raise n_stories")
+    tokens = torch.tensor(ids[: n * (cfg.seq_len + 1)]).view(n, cfg.seq_len + 1)
+    return tok, tokens
+
+
+def make_model(cfg: DemoConfig, n_vocab: int):
+    """A randomly initialised GPTNeoXForCausalLM with Pythia's architectural choices."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        vocab_size=n_vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_mlp,
+        max_position_embeddings=cfg.seq_len, rotary_pct=0.25, use_parallel_residual=True,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(cfg.seed)
+    return GPTNeoXForCausalLM(config).float()
+
+
+def save_checkpoint(model, out: Path, step: int) -> Path:
+    """Write ``out/step{step}/{config.json, model.safetensors}`` (atomic per file)."""
+    folder = out / f"step{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.to_json_file(folder / "config.json")
+    sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    tmp = folder / "model.safetensors.tmp"
+    save_file(sd, tmp, metadata={"format": "pt", "step": str(step)})
+    tmp.replace(folder / "model.safetensors")
+    return folder
+
+
+def _lr(cfg: DemoConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.max_step - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train(cfg: DemoConfig, out: str | Path, tokens: torch.Tensor, n_vocab: int) -> dict:
+    """Train with AdamW on random windows; save checkpoints on the schedule. Returns losses."""
+    out = Path(out)
+    model = make_model(cfg, n_vocab)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    g = torch.Generator().manual_seed(cfg.seed)
+    saves, losses = set(checkpoint_steps(cfg.max_step, cfg.save_every)), {}
+    for step in tqdm(range(cfg.max_step + 1), desc="demo train", unit="step"):
+        if step in saves:
+            save_checkpoint(model, out, step)
+        if step == cfg.max_step:
+            break
+        batch = tokens[torch.randint(len(tokens), (cfg.batch_size,), generator=g)]
+        loss = model(input_ids=batch, labels=batch).loss
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses[step] = loss.item()
+    return losses
+
+
+def build_demo_model(cfg: DemoConfig, out: str | Path) -> dict:
+    """Data, tokenizer and checkpoints under ``out``; skips training if the last step exists."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok, tokens = build_data(cfg)
+    tok.save_pretrained(str(out))
+    save_file({"tokens": tokens.contiguous()}, out / TOKENS_FILE)
+    last = out / f"step{cfg.max_step}" / "model.safetensors"
+    if last.exists():
+        return {"trained": False, "n_windows": len(tokens)}
+    t0 = time.perf_counter()
+    losses = train(cfg, out, tokens, n_vocab=len(tok))
+    first, final = losses[0], sum(list(losses.values())[-20:]) / min(20, len(losses))
+    return {"trained": True, "n_windows": len(tokens), "loss_first": first,
+            "loss_final": final, "train_seconds": time.perf_counter() - t0}
+
+
+def demo_stats(model_dir: str | Path, out: str | Path):
+    """Statistics of the demo's training windows (both passes, exact), saved to ``out``."""
+    from pythia_probe.stats import batch_stats
+    from pythia_probe.tokenizer import d_vocab, load_tokenizer, tokenizer_fingerprint
+
+    tok = load_tokenizer(str(model_dir))
+    stats = batch_stats(load_tokens(model_dir), d_vocab(tok), tokenizer=tokenizer_fingerprint(tok))
+    stats.save(out)
+    return stats
+
+
+def summarise(df) -> list[str]:
+    """Per (analysis, metric): the layer-mean cosine at the first, best and last step."""
+    lines = []
+    per_layer = df[df["layer"].notna() & df["head"].isna()]
+    for (analysis, metric), sel in per_layer.groupby(["analysis", "metric"], sort=True):
+        curve = sel.groupby("step")["value"].mean()
+        best, last = int(curve.idxmax()), curve.iloc[-1]
+        lines.append(f"{analysis:>9} {metric:<10} layer mean: step {int(curve.index[0])} "
+                     f"{curve.iloc[0]:.3f} | best step {best} {curve[best]:.3f} | last step "
+                     f"{int(curve.index[-1])} {last:.3f} (drift {last - curve[best]:+.3f})")
+    for metric, sel in df[df["layer"].isna()].groupby("metric", sort=True):
+        curve = sel.groupby("step")["value"].mean()
+        lines.append(f"{'weights':>9} {metric:<13} step {int(curve.index[0])} {curve.iloc[0]:.3f}"
+                     f" -> step {int(curve.index[-1])} {curve.iloc[-1]:.3f} (max {curve.max():.3f}"
+                     f" at step {int(curve.idxmax())})")
+    return lines
+
+
+def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu",
+             work: str | Path | None = None) -> int:
+    """The README's main job: corpus -> tokenizer -> model checkpoints -> statistics -> sweep ->
+    tables (``out/run``) + heat maps (``out/plots``) + a printed summary.
+
+    Checkpoints and statistics go to ``work`` (default ``out/work``). Returns the sweep's code.
+    """
+    from pythia_probe import plots, sweep
+    from pythia_probe.results import read_results
+
+    out, cfg = Path(out), cfg or DemoConfig()
+    work = Path(work) if work is not None else out / "work"
+    torch.set_num_threads(1)  # tiny matrices: extra OpenMP threads only add contention
+    info = build_demo_model(cfg, work / "demo-neox")
+    if "loss_first" in info:
+        print(f"trained {cfg.max_step} steps: loss {info['loss_first']:.3f} -> "
+              f"{info['loss_final']:.3f} (mean of last 20) in {info['train_seconds']:.0f} s")
+    demo_stats(work / "demo-neox", work / "stats.safetensors")
+    model = work / "demo-neox"
+    rc = sweep.main(["--model", str(model), "--steps", "all", "--stats",
+                     str(work / "stats.safetensors"), "--analyses",
+                     "embedding,attention,unembedding,attention_text", "--text",
+                     str(model / TOKENS_FILE), "--out", str(out / "run"), "--device", device,
+                     "--dtype", "float64"])
+    df = read_results(out / "run")
+    for path in plots.plot_run(df, out / "plots"):
+        print(f"wrote {path}")
+    print("\n".join(summarise(df)))
+    return rc
+
+
+def load_tokens(out: str | Path) -> torch.Tensor:
+    """The [N, T+1] training windows saved by :func:`build_demo_model`."""
+    return load_file(Path(out) / TOKENS_FILE)["tokens"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: train the demo model and save its checkpoints."""
+    p = argparse.ArgumentParser(prog="python -m pythia_probe.demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="results/demo/demo-neox", help="output folder")
+    for name, value in asdict(DemoConfig()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    a = vars(p.parse_args(argv))
+    out = a.pop("out")
+    info = build_demo_model(DemoConfig(**a), out)
+    print({k: round(v, 4) if isinstance(v, float) else v for k, v in info.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""The sweep's frozen configuration and its file layout."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pythia_probe.analysis import get_analyses
+from pythia_probe.analysis.cosine import DEFAULT_CHUNK
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+SHARDS, FAILED = "shards", "failed"
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep. ``heads``: "all", "none" or comma-separated layer indices for per-head rows."""
+
+    model: str
+    steps: str
+    stats: str
+    out: str
+    analyses: tuple[str, ...] = ("embedding", "attention")
+    device: str = "cpu"
+    dtype: str = "float32"
+    heads: str = "all"
+    retries: int = 1
+    chunk: int = DEFAULT_CHUNK
+    batch_size: int = 4096
+    tokenizer: str | None = None
+    cache_dir: str | None = None
+    prefetch: int = 1
+    text: str | None = None  # safetensors with "tokens" [N, T+1], for attention_text
+    text_rows: int = 32
+    dry_run: bool = False
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self):
+        get_analyses(list(self.analyses))  # raises naming the valid analyses
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r} not supported; valid: {', '.join(DTYPES)}")
+        if self.heads not in ("all", "none") and not all(
+                p.strip().isdigit() for p in self.heads.split(",")):
+            raise ValueError(f"--heads {self.heads!r}: use all, none or layers like 1,12,23")
+        if self.retries < 0 or self.prefetch < 0 or self.chunk < 1 or self.batch_size < 1:
+            raise ValueError("--retries and --prefetch must be >= 0, --chunk and --batch-size >= 1")
+        if "attention_text" in self.analyses and not self.text:
+            raise ValueError("analysis attention_text needs --text (a safetensors file with "
+                             "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+
+    @property
+    def per_head(self) -> bool | list[int]:
+        if self.heads in ("all", "none"):
+            return self.heads == "all"
+        return [int(p) for p in self.heads.split(",")]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def identity(self) -> dict:
+        """The fields that must match for a rerun to resume into the same folder."""
+        return {k: getattr(self, k) for k in ("model", "analyses", "dtype", "heads", "text")}
+
+
+def split_steps(steps: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """The steps process ``rank`` of ``world_size`` handles (round-robin, disjoint, complete)."""
+    return list(steps[rank::world_size])
+
+
+def shard_path(out: str | os.PathLike, step: int) -> Path:
+    return Path(out) / SHARDS / f"step{step}.parquet"
+

@@ -1,0 +1,241 @@
+"""Everything the sweep reads before and around the analyses: checkpoints (through
+:mod:`pythia_probe.checkpoints`), statistics, and the checks that run before any download.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from pythia_probe.analysis import theory_matrix
+from pythia_probe.analysis.cosine import Theory, prepare_theory
+from pythia_probe.results import read_manifest
+from pythia_probe.sweep.config import SweepConfig, shard_path
+
+TOKENIZER = "tokenizer.json"
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", TOKENIZER)
+
+
+def load_stats(cfg: SweepConfig, fingerprint: dict | None):
+    """The CorpusStats of ``--stats``, refused if computed with another tokenizer."""
+    from pythia_probe.stats import CorpusStats
+
+    path = Path(cfg.stats)
+    if not path.is_file():
+        raise FileNotFoundError(f"--stats {cfg.stats}: no such statistics file; compute one with "
+                                "`python -m pythia_probe.stats ...` (or run --demo)")
+    return CorpusStats.load(path, expect=fingerprint)
+
+
+def load_text(cfg: SweepConfig, stats) -> torch.Tensor:
+    """First ``text_rows`` windows of ``--text``, inputs only, at most the statistics' T long."""
+    from safetensors.torch import load_file
+
+    if stats.restricted:
+        raise ValueError("attention_text needs full-vocabulary statistics (these are top-k)")
+    tokens = load_file(cfg.text)["tokens"]
+    if tokens.ndim != 2 or int(tokens.max()) >= stats.d_vocab:
+        raise ValueError(f"--text {cfg.text}: need 'tokens' [N, T+1] with ids < "
+                         f"{stats.d_vocab}, got shape {tuple(tokens.shape)}")
+    return tokens[:cfg.text_rows, :min(tokens.shape[1] - 1, stats.T)]
+
+
+def _theory_source(stats, name: str, cfg: SweepConfig) -> torch.Tensor:
+    """A theory matrix; PhiBT not stored in the file is composed on the sweep's device."""
+    from safetensors import safe_open
+
+    from pythia_probe.stats import compose
+
+    if name == "PhiBT" and cfg.device != "cpu":
+        with safe_open(cfg.stats, framework="pt") as f:
+            stored = "PhiBT" in f.keys()
+        if not stored:  # V^3 flops: on the accelerator, result back on the host
+            return compose.phi_bt(stats.Bbar, stats.Phibar, device=cfg.device, out_device="cpu")
+    return theory_matrix(stats, name)
+
+
+def prepare_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict[str, Theory]:
+    """Cast each needed theory matrix to the device/dtype once (Bbar^T shares Bbar's storage)."""
+    cast: dict[str, torch.Tensor] = {}
+    for name in sorted(set(names), key=lambda n: n == "BbarT"):
+        if name == "BbarT":
+            T = cast["Bbar"].T if "Bbar" in cast else theory_matrix(stats, name)
+        else:
+            T = cast[name] = _theory_source(stats, name, cfg).to(cfg.device, cfg.torch_dtype)
+        cast.setdefault(name, T)
+    return {n: prepare_theory(n, cast[n], dtype=cfg.torch_dtype, device=cfg.device,
+                              chunk=cfg.chunk)
+            for n in tqdm(sorted(set(names)), desc="theory norms", disable=len(names) < 2)}
+
+
+# ---- checkpoints (pythia_probe.checkpoints) ----------------------------------------------------
+def open_source(cfg: SweepConfig):
+    from pythia_probe.checkpoints import CheckpointSource
+
+    return CheckpointSource(cfg.model, cache_dir=cfg.cache_dir)
+
+
+def available_steps(source) -> list[int]:
+    """Steps the model has: local step folders, cached refs offline, else the hub's branches."""
+    from pythia_probe import steps as steps_mod
+
+    if source.local_dir is not None:
+        folders = [p.name for p in source.local_dir.iterdir() if p.is_dir()]
+    elif source.offline:
+        refs = source.storage / "refs"
+        folders = [p.name for p in refs.iterdir()] if refs.is_dir() else []
+    else:
+        return steps_mod.available_steps(source.model, api=source.api)
+    return sorted(s for f in folders if (s := steps_mod.step_of(f)) is not None)
+
+
+def tensor_names(analyses):
+    """Which weights the analyses read (HF-name predicate from arch)."""
+    from pythia_probe.arch import name_filter
+
+    parts = ["embed"]
+    if any(a.name in ("embedding", "attention", "attention_text") for a in analyses):
+        parts += ["attn", "mlp", "ln"]
+    if any(a.name == "attention_text" for a in analyses):
+        parts += ["final_ln"]
+    if any(a.name == "unembedding" for a in analyses):
+        parts += ["unembed"]
+    return name_filter(*parts)
+
+
+def model_config(source, rev):
+    """The NeoXConfig of a revision from its config.json alone (no weights downloaded)."""
+    from huggingface_hub import hf_hub_download
+
+    from pythia_probe.arch import NeoXConfig
+
+    if rev.local_dir is not None:
+        path = Path(rev.local_dir) / "config.json"
+    else:
+        path = hf_hub_download(source.model, "config.json", revision=rev.commit,
+                               cache_dir=source.cache_dir, endpoint=source.endpoint)
+    return NeoXConfig.from_dict(json.loads(Path(path).read_text()))
+
+
+def to_weights(loaded, cfg: SweepConfig):
+    """NeoXWeights on the sweep's device and dtype (so residual streams are computed there)."""
+    from pythia_probe.arch import NeoXConfig, NeoXWeights
+
+    tensors = {k: v.to(cfg.device, cfg.torch_dtype) for k, v in loaded.tensors.items()}
+    return NeoXWeights(tensors, NeoXConfig.from_dict(loaded.config))
+
+
+def load_weights(source, rev, names):
+    """Fetch and load one revision directly (used for retries); evicts its files afterwards."""
+    try:
+        return source.load(rev, source.fetch(rev, names), names)
+    finally:
+        source.evict(rev)
+
+
+def stream(source, revs, names, cfg: SweepConfig):
+    """Yield (revision, Loaded or the exception it raised), prefetching one revision ahead.
+
+    A failing revision ends E's stream; it is yielded as an error and the stream restarts after it.
+    """
+    i = 0
+    while i < len(revs):
+        try:
+            for loaded in source.stream(revs[i:], names=names, prefetch=cfg.prefetch):
+                yield loaded.revision, loaded
+                i += 1
+        except Exception as e:  # noqa: BLE001 - reported per step by the caller
+            yield revs[i], e
+            i += 1
+
+
+# ---- checks before any download ----------------------------------------------------------------
+def model_fingerprint(cfg: SweepConfig, source, rev) -> dict | None:
+    """Tokenizer fingerprint of the model: --tokenizer, else the tokenizer.json that the first
+    revision ships (local folder, or the hub at that commit); None (with a warning) if none."""
+    from huggingface_hub import hf_hub_download
+
+    from pythia_probe.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    if cfg.tokenizer:
+        return tokenizer_fingerprint(load_tokenizer(cfg.tokenizer))
+    if source.local_dir is not None:
+        found = [d for d in (source.local_dir, Path(rev.local_dir)) if (d / TOKENIZER).is_file()]
+        path = found[0] if found else None
+    elif rev.file(TOKENIZER) is not None:  # the files AutoTokenizer reads, from that commit
+        for name in TOKENIZER_FILES:
+            if rev.file(name) is not None:
+                got = hf_hub_download(source.model, name, revision=rev.commit,
+                                      cache_dir=source.cache_dir, endpoint=source.endpoint)
+        path = Path(got).parent
+    else:
+        path = None
+    if path is None:
+        tqdm.write(f"warning: {cfg.model} ships no tokenizer.json; the statistics' tokenizer is "
+                   "not checked (pass --tokenizer to check it)")
+        return None
+    return tokenizer_fingerprint(load_tokenizer(str(path)))
+
+
+def check_stats(cfg: SweepConfig, fingerprint: dict | None) -> dict:
+    """The statistics file's metadata, refused if it was built with another tokenizer."""
+    from pythia_probe.stats import read_meta
+    from pythia_probe.stats.corpus_stats import check_tokenizer
+
+    if not Path(cfg.stats).is_file():
+        raise FileNotFoundError(f"--stats {cfg.stats}: no such statistics file; compute one with "
+                                "`python -m pythia_probe.stats ...` (or run --demo)")
+    meta = read_meta(cfg.stats)
+    if fingerprint is not None:
+        check_tokenizer(meta, fingerprint, cfg.stats)
+    return meta
+
+
+def check_resume(cfg: SweepConfig, stats_id: str) -> str | None:
+    """Run id of a compatible earlier run in ``--out`` (None if fresh); refuse a different one."""
+    if not (Path(cfg.out) / "manifest.json").exists():
+        return None
+    old = read_manifest(cfg.out)
+    want = {**cfg.identity(), "analyses": list(cfg.analyses), "stats_id": stats_id}
+    have = {k: old.get("config", {}).get(k) for k in want}
+    if have != want:
+        diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
+        raise ValueError(f"{cfg.out} holds a different run ({diff}: old, new); choose a new --out "
+                         "or the same settings to resume")
+    return old.get("run_id")
+
+
+def select_steps(cfg: SweepConfig, source) -> list[int]:
+    """Parse --steps against the steps the model has (StepError names the nearest valid ones)."""
+    from pythia_probe.steps import parse_steps
+
+    return parse_steps(cfg.steps, available_steps(source))
+
+
+def dry_run(cfg: SweepConfig, source, steps: list[int], meta: dict) -> int:
+    """Print the plan: steps, bytes to download, disk and memory needed."""
+    from pythia_probe.analysis.plan import memory_plan
+
+    todo = [s for s in steps if not shard_path(cfg.out, s).exists()]
+    print(f"model {cfg.model}: {len(steps)} steps ({len(steps) - len(todo)} already done): "
+          f"{steps[:6]}{' ...' if len(steps) > 6 else ''}")
+    revs = source.resolve(todo or steps[:1])
+    sizes = [r.nbytes for r in revs] if todo else [0]
+    total, biggest = sum(sizes), max(sizes)
+    print(f"download {total / 1e9:.2f} GB in all; disk at any time <= {2 * biggest / 1e9:.2f} GB "
+          "(one checkpoint in use + one prefetched)")
+    c = model_config(source, revs[0])
+    n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
+        4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
+    plan = memory_plan(int(meta["d_vocab"]), c.d_model, c.n_layers, c.n_heads, n_params,
+                       cfg.analyses, dtype_bytes=torch.tensor([], dtype=cfg.torch_dtype)
+                       .element_size(), chunk=cfg.chunk)
+    print(f"memory on {cfg.device} ({cfg.dtype}, V={meta['d_vocab']}):")
+    print("\n".join("  " + line for line in plan.lines()))
+    return 0
+
+

@@ -1,0 +1,89 @@
+"""The demo model: schedule, data, checkpoints readable as GPT-NeoX, training that learns."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pythia_probe.demo import DemoConfig, build_demo_model, checkpoint_steps, load_tokens
+
+TINY = DemoConfig(n_stories=150, seq_len=32, n_layers=2, d_model=32, n_heads=4, d_mlp=64,
+                  batch_size=16, max_step=40, save_every=16, lr=1e-2, warmup=4)
+
+
+def test_schedule_is_pythia_like():
+    assert checkpoint_steps(1536, 256) == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024,
+                                           1280, 1536]
+    assert checkpoint_steps(40, 16) == [0, 1, 2, 4, 8, 16, 32, 40]
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        DemoConfig(d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match="max_step must be >= 1"):
+        DemoConfig(max_step=0)
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: OpenMP threads only add contention on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    info = build_demo_model(TINY, out)
+    return out, info
+
+
+def test_checkpoints_follow_schedule_and_load_as_neox(demo_dir):
+    from pythia_probe.arch import NeoXConfig, NeoXWeights
+
+    out, info = demo_dir
+    saved = sorted(int(p.name[4:]) for p in out.glob("step*"))
+    assert saved == checkpoint_steps(TINY.max_step, TINY.save_every)
+    cfg = NeoXConfig.from_dict(json.loads((out / "step40" / "config.json").read_text()))
+    w = NeoXWeights(load_file(out / "step40" / "model.safetensors"), cfg)
+    assert w.W_E.shape == (cfg.d_vocab, 32) and cfg.n_layers == 2
+    tokens = load_tokens(out)
+    assert tokens.shape[1] == TINY.seq_len + 1 and int(tokens.max()) < cfg.d_vocab - 1  # no UNK
+    w0 = load_file(out / "step0" / "model.safetensors")
+    w1 = load_file(out / "step1" / "model.safetensors")
+    assert not torch.equal(w0["gpt_neox.embed_in.weight"], w1["gpt_neox.embed_in.weight"])
+
+
+def test_training_reduces_loss_and_rerun_skips(demo_dir):
+    out, info = demo_dir
+    assert info["trained"] and info["loss_final"] < info["loss_first"] - 0.5
+    assert build_demo_model(TINY, out)["trained"] is False
+
+
+def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
+    """--demo: corpus -> tokenizer -> checkpoints -> statistics -> sweep -> tables + plots."""
+    from pythia_probe import demo, sweep
+    from pythia_probe.results import read_manifest, read_results
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    small = DemoConfig(n_stories=150, seq_len=32, n_layers=2, d_model=32, d_mlp=64,
+                       batch_size=16, max_step=8)
+    assert demo.run_demo(tmp_path / "r", small, work=tmp_path / "w") == 0
+    df = read_results(tmp_path / "r" / "run")
+    assert sorted(df["step"].unique()) == [0, 1, 2, 4, 8]
+    assert set(df["analysis"]) == {"embedding", "attention", "unembedding", "attention_text"}
+    text = df[df["analysis"] == "attention_text"]
+    assert len(text) == 5 * 2 * (3 + 2 * 4) and text["value"].between(-1, 1).all()
+    assert read_manifest(tmp_path / "r" / "run")["status"] == "complete"
+    assert (tmp_path / "r" / "plots" / "embedding_cos_post.png").stat().st_size > 1000
+    text = capsys.readouterr().out
+    post = df[(df["metric"] == "cos_post") & (df["head"].isna())].groupby("step")["value"].mean()
+    assert f"last step 8 {post[8]:.3f}" in text  # the printed summary is computed from the table
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work: seen.update(
+        out=out, cfg=cfg, work=work) or 0)
+    assert sweep.main(["--demo", "--demo-max-step", "16", "--out", "o", "--work", "w"]) == 0
+    assert seen == {"out": "o", "cfg": DemoConfig(max_step=16), "work": "w"}

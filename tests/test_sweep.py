@@ -1,0 +1,259 @@
+"""The sweep end to end on local step folders: tables, resume, failures, ranks, bad input."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pythia_probe import sweep
+from pythia_probe.analysis.cosine import materialised_cosine
+from pythia_probe.results import read_manifest, read_results
+from pythia_probe.stats import batch_stats
+from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
+
+STEPS = (0, 1, 2, 4, 64)
+V = 90  # statistic rows; the tiny model has 96 (padding rows, as in Pythia)
+KEY = ["step", "analysis", "layer", "head", "metric"]
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: OpenMP threads only add contention on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    layouts = {s: ("safetensors", 1) for s in STEPS}
+    repo = build_pythia_like_repo(root / "hub", "org/tiny", STEPS, cfg, layouts, with_main=False)
+    tokens = torch.randint(0, V, (40, 17), generator=torch.Generator().manual_seed(1))
+    stats_path = batch_stats(tokens, V).save(root / "stats.safetensors")
+    return root, repo, stats_path
+
+
+def _argv(repo, stats, out, *extra):
+    return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
+            "--analyses", "embedding,attention,unembedding", "--dtype", "float64", *extra]
+
+
+def _sorted(df):
+    return df.drop(columns=["run_id"]).sort_values(KEY, na_position="first").reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def clean_run(setup):
+    root, repo, stats = setup
+    out = root / "clean"
+    assert sweep.main(_argv(repo, stats, out)) == 0
+    return out, read_results(out)
+
+
+def test_tables_validate_and_match_the_paper_procedure(setup, clean_run):
+    from pythia_probe.arch import NeoXConfig, NeoXWeights, single_token_residuals
+
+    root, repo, stats_path = setup
+    out, df = clean_run
+    cfg = tiny_config()
+    n_l, n_h = cfg.num_hidden_layers, cfg.num_attention_heads
+    per_step = 3 * n_l + n_l * (1 + n_h) + 3
+    assert len(df) == len(STEPS) * per_step and sorted(df["step"].unique()) == list(STEPS)
+    assert read_manifest(out)["status"] == "complete"
+    # step 64 recomputed literally: materialised V x V matrices in float64
+    c = NeoXConfig.from_dict(json.loads((repo / "step64" / "config.json").read_text()))
+    w = NeoXWeights(load_file(repo / "step64" / "model.safetensors"), c)
+    ids = torch.arange(V)
+    res = single_token_residuals(w, ids, dtype=torch.float64)
+    from pythia_probe.stats import CorpusStats
+    st = CorpusStats.load(stats_path)
+    got = df[df["step"] == 64].set_index(["analysis", "layer", "head", "metric"])["value"]
+    L = w.layer(1)
+    E = res["pre"][1]
+    A = torch.stack([L.W_Q[h].double() @ L.W_K[h].double().T for h in range(n_h)]).mean(0)
+    assert got[("attention", 1, pd.NA, "cos_mean")] == pytest.approx(
+        materialised_cosine(E @ A @ E.T, st.Qbar), rel=1e-6)
+    Ah = L.W_Q[2].double() @ L.W_K[2].double().T
+    assert got[("attention", 1, 2, "cos_head")] == pytest.approx(
+        materialised_cosine(E @ Ah @ E.T, st.Qbar), rel=1e-6)
+    assert got[("embedding", 0, pd.NA, "cos_attn")] == pytest.approx(
+        materialised_cosine(res["attn"][0], st.PhiBT), rel=1e-6)
+    WE, WU = w.W_E[:V].double(), w.W_U[:, :V].double()
+    assert got[("unembedding", pd.NA, pd.NA, "cos_WEWU_Bbar")] == pytest.approx(
+        materialised_cosine(WE @ WU, st.Bbar), rel=1e-6)
+
+
+def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch):
+    root, repo, stats = setup
+    out = root / "killed"
+    real, calls = sweep.run_step, []
+
+    def dies_on_third(loaded, step, ctx, cfg):
+        calls.append(step)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a kill: not an ordinary failure, stops the process
+        return real(loaded, step, ctx, cfg)
+
+    monkeypatch.setattr(sweep, "run_step", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.main(_argv(repo, stats, out))
+    done = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
+    assert sorted(done) == ["step0.parquet", "step1.parquet"]
+    calls.clear()
+    monkeypatch.setattr(sweep, "run_step", real)
+    assert sweep.main(_argv(repo, stats, out)) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()
+            if p.name in done} == done
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean_run[1]))
+
+
+def test_failing_step_is_retried_reported_and_the_rest_goes_on(setup, tmp_path, monkeypatch):
+    import shutil
+    root, repo, stats = setup
+    bad = tmp_path / "repo"
+    shutil.copytree(repo, bad)
+    (bad / "step2" / "model.safetensors").write_bytes(b"not a safetensors file")
+    tries = []
+    real = sweep.load_weights
+    monkeypatch.setattr(sweep, "load_weights", lambda s, rev, names: (tries.append(rev.step),
+                                                                       real(s, rev, names))[1])
+    out = tmp_path / "out"
+    assert sweep.main(_argv(bad, stats, out, "--retries", "2")) == 1
+    assert tries == [2, 2]  # the first try comes from the prefetching stream
+    assert json.loads((out / "failed" / "step2.json").read_text())["tries"] == 3
+    assert sorted(read_results(out)["step"].unique()) == [0, 1, 4, 64]
+    assert json.loads((out / "failed" / "step2.json").read_text())["step"] == 2
+    assert read_manifest(out)["failed_steps"] == [2]
+
+
+def test_two_ranks_write_the_same_tables_as_one(setup, clean_run, tmp_path):
+    root, repo, stats = setup
+    assert sweep.split_steps(list(STEPS), 0, 2) + sweep.split_steps(list(STEPS), 1, 2) != []
+    assert sorted(sweep.split_steps(list(STEPS), 0, 2) + sweep.split_steps(list(STEPS), 1, 2)) \
+        == list(STEPS)
+    out = tmp_path / "ranks"
+    for rank in (1, 0):
+        cfg = sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
+                                analyses=("embedding", "attention", "unembedding"),
+                                dtype="float64", rank=rank, world_size=2)
+        assert sweep.run(cfg, []) == 0
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean_run[1]))
+
+
+def _no_download(monkeypatch):
+    from pythia_probe.checkpoints import CheckpointSource
+
+    def refuse(*a, **k):
+        raise AssertionError("weights were fetched before the input was validated")
+    monkeypatch.setattr(CheckpointSource, "fetch", refuse)
+    monkeypatch.setattr(CheckpointSource, "stream", refuse)
+
+
+def test_bad_input_fails_before_any_download(setup, tmp_path, monkeypatch):
+    from pythia_probe.stats import StatsMismatchError
+    from pythia_probe.steps import StepError
+    from pythia_probe.tokenizer import build_word_tokenizer, tokenizer_fingerprint
+
+    root, repo, stats = setup
+    _no_download(monkeypatch)
+    with pytest.raises(ValueError, match="valid: embedding, attention, unembedding"):
+        sweep.main(_argv(repo, stats, tmp_path / "a", "--analyses", "embeding"))
+    with pytest.raises(ValueError, match="attention_text needs --text"):
+        sweep.main(_argv(repo, stats, tmp_path / "a", "--analyses", "attention_text"))
+    with pytest.raises(StepError, match="3"):
+        sweep.main(_argv(repo, stats, tmp_path / "b", "--steps", "0,3"))
+    tok = build_word_tokenizer(["the cat sat on the mat"] * 3, 50)
+    other = build_word_tokenizer(["a dog ran"] * 3, 50)
+    tok.save_pretrained(str(tmp_path / "tok"))
+    wrong = batch_stats(torch.randint(0, 3, (4, 9)), 3, tokenizer=tokenizer_fingerprint(other))
+    wrong.save(tmp_path / "wrong.safetensors")
+    with pytest.raises(StatsMismatchError, match="tokenizer"):
+        sweep.main(_argv(repo, tmp_path / "wrong.safetensors", tmp_path / "c", "--tokenizer",
+                         str(tmp_path / "tok")))
+    with pytest.raises(FileNotFoundError, match="no such statistics file"):
+        sweep.main(_argv(repo, tmp_path / "none.safetensors", tmp_path / "d"))
+
+
+def test_dry_run_prints_a_plan_and_writes_nothing(setup, tmp_path, monkeypatch, capsys):
+    root, repo, stats = setup
+    _no_download(monkeypatch)
+    assert sweep.main(_argv(repo, stats, tmp_path / "plan", "--dry-run")) == 0
+    text = capsys.readouterr().out
+    assert "5 steps" in text and "download" in text and "peak total" in text
+    assert not (tmp_path / "plan").exists()
+
+
+def test_resume_into_a_different_run_is_refused(setup, clean_run):
+    root, repo, stats = setup
+    with pytest.raises(ValueError, match="different run"):
+        sweep.main(_argv(repo, stats, clean_run[0], "--heads", "none"))
+
+
+def test_sweep_over_the_loopback_hub_matches_local_and_evicts(setup, clean_run, tmp_path,
+                                                               monkeypatch):
+    from pythia_probe.testing.hub import HubServer
+
+    root, repo, stats = setup
+    # default layouts: single .bin (with legacy buffers), safetensors, sharded .bin
+    build_pythia_like_repo(tmp_path / "hub", "org/tiny", STEPS, tiny_config(), with_main=False)
+    with HubServer(tmp_path / "hub") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        out = tmp_path / "out"
+        argv = _argv("org/tiny", stats, out, "--cache-dir", str(tmp_path / "cache"))
+        assert sweep.main(argv) == 0
+        weight_gets = [r for r in server.log if r["method"] == "GET" and "/cdn/" in r["path"]]
+    # step1 is byte-identical to step0 (as on the real hub): its rows are copied, not downloaded
+    assert len(weight_gets) == 5  # step0, step2, step4: one file each; step64: two shards
+    got = _sorted(read_results(out)).drop(columns=["model"])
+    pd.testing.assert_frame_equal(got, _sorted(clean_run[1]).drop(columns=["model"]))
+    blobs = list((tmp_path / "cache").rglob("blobs/*"))
+    assert sum(b.stat().st_size for b in blobs) < 10_000  # weights evicted, configs remain
+    assert set(read_results(out)["model"]) == {"org/tiny"}
+
+
+def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_path):
+    """Real `accelerate launch` with 2 processes (torchrun + gloo on CPU)."""
+    import os
+    import subprocess
+    import sys
+
+    root, repo, stats = setup
+    out = tmp_path / "acc"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+           "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", "0", "-m", "pythia_probe.sweep", *_argv(repo, stats, out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0:" in proc.stdout and "rank 1:" in proc.stdout
+    df = read_results(out)
+    assert df["run_id"].nunique() == 1  # rank 1 took rank 0's run id from the manifest
+    pd.testing.assert_frame_equal(_sorted(df), _sorted(clean_run[1]))
+    assert read_manifest(out)["config"]["world_size"] == 2
+
+
+def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monkeypatch):
+    from pythia_probe.stats import StatsMismatchError
+    from pythia_probe.testing.hub import HubServer
+    from pythia_probe.tokenizer import build_word_tokenizer, tokenizer_fingerprint
+
+    root, repo, stats = setup
+    other = tokenizer_fingerprint(build_word_tokenizer(["a dog ran"] * 3, 50))
+    stats = batch_stats(torch.randint(0, 3, (4, 9)), 3, tokenizer=other).save(tmp_path / "s")
+    hub_repo = build_pythia_like_repo(tmp_path / "hub", "org/tok", (0, 1), tiny_config(),
+                                      with_main=False)
+    tok = build_word_tokenizer(["the cat sat on the mat"] * 3, 50)
+    for step in (0, 1):
+        tok.save_pretrained(str(hub_repo / f"step{step}"))
+    _no_download(monkeypatch)
+    with HubServer(tmp_path / "hub") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        with pytest.raises(StatsMismatchError, match="computed with tokenizer"):
+            sweep.main(_argv("org/tok", stats, tmp_path / "o", "--cache-dir",
+                             str(tmp_path / "c")))
