@@ -1,0 +1,67 @@
+"""The toy reproduction scripts' computations (analyses/toy_*.py) on tiny inputs."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from pythia_probe.stats.reference import reference_stats
+from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
+
+ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
+
+
+@pytest.fixture(scope="module")
+def scripts():
+    sys.path.insert(0, str(ANALYSES))
+    try:
+        yield {n: importlib.import_module(n) for n in ("toy_table1", "toy_table3", "toy_figure5")}
+    finally:
+        sys.path.remove(str(ANALYSES))
+
+
+def test_min_cosines_takes_min_over_steps_and_layers(scripts):
+    df = pd.DataFrame({"metric": ["cos_W_Qbar"] * 3 + ["cos_V_PhiBT", "cos_W_O_Bbar",
+                                                        "cos_P_Delta"],
+                       "step": [1, 2, 2, 1, 1, 1], "layer": [0, 0, 1, 0, None, 0],
+                       "value": [0.99, 0.98, 0.995, 0.9, 0.8, 0.7]})
+    table = scripts["toy_table1"].min_cosines(df).set_index("weight")
+    row = table.loc["attention (W vs Qbar)"]
+    assert row["ours_min_cosine"] == 0.98 and row["at_step"] == 2 and row["at_layer"] == 1
+    assert table.loc["attention (W vs Qbar)", "paper"] == pytest.approx(0.999496)
+    assert "| weight |" in scripts["toy_table1"].markdown(table.reset_index())
+
+
+def test_ablation_of_pure_leading_terms_gives_uniform_loss(scripts):
+    seqs = torch.randint(0, 9, (6, 8), generator=torch.Generator().manual_seed(0))
+    stats = reference_stats(seqs, 9)
+    model = AttnOnlyTransformer(ToyConfig(9, 7, 1), dtype=torch.float64)
+    with torch.no_grad():
+        model.W_O.copy_(3.0 * stats["Bbar"])  # W_O is exactly its leading term, the rest is 0
+    losses = scripts["toy_table3"].ablation_losses(model, seqs, stats)
+    assert losses["output"] == pytest.approx(math.log(9), rel=1e-12)
+    assert losses["original"] < losses["output"]
+    assert losses["value layer 1"] == pytest.approx(losses["original"], rel=1e-12)
+    torch.testing.assert_close(model.W_O, 3.0 * stats["Bbar"])  # restored afterwards
+
+
+def test_figure5_top_tokens_skip_query_and_function_words(scripts):
+    vocab = ["red", "ball", "the", "car", "dress"]
+    row = torch.tensor([9.0, 5.0, 8.0, 4.0, 1.0])
+    assert scripts["toy_figure5"].top_tokens(row, vocab, "red", {"the"}) == ["ball", "car",
+                                                                               "dress"]
+
+
+def test_paper_settings_are_valid_configs(scripts):
+    from pythia_probe.toy.train import TrainConfig
+
+    t1 = TrainConfig(**scripts["toy_table1"].PAPER)
+    assert (t1.vocab, t1.seq_len, t1.n_seqs, t1.batch_size, t1.epochs, t1.lr) == (
+        3000, 200, 65536, 2048, 100, 0.005)
+    assert t1.data == "roneneldan/TinyStories" and t1.layers == 3

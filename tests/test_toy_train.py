@@ -1,0 +1,169 @@
+"""Trainer: SGD semantics, exact resume, tidy rows, schedule arithmetic, CLI validation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from pythia_probe.results import read_manifest, read_results, validate
+from pythia_probe.stats.reference import reference_stats
+from pythia_probe.toy import train as tt
+from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
+
+D_VOCAB, T, N = 12, 6, 16
+
+
+def corpus() -> torch.Tensor:
+    return torch.randint(0, D_VOCAB, (N, T + 1), generator=torch.Generator().manual_seed(3))
+
+
+def config(out: Path, epochs: int, **kw) -> tt.TrainConfig:
+    base = dict(layers=2, vocab=D_VOCAB, seq_len=T, n_seqs=N, lr=0.5, epochs=epochs,
+                batch_size=4, log_every=2, checkpoint_every=2, out=str(out))
+    return tt.TrainConfig(**{**base, **kw})
+
+
+def run_train(cfg: tt.TrainConfig, start: AttnOnlyTransformer | None = None, start_step=0):
+    seqs = corpus()
+    sched = tt.make_schedule(cfg, N)
+    stats = reference_stats(tt.theory_batch(seqs, sched), D_VOCAB)
+    model = start or AttnOnlyTransformer(ToyConfig(D_VOCAB, T, cfg.layers))
+    tt.train(model, seqs, stats, cfg, sched, Path(cfg.out), start_step=start_step, run_id="r")
+    return model
+
+
+def test_resumed_run_equals_uninterrupted(tmp_path):
+    full = run_train(config(tmp_path / "full", epochs=3))
+    run_train(config(tmp_path / "cut", epochs=1))
+    step, state = tt.latest_checkpoint(tmp_path / "cut")
+    assert step == 4
+    resumed = AttnOnlyTransformer(ToyConfig(D_VOCAB, T, 2))
+    resumed.load_state_dict(state)
+    run_train(config(tmp_path / "cut", epochs=3), start=resumed, start_step=step)
+    for name, p in full.state_dict().items():
+        assert torch.equal(p, resumed.state_dict()[name]), name
+    keys = ["step", "metric", "layer"]
+    a = read_results(tmp_path / "full").sort_values(keys).reset_index(drop=True)
+    b = read_results(tmp_path / "cut").sort_values(keys).reset_index(drop=True)
+    assert len(a) == len(b) > 0
+    assert (a["value"] == b["value"]).all()
+
+
+def test_rows_are_tidy_and_cover_every_layer(tmp_path):
+    run_train(config(tmp_path, epochs=2))
+    df = validate(read_results(tmp_path))
+    assert sorted(df["step"].unique()) == [2, 4, 6, 8]
+    last = df[df["step"] == 8]
+    for metric in ("cos_W_Qbar", "cos_V_PhiBT", "cos_P_Delta", "relerr_W_Qbar"):
+        assert sorted(last.loc[last["metric"] == metric, "layer"]) == [0, 1]
+    w_o = last[last["metric"] == "cos_W_O_Bbar"]
+    assert len(w_o) == 1 and w_o["layer"].isna().all()
+    assert (df["model"] == tt.MODEL_NAME).all() and df["value"].map(math.isfinite).all()
+    # step 2: V has one update of size eta^2 -> matches its leading term; W is still zero
+    step2 = df[df["step"] == 2]
+    assert "cos_W_Qbar" not in set(step2["metric"])
+
+
+def test_first_step_is_plain_sgd(tmp_path):
+    cfg = config(tmp_path, epochs=1, batch_size=0, log_every=1, checkpoint_every=1)
+    seqs = corpus()
+    model = AttnOnlyTransformer(ToyConfig(D_VOCAB, T, 2), dtype=torch.float64)
+    loss = tt.sgd_step(model, list(model.parameters()), seqs, cfg.lr, micro_batch=4)
+    assert loss == pytest.approx(math.log(D_VOCAB))
+    Bbar = reference_stats(seqs, D_VOCAB)["Bbar"]
+    torch.testing.assert_close(model.W_O.detach(), cfg.lr * Bbar, rtol=1e-10, atol=1e-14)
+
+
+def test_micro_batches_equal_one_batch():
+    seqs = corpus()
+    models = [AttnOnlyTransformer(ToyConfig(D_VOCAB, T, 2), dtype=torch.float64) for _ in range(2)]
+    for micro, m in zip((0, 4), models, strict=True):
+        for _ in range(4):
+            tt.sgd_step(m, list(m.parameters()), seqs, 0.5, micro_batch=micro)
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+
+
+def test_schedule_shuffles_per_epoch_and_full_batch_is_identity():
+    sched = tt.Schedule(n_seqs=10, batch=3, epochs=2, seed=0, log_every=1, checkpoint_every=1)
+    assert sched.steps_per_epoch == 3 and sched.total_steps == 6
+    first = torch.cat([sched.batch_indices(s) for s in range(3)])
+    assert len(set(first.tolist())) == 9
+    assert not torch.equal(sched.permutation(0), sched.permutation(1))
+    full = tt.Schedule(10, 10, 1, 0, 1, 1)
+    assert torch.equal(full.batch_indices(0), torch.arange(10))
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="tokenizer"):
+        tt.TrainConfig(tokenizer="spm")
+    with pytest.raises(ValueError, match="lr"):
+        tt.TrainConfig(lr=-1.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        tt.TrainConfig(batch_size=10, n_seqs=5)
+    with pytest.raises(ValueError, match="multiple of log_every"):
+        tt.make_schedule(tt.TrainConfig(n_seqs=8, batch_size=2, log_every=3,
+                                        checkpoint_every=4), 8)
+
+
+def cli_args(out: Path, epochs: int, *extra: str) -> list[str]:
+    return ["--data", "builtin", "--builtin-stories", "40", "--n-seqs", "16", "--seq-len", "24",
+            "--layers", "2", "--batch-size", "8", "--epochs", str(epochs), "--lr", "0.3",
+            "--log-every", "2", "--out", str(out), *extra]
+
+
+def test_cli_end_to_end_and_resume(tmp_path):
+    assert tt.main(cli_args(tmp_path / "full", 3)) == 0
+    assert tt.main(cli_args(tmp_path / "cut", 1)) == 0
+    first_id = read_manifest(tmp_path / "cut")["run_id"]
+    assert tt.main(cli_args(tmp_path / "cut", 3)) == 0
+    resumed_manifest = read_manifest(tmp_path / "cut")
+    assert resumed_manifest["earlier_run_ids"] == [first_id]
+    assert resumed_manifest["resumed_from_step"] == 2
+    assert tt.main(cli_args(tmp_path / "cut", 3)) == 0  # finished: nothing rewritten
+    assert read_manifest(tmp_path / "cut") == resumed_manifest
+    cfg, full, stats, data = tt.load_run(tmp_path / "full")
+    _, resumed, _, _ = tt.load_run(tmp_path / "cut")
+    assert cfg.epochs == 3 and data.tokens.shape == (16, 25)
+    for name, p in full.state_dict().items():
+        assert torch.equal(p, resumed.state_dict()[name]), name
+    df = read_results(tmp_path / "full")
+    assert sorted(df["step"].unique()) == [2, 4, 6]
+    assert df["stats_id"].notna().all()
+    torch.testing.assert_close(stats["Bbar"], reference_stats(data.tokens[
+        tt.make_schedule(cfg, 16).batch_indices(0)], data.d_vocab)["Bbar"])
+
+
+def test_cli_refuses_to_resume_with_other_settings(tmp_path):
+    assert tt.main(cli_args(tmp_path, 1)) == 0
+    with pytest.raises(ValueError, match="different settings.*lr"):
+        tt.main([*cli_args(tmp_path, 2), "--lr", "0.1"])
+
+
+@pytest.mark.slow
+def test_accelerate_data_parallel_matches_single_process(tmp_path):
+    """Two CPU processes (gloo) under `accelerate launch` give the single-process weights."""
+    import subprocess
+    import sys
+
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes",
+              "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "-m", "pythia_probe.toy.train"]
+    done = subprocess.run([*launch, *cli_args(tmp_path / "ddp", 2)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert tt.main(cli_args(tmp_path / "one", 2)) == 0
+    _, ddp, _, _ = tt.load_run(tmp_path / "ddp")
+    _, one, _, _ = tt.load_run(tmp_path / "one")
+    for name, p in one.state_dict().items():
+        torch.testing.assert_close(ddp.state_dict()[name], p, rtol=1e-5, atol=1e-12, msg=name)
+    assert float(one.V.detach().abs().max()) > 0
+    keys = ["step", "metric", "layer"]
+    a = read_results(tmp_path / "ddp").sort_values(keys).reset_index(drop=True)
+    b = read_results(tmp_path / "one").sort_values(keys).reset_index(drop=True)
+    assert a[keys].equals(b[keys])
+    loss_a, loss_b = (x.loc[x["metric"] == "loss", "value"].to_numpy() for x in (a, b))
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)  # the rank losses are averaged
