@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe import __version__ as CODE_VERSION
-from pythia_probe.stats import compose
+from pythia_probe.stats import compose, kernels
 from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator, _slices
 from pythia_probe.stats.corpus_stats import FORMAT, CorpusStats
 
@@ -156,6 +156,7 @@ def _full_meta(fp: FirstPass, meta: dict[str, Any], ids: Tensor | None) -> dict[
                             positions=fp.n_positions, tokens=fp.n_tokens))
     meta["vocab"] = {"restricted": ids is not None, "compose": "full_then_slice",
                      "ids": None if ids is None else ids.tolist(), "full_d_vocab": V}
+    meta["kernel"] = kernels.kernel_info(fp.Bbar.device)  # recorded, not part of the identity
     ident = {k: meta.get(k) for k in ("tokenizer", "policy", "ledger", "counts", "vocab")}
     ident.update(format=FORMAT, checksum=fp.checksum, T=meta.get("T"))
     blob = json.dumps(ident, sort_keys=True, default=str).encode()

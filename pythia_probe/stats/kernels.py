@@ -11,14 +11,30 @@ contiguous, so consecutive scatters hit one row of the accumulator (about twice 
 as a pair-major order). Every kernel works on flat keys ``row * d_vocab + col`` into a
 flattened accumulator; keys are int32 when d_vocab^2 < 2^31, int64 otherwise. On CPU,
 per-position blocks are filled by T slice operations (no gathers, no large temporaries).
+
+Backends: ``add_context`` and ``add_q`` run the compiled C kernel (``fastcount``, row-local
+loops, no pair arrays) on CPU when it is built, else these torch kernels (always on CUDA).
+``PYTHIA_PROBE_KERNEL=auto|c|torch`` or ``use_backend(...)`` choose; ``kernel_info(device)``
+records the choice. The C kernel gives the same bits in pass 1 (integers) and in Qbar (same
+summation order per entry); Delta sums the same terms in another order, so it differs by
+float64 rounding only (tests: |diff| <= 1e-12 x 2 max|Gbar|; about 2e-15 x max|Delta|).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from pythia_probe.stats import fastcount
+
+BACKENDS = ("auto", "c", "torch")
+_backend = os.environ.get("PYTHIA_PROBE_KERNEL", "auto")
 
 FRAC_BITS = 42
 """Fixed-point fraction bits of the context weights 1/t (see accumulate.FixedPoint)."""
@@ -67,6 +83,44 @@ class Workspace:
         if b is None or b.numel() < numel or b.dtype != dtype or b.device != device:
             b = self._bufs[name] = torch.empty(numel, dtype=dtype, device=device)
         return b[:numel].view(shape)
+
+
+def _check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"kernel backend {name!r} (PYTHIA_PROBE_KERNEL); valid: {BACKENDS}")
+    if name == "c" and not fastcount.available():
+        raise RuntimeError("the C kernel is not built (reinstall with `pip install -e .` and a C "
+                           "compiler, or use PYTHIA_PROBE_KERNEL=torch)")
+    return name
+
+
+@contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Temporarily force a kernel backend: "auto" (C on CPU when built), "c" or "torch"."""
+    global _backend
+    old, _backend = _backend, _check_backend(name)
+    try:
+        yield
+    finally:
+        _backend = old
+
+
+def use_c(device: torch.device) -> bool:
+    """True when add_context/add_q run the compiled kernel on ``device``."""
+    if _check_backend(_backend) == "torch" or device.type != "cpu":
+        return False
+    return fastcount.available()
+
+
+def kernel_info(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Which counting kernel runs on ``device`` (for stats metadata and benchmarks)."""
+    device = torch.device(device)
+    if not use_c(device):
+        return {"backend": "torch", "device": device.type,
+                "c_available": fastcount.available()}
+    lanes = fastcount.centre_lanes()
+    return {"backend": "c", "device": "cpu", "library": fastcount.library_path().name,
+            "centre_sum": f"torch order, {lanes} lanes" if lanes else "left to right"}
 
 
 def use_slices(device: torch.device) -> bool:
@@ -174,6 +228,10 @@ def add_context(acc_lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int,
                 ws: Workspace | None = None) -> None:
     """Scatter the fixed-point weight of 1/t into acc_lo[y_t * V + x_m] for every m <= t."""
     n, T = tokens.shape[0], tokens.shape[1] - 1
+    if use_c(tokens.device) and acc_lo.dtype == torch.int64 and acc_lo.is_contiguous():
+        fastcount.add_context(acc_lo, _i64(tokens), _i64(lengths), d_vocab,
+                              context_weights(T, tokens.device))
+        return
     tokens = clean(tokens, lengths)
     keys = pair_keys(tokens[:, 1:], tokens[:, :-1], d_vocab, ws).reshape(-1)
     w = _pair_weights(T, n, tokens.device)
@@ -191,6 +249,11 @@ def add_q(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor, lengths: Tens
     token id to its row of a restricted (top-k) Qbar, k (a dummy row dropped at the end) when
     outside; None = full vocabulary.
     """
+    if _c_pass2_ok(Qbar, Delta, Gc, tokens):
+        side = d_vocab if row_of is None else int(round(Qbar.numel() ** 0.5))
+        fastcount.add_q(Qbar, Delta, Gc, _i64(tokens), _i64(lengths), d_vocab, side,
+                        None if row_of is None else _i64(row_of))
+        return
     ws = ws or Workspace()
     n, T = tokens.shape[0], tokens.shape[1] - 1
     tokens = clean(tokens, lengths)
@@ -210,3 +273,14 @@ def add_q(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor, lengths: Tens
     x = tokens[:, :-1] if row_of is None else row_of[tokens[:, :-1]]
     k = d_vocab if row_of is None else int(round(Qbar.numel() ** 0.5))
     Qbar.index_add_(0, pair_keys(x, x, k, ws).reshape(-1), q.view(-1))
+
+
+def _i64(t: Tensor) -> Tensor:
+    return t.to(torch.int64).contiguous()
+
+
+def _c_pass2_ok(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor) -> bool:
+    """The C kernel needs contiguous float64 CPU accumulators (it writes through pointers)."""
+    return (use_c(tokens.device) and tokens.shape[1] - 1 <= Delta.numel()
+            and all(t.dtype == torch.float64 and t.is_contiguous() and t.device.type == "cpu"
+                    for t in (Qbar, Delta, Gc)))
