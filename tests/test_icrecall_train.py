@@ -1,0 +1,111 @@
+"""IC-recall fine-tuning: PGD steps, perturbation, determinism, pre-training, the CLI."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from pythia_probe.results import read_manifest, read_shard
+from pythia_probe.toy.icrecall.__main__ import main
+from pythia_probe.toy.icrecall.experiment import EvalConfig, run_experiment
+from pythia_probe.toy.icrecall.memory import ConstructedMemory, MemoryConfig
+from pythia_probe.toy.icrecall.model import ICRecallModel
+from pythia_probe.toy.icrecall.pretrained import PretrainedMemory, pretrain
+from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
+from pythia_probe.toy.icrecall.train import TrainConfig, causal_mask, perturbation, train
+
+TASK = TaskConfig(n_subjects=30, n_relations=6, n_answers=100, rho=0.3)
+MEM = MemoryConfig(d_model=128)
+EV = EvalConfig(n_test=300, n_monitor=100)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread avoids OpenMP spin-waits on the shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_perturbation_ball_and_gaussian():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        z = perturbation(7, 0.5, "ball", g, torch.float64)
+        assert z.norm() <= 0.5 + 1e-12
+        assert torch.all(z[~causal_mask(7)] == 0)
+    zs = torch.stack([perturbation(7, 0.5, "gaussian", g, torch.float64) for _ in range(400)])
+    m = int(causal_mask(7).sum())
+    assert abs(float(zs.pow(2).sum((1, 2)).mean()) - 0.25) < 0.03  # E|z|^2 = rho^2
+    assert m == 28
+
+
+def test_pgd_large_step_then_perturbation():
+    kb = make_kb(TASK)
+    model = ICRecallModel(kb, ConstructedMemory(kb, MEM, dtype=torch.float64), dtype=torch.float64)
+    p = sample_prompts(kb, 8, seed=0)
+    model.zero_grad()
+    model.loss(p)["loss"].backward()
+    g0 = model.W_PP.grad.clone()
+    cfg = TrainConfig(method="pgd", n_train=8, steps=1, eta0=3.0, rho_p=0.0)
+    res = train(model, p, cfg)
+    want = torch.softmax(-3.0 * g0[:6, 5], 0)
+    torch.testing.assert_close(res.snapshots["after_large_step"], want)
+    torch.testing.assert_close(model.W_PP.detach(), -3.0 * g0)  # rho_p = 0: no perturbation
+    res = train(model, p, dataclasses.replace(cfg, rho_p=0.5))
+    assert not torch.equal(res.snapshots["after_perturbation"], res.snapshots["after_large_step"])
+    assert torch.equal(res.snapshots["init"], torch.full((6,), 1 / 6, dtype=torch.float64))
+
+
+def test_gd_moves_mass_off_query_subject_and_last_position():
+    out = run_experiment(TASK, MEM, TrainConfig(method="gd", n_train=16, steps=150, eta=0.1), EV)
+    first, last = out.result.history[0], out.result.history[-1]
+    assert last["loss"] < first["loss"]
+    assert last["offpair_mass"] < 1 / 3
+
+
+def test_seeded_run_is_deterministic():
+    tr = TrainConfig(n_train=8, steps=60, log_every=20, seed=3)
+    a, b = (run_experiment(TASK, MEM, tr, EV) for _ in range(2))
+    assert a.metrics == b.metrics
+    assert torch.equal(a.model.W_PP, b.model.W_PP)
+    c = run_experiment(TASK, MEM, dataclasses.replace(tr, seed=4), EV)
+    assert not torch.equal(a.model.W_PP, c.model.W_PP)
+
+
+def test_pretrained_memory_learns_the_triples():
+    task = TaskConfig(n_subjects=20, n_relations=4, n_answers=20, rho=0.2)
+    kb = make_kb(task)
+    mem = PretrainedMemory(kb, MemoryConfig(kind="pretrained", d_model=64, d_hidden=256,
+                                            pretrain_epochs=150, pretrain_lr=1e-2, beta=1.0))
+    losses = pretrain(mem, batch=64)
+    assert losses[-1] < 0.2 * losses[0]
+    s, r = (t.flatten() for t in torch.meshgrid(torch.arange(20), torch.arange(4), indexing="ij"))
+    ans = mem.answer_logits(torch.stack([s, kb.relation_token(r)], 1), torch.ones(2))
+    assert (ans.argmax(-1) == kb.f[s, r]).float().mean() > 0.95
+    rel = mem.relation_logits(torch.stack([s, kb.answer_token(kb.f[s, r])], 1), torch.ones(2))
+    assert (rel.argmax(-1) == r).float().mean() > 0.8  # ambiguous pairs cannot all be right
+    assert not any(p.requires_grad for p in mem.parameters())
+
+
+def test_cli_writes_tidy_tables(tmp_path):
+    out = tmp_path / "run"
+    rc = main(["--n-subjects", "30", "--n-relations", "6", "--n-answers", "100", "--d-model",
+               "128", "--steps", "40", "--n-test", "200", "--n-monitor", "50", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    df = read_shard(out / "metrics.parquet")
+    assert set(df["model"]) == {"icrecall"}
+    m = dict(zip(df["metric"], df["value"], strict=True))
+    assert 0 <= m["relation_acc"] <= 1 and m["n_all"] == 200
+    hist = read_shard(out / "history.parquet")
+    assert {"loss", "relation_acc_confusing", "snapshot_end_pair_gap_max"} <= set(hist["metric"])
+    assert read_manifest(out)["config"]["train.steps"] == 40
+
+
+def test_cli_rejects_bad_input(capsys):
+    assert main(["--n-relations", "5"]) == 2
+    assert "n_relations" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
