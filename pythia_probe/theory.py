@@ -108,8 +108,16 @@ def _attention_pattern(tokens: Tensor, Qbar: Tensor, Delta: Tensor) -> Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def _full_vocabulary(stats: Any) -> None:
+    if getattr(stats, "restricted", False):
+        raise ValueError("Eq. 12/13 index the statistics by token id and sum over the whole "
+                         "vocabulary: top-k restricted statistics cannot be used; compute them "
+                         "without --top-k")
+
+
 def eq13_logits(tokens: Tensor, stats: Any) -> Tensor:
     """Eq. 13, the attention block alone: S(Mask(X Qbar X^T + DM(Delta))) X Phibar^T SigmaB."""
+    _full_vocabulary(stats)
     st = as_stats(stats)
     A = _attention_pattern(tokens, st["Qbar"], st["Delta"])
     return A @ (st["PhiBT"] @ st["Bbar"])[tokens.long()]
@@ -117,5 +125,6 @@ def eq13_logits(tokens: Tensor, stats: Any) -> Tensor:
 
 def eq12_logits(tokens: Tensor, stats: Any) -> Tensor:
     """Eq. 12: (S(Mask(X Qbar X^T + DM(Delta))) X Phibar^T Bbar^T + X) Bbar, [batch, T, V]."""
+    _full_vocabulary(stats)
     st = as_stats(stats)
     return eq13_logits(tokens, st) + st["Bbar"][tokens.long()]

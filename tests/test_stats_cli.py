@@ -109,3 +109,20 @@ def test_cli_text_file_with_short_and_empty_documents(tmp_path):
                  "--out", str(out), "--no-progress"]) == 0
     s = CorpusStats.load(out)
     assert s.meta["counts"]["sequences"] == 2 and s.meta["counts"]["docs_short"] == 1
+
+
+def test_bos_eos_may_be_the_unknown_token_as_in_pythia():
+    """Pythia's <|endoftext|> is BOS, EOS and UNK at once (id 0): it must be accepted."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from pythia_probe.stats.__main__ import _token_id
+
+    vocab = {"<|endoftext|>": 0, "a": 1, "b": 2}
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")),
+        unk_token="<|endoftext|>", eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    assert tok.unk_token_id == 0
+    assert _token_id(tok, "<|endoftext|>") == 0 and _token_id(tok, "b") == 2
+    with pytest.raises(ValueError, match="not a token"):
+        _token_id(tok, "<|pad|>")

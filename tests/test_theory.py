@@ -126,3 +126,14 @@ def test_remove_leading_term_leaves_orthogonal_rest():
     assert abs(float((rest * term).sum())) < 1e-12
     torch.testing.assert_close(theory.remove_leading_term(3 * term, term), torch.zeros(6, 6,
                                dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_eq12_and_eq13_refuse_top_k_statistics():
+    from pythia_probe.stats import batch_stats
+
+    tokens = torch.randint(0, 9, (4, 7))
+    restricted = batch_stats(tokens, 9, top_k=4)
+    with pytest.raises(ValueError, match="top-k restricted"):
+        theory.eq13_logits(tokens[:, :-1], restricted)
+    with pytest.raises(ValueError, match="top-k restricted"):
+        theory.eq12_logits(tokens[:, :-1], restricted)

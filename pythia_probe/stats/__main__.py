@@ -192,9 +192,11 @@ def _docs(shards: list, cfg: StatsConfig):
 
 
 def _token_id(tok, token: str) -> int:
-    i = tok.convert_tokens_to_ids(token)
-    if i is None or (tok.unk_token_id is not None and i == tok.unk_token_id):
-        raise ValueError(f"--bos/--eos {token!r} is not a token of the tokenizer")
+    """The id of ``token``; Pythia's unknown token is <|endoftext|> itself, so check the vocab."""
+    i = tok.get_vocab().get(token)
+    if i is None:
+        raise ValueError(f"--bos/--eos {token!r} is not a token of the tokenizer "
+                         f"(e.g. {tok.eos_token or tok.unk_token!r})")
     return int(i)
 
 
