@@ -1,36 +1,36 @@
-"""Per-checkpoint analysis cost: factored covariance cosines vs the materialised computation.
+"""Per-checkpoint analysis cost: streamed factored cosines vs the materialised computation.
 
     python benchmarks/bench_analysis.py                 # |V| = 8192, d = 512, 1 thread
     python benchmarks/bench_analysis.py --vocab 16384   # ~4x memory, ~8x time for the baseline
 
 One "checkpoint" = one layer's attention mapping (A_tok = E_pre mean_h(W_Q^h W_K^h^T) E_pre^T vs
-Qbar) plus one embedding row (E_post vs PhiBT), float64, on random inputs. Each method runs in
-its own fresh process (spawn) so its peak RSS (ru_maxrss) is its own. Both prepare the theory
-once per statistics (materialised: cov(rownorm(T)), V x V; factored: row scales, row means and
-||cov||, no V x V copy) and then score the checkpoint. Printed: the cosines of both methods and
-their relative difference, per-statistics and per-checkpoint seconds, peak RSS (total and above
-the bare interpreter), and the ratios, all measured in this run.
+Qbar) plus one embedding row (E_post vs PhiBT), float64, on random inputs.
 
-Memory plan, full-vocabulary pythia-1.4b on one 80 GB GPU (V = 50277 statistic ids, d_model =
-2048, 24 layers, 16 heads x 128, 1.41e9 parameters), float32 on the GPU, float64 r x r sums.
-This script prints it at the end, computed by :func:`pythia_probe.analysis.plan.memory_plan`
-(the sweep's ``--dry-run`` prints the same for any model). Not measured: no GPU was lent.
+Once per statistics (own processes, timed, not part of the per-checkpoint peak): ``streamed``
+writes the prepared theory cache (C_T = row-normalised, row-centred Qbar and PhiBT, and their
+||cov||, via :func:`pythia_probe.analysis.prepared.prepared_theory`); ``materialised`` writes
+cov(rownorm(T)) of both (V x V each).
 
-- theory matrices, resident for the whole sweep, one V x V each, no covariance copy (C_T is
-  rebuilt per column chunk from T, row scales and row means): PhiBT + Qbar = 20.2 GB
-  (+ Bbar 10.1 GB with ``unembedding``; Bbar^T is a view of it).
-- single-token residual streams (pre, attn, post x 24 layers x V x d, float32): 29.7 GB.
-- one checkpoint's weights in float32: 5.7 GB.
-- one layer's factors (F, G for the head-mean and the 16 heads, float64 copies for the norms)
-  and one V x 4096 column chunk: 5.0 GB.
-- peak 60.5 GB (70.7 GB with ``unembedding``): fits in 80 GB. The materialised computation
-  would hold A_tok, its centred copy, its covariance and the two cached theory covariances,
-  >= 5 V x V = 50 GB per layer on top, and cost V^3 = 1.3e14 flops per matrix.
-- host RAM: the statistics file in float64 (Bbar, Phibar, Qbar, SigmaB, Gbar: 5 x 20.2 GB)
-  plus PhiBT (20.2 GB, composed on the GPU by ``compose.phi_bt`` if the file lacks it):
-  ~120 GB of host memory for full vocabulary; a top-k file needs (k / V)^2 of that.
-Compute: ~1.2e15 flops per checkpoint (embedding + attention with all heads), a few seconds to
-tens of seconds on an H100-class GPU; theory norms 5e14 flops once per run.
+Per checkpoint, each method in a FRESH spawned process so its peak RSS (ru_maxrss = VmHWM) is
+its own: ``streamed`` opens the cache and reads C_T in ``--chunk``-row blocks (plain reads into
+one reused buffer); ``materialised`` reads its two cached covariances and forms A_tok,
+its covariance and cov(E_post); ``in-memory`` (the previous factored path) holds both
+statistics and rebuilds C_T per chunk (its V^3 norm pass is excluded from its time, not from
+its peak). Printed: the cosines and their relative differences, per-checkpoint seconds, peak
+RSS in total, above the bare interpreter (torch imported) and beyond the model inputs every
+method holds, and the ratios, all measured in this run.
+
+Memory plan, full-vocabulary pythia-1.4b on one 80 GB GPU (V = 50277, d_model = 2048, 24 layers,
+16 heads x 128, 1.41e9 parameters), float32 on the GPU, float64 r x r sums: printed at the end,
+computed by :func:`pythia_probe.analysis.plan.memory_plan` (the sweep's ``--dry-run`` prints
+the same for any model). Not measured: no GPU was lent. With the streamed theory (default)
+nothing V x V is resident: residual streams 29.7 GB + weights 5.7 GB + one layer's factors and
+one block 6.7 GB = 42.0 GB. The price is I/O: the cache (PhiBT + Qbar, 20.2 GB in float32) is
+read once per layer and analysis, ~485 GB per checkpoint from the page cache / disk to the GPU;
+``--max-rank`` trades memory for fewer reads (24576: 101 GB read, peak 57.1 GB);
+``--theory memory`` keeps the 20.2 GB resident instead (peak 62.2 GB, no per-step reads). Host
+RAM: the statistics file (~120 GB at full vocabulary in float64) is loaded once to build the
+cache and released before the first checkpoint.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import resource
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -51,57 +53,155 @@ from pythia_probe.analysis.cosine import (
     row_normalise,
     tall,
 )
+from pythia_probe.analysis.prepared import prepared_theory, read_header, read_into
+
+THEORIES = ("Qbar", "PhiBT")
+MIB = 2**20
 
 
-def _rss_mb() -> float:
+def _rss_mib() -> float:
+    """Peak resident set of this process so far (ru_maxrss = VmHWM, in KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _inputs(V: int, d: int, H: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    return r(V, V), r(V, V), r(V, d), r(V, d), r(H, d, d // H) / d**0.5, r(H, d, d // H) / d**0.5
+def _rand(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def _factored(args) -> dict:
-    V, d, H, chunk, seed = args
-    base = _rss_mb()
-    Qbar, PhiBT, E_pre, E_post, W_Q, W_K = _inputs(V, d, H, seed)
+def _theory_inputs(V: int) -> dict[str, torch.Tensor]:
+    return {"Qbar": _rand(1, V, V), "PhiBT": _rand(2, V, V)}
+
+
+def _model_inputs(V: int, d: int, H: int):
+    """One checkpoint: E_pre, E_post [V, d], W_Q, W_K [H, d, d/H] (shared by every method)."""
+    return (_rand(3, V, d), _rand(4, V, d), _rand(5, H, d, d // H) / d**0.5,
+            _rand(6, H, d, d // H) / d**0.5)
+
+
+def _load(path: Path, name: str) -> torch.Tensor:
+    """A tensor of a safetensors file with plain reads (one copy in RAM, no memory map)."""
+    header, offset = read_header(path)
+    info = header[name]
+    out = torch.empty(info["shape"], dtype=torch.float64)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset + info["data_offsets"][0])
+        read_into(f, out, out.numel() * 8)
+    return out
+
+
+# ---- once per statistics (each in its own process) --------------------------------------------
+def prep_streamed(args) -> dict:
+    V, d, H, chunk, work = args
     t0 = time.perf_counter()
-    thQ = prepare_theory("Qbar", Qbar, chunk=chunk)
-    thP = prepare_theory("PhiBT", PhiBT, chunk=chunk)
-    t1 = time.perf_counter()
-    att = cosines([attention_factors(E_pre, W_Q, W_K, torch.float64)], thQ, chunk)[0]
-    emb = cosines([tall(E_post)], thP, chunk)[0]
-    t2 = time.perf_counter()
-    return {"attention": att, "embedding": emb, "prep_s": t1 - t0, "step_s": t2 - t1,
-            "peak_mb": _rss_mb(), "base_mb": base}
+    for name, T in _theory_inputs(V).items():
+        prepared_theory(name, lambda T=T: T, work / "cache", "bench", chunk=chunk)
+    return {"s": time.perf_counter() - t0, "peak_mib": _rss_mib()}
 
 
-def _materialised(args) -> dict:
-    V, d, H, chunk, seed = args
-    base = _rss_mb()
-    Qbar, PhiBT, E_pre, E_post, W_Q, W_K = _inputs(V, d, H, seed)
+def prep_materialised(args) -> dict:
+    from safetensors.torch import save_file
+
+    V, d, H, chunk, work = args
     t0 = time.perf_counter()
-    covQ = covariance(row_normalise(Qbar))
-    del Qbar
-    covP = covariance(row_normalise(PhiBT))
-    del PhiBT
-    t1 = time.perf_counter()
+    covs = {n: covariance(row_normalise(T)) for n, T in _theory_inputs(V).items()}
+    save_file(covs, work / "covariances.safetensors")
+    return {"s": time.perf_counter() - t0, "peak_mib": _rss_mib()}
+
+
+def prep_raw(args) -> dict:
+    from safetensors.torch import save_file
+
+    V, d, H, chunk, work = args
+    save_file(_theory_inputs(V), work / "raw.safetensors")
+    return {"s": 0.0, "peak_mib": _rss_mib()}
+
+
+# ---- one checkpoint (each in a fresh process) -------------------------------------------------
+def _score(theories: dict, V: int, d: int, H: int, chunk: int) -> tuple[float, float]:
+    E_pre, E_post, W_Q, W_K = _model_inputs(V, d, H)
+    att = cosines([attention_factors(E_pre, W_Q, W_K, torch.float64)], theories["Qbar"], chunk)[0]
+    return att, cosines([tall(E_post)], theories["PhiBT"], chunk)[0]
+
+
+def step_streamed(args) -> dict:
+    """Prepared theory streamed from the cache in blocks: no V x V matrix in RAM."""
+    V, d, H, chunk, work = args
+    base, t0 = _rss_mib(), time.perf_counter()
+    th = {n: prepared_theory(n, _never, work / "cache", "bench", chunk=chunk) for n in THEORIES}
+    att, emb = _score(th, V, d, H, chunk)
+    return _result(att, emb, base, t0, 0.0)
+
+
+def _never():
+    raise RuntimeError("the theory cache should exist (prep_streamed runs first)")
+
+
+def step_in_memory(args) -> dict:
+    """Engineer F's path: statistics resident, C_T rebuilt per column chunk (norms not timed)."""
+    V, d, H, chunk, work = args
+    base = _rss_mib()
+    t_prep = time.perf_counter()
+    th = {n: prepare_theory(n, _load(work / "raw.safetensors", n), chunk=chunk)
+          for n in THEORIES}
+    t0 = time.perf_counter()
+    att, emb = _score(th, V, d, H, chunk)
+    return _result(att, emb, base, t0, t0 - t_prep)
+
+
+def step_materialised(args) -> dict:
+    """Literal: cached theory covariances (V x V each) + A_tok, its covariance, cov(E_post)."""
+    V, d, H, chunk, work = args
+    base, t0 = _rss_mib(), time.perf_counter()
+    covs = {n: _load(work / "covariances.safetensors", n) for n in THEORIES}
+    E_pre, E_post, W_Q, W_K = _model_inputs(V, d, H)
     A_emb = torch.stack([W_Q[h] @ W_K[h].T for h in range(H)]).mean(0)
     A_tok = E_pre @ A_emb @ E_pre.T
-    att = frobenius_cosine(covariance(A_tok), covQ)
+    att = frobenius_cosine(covariance(A_tok), covs["Qbar"])
     del A_tok
-    emb = frobenius_cosine(covariance(E_post), covP)
-    t2 = time.perf_counter()
-    return {"attention": att, "embedding": emb, "prep_s": t1 - t0, "step_s": t2 - t1,
-            "peak_mb": _rss_mb(), "base_mb": base}
+    emb = frobenius_cosine(covariance(E_post), covs["PhiBT"])
+    return _result(att, emb, base, t0, 0.0)
+
+
+def _result(att: float, emb: float, base: float, t0: float, prep_s: float) -> dict:
+    return {"attention": att, "embedding": emb, "s": time.perf_counter() - t0,
+            "peak_mib": _rss_mib(), "base_mib": base, "prep_s": prep_s}
 
 
 def _run(fn, args, threads: int) -> dict:
+    """``fn(args)`` in a fresh spawned process, so its peak RSS is its own."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(1, initializer=torch.set_num_threads, initargs=(threads,)) as pool:
         return pool.apply(fn, (args,))
+
+
+def _report(res: dict, model_mib: float) -> None:
+    for name, r in res.items():
+        above = r["peak_mib"] - r["base_mib"]
+        print(f"{name:>13}: attention {r['attention']:.12f}  embedding {r['embedding']:.12f}  "
+              f"per-checkpoint {r['s']:.2f} s  peak RSS {r['peak_mib']:.0f} MiB total, "
+              f"{above:.0f} above the interpreter ({r['base_mib']:.0f}), "
+              f"{above - model_mib:.0f} beyond the model inputs")
+    m = res["materialised"]
+    for key in ("attention", "embedding"):
+        for name in ("streamed", "in-memory"):
+            if name in res:
+                print(f"relative difference {key} {name} vs materialised: "
+                      f"{abs(res[name][key] - m[key]) / abs(m[key]):.2e}")
+    if "in-memory" in res:
+        for key in ("attention", "embedding"):
+            r, q = res["streamed"][key], res["in-memory"][key]
+            print(f"relative difference {key} streamed vs in-memory: {abs(r - q) / abs(q):.2e}")
+    for name in ("streamed", "in-memory"):
+        if name in res:
+            _ratios(name, res[name], m, model_mib)
+
+
+def _ratios(name: str, r: dict, m: dict, model_mib: float) -> None:
+    above_r, above_m = r["peak_mib"] - r["base_mib"], m["peak_mib"] - m["base_mib"]
+    beyond = (above_m - model_mib) / max(above_r - model_mib, 1)
+    print(f"materialised / {name}: peak RSS {m['peak_mib'] / r['peak_mib']:.2f}x total, "
+          f"{above_m / above_r:.2f}x above the interpreter, {beyond:.1f}x beyond the model "
+          f"inputs; per-checkpoint time {m['s'] / r['s']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,33 +211,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-heads", type=int, default=8)
     p.add_argument("--chunk", type=int, default=1024)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--skip-in-memory", action="store_true", help="skip F's resident path")
+    p.add_argument("--work", help="folder for the caches (default: a temporary folder)")
     a = p.parse_args(argv)
-    args = (a.vocab, a.d_model, a.n_heads, a.chunk, 0)
-    print(f"|V|={a.vocab} d_model={a.d_model} n_heads={a.n_heads} chunk={a.chunk} "
-          f"threads={a.threads} float64; V x V matrix = {a.vocab**2 * 8 / 2**20:.0f} MiB")
-    res = {"factored": _run(_factored, args, a.threads),
-           "materialised": _run(_materialised, args, a.threads)}
-    for name, r in res.items():
-        print(f"{name:>13}: attention {r['attention']:.12f}  embedding {r['embedding']:.12f}  "
-              f"prep {r['prep_s']:.2f} s  per-checkpoint {r['step_s']:.2f} s  "
-              f"peak RSS {r['peak_mb']:.0f} MiB ({r['peak_mb'] - r['base_mb']:.0f} above "
-              "interpreter)")
-    f, m = res["factored"], res["materialised"]
-    inputs_mb = (2 * a.vocab**2 + 2 * a.vocab * a.d_model + 2 * a.d_model**2) * 8 / 2**20
-    print(f"inputs both methods hold (2 theory matrices + E_pre, E_post, W_Q, W_K): "
-          f"{inputs_mb:.0f} MiB")
-    work = {k: r["peak_mb"] - r["base_mb"] - inputs_mb for k, r in res.items()}
-    print(f"working memory beyond the inputs: factored {work['factored']:.0f} MiB, "
-          f"materialised {work['materialised']:.0f} MiB, ratio "
-          f"{work['materialised'] / max(work['factored'], 1):.1f}x")
-    for key in ("attention", "embedding"):
-        print(f"relative difference {key}: {abs(f[key] - m[key]) / abs(m[key]):.2e}")
-    print(f"peak memory ratio materialised/factored: {m['peak_mb'] / f['peak_mb']:.2f}x total, "
-          f"{(m['peak_mb'] - m['base_mb']) / (f['peak_mb'] - f['base_mb']):.2f}x above "
-          "interpreter")
-    print(f"per-checkpoint time ratio materialised/factored: {m['step_s'] / f['step_s']:.2f}x; "
-          f"per-statistics prep ratio: {m['prep_s'] / f['prep_s']:.2f}x")
-    print_pythia_plan()
+    V, d = a.vocab, a.d_model
+    with tempfile.TemporaryDirectory(dir=a.work) as tmp:
+        args = (V, d, a.n_heads, a.chunk, Path(tmp))
+        print(f"|V|={V} d_model={d} n_heads={a.n_heads} chunk={a.chunk} threads={a.threads} "
+              f"float64; one V x V matrix = {V**2 * 8 / MIB:.0f} MiB")
+        prep = {"streamed": _run(prep_streamed, args, a.threads),
+                "materialised": _run(prep_materialised, args, a.threads)}
+        for name, r in prep.items():
+            print(f"per statistics, {name}: {r['s']:.2f} s, peak RSS {r['peak_mib']:.0f} MiB")
+        res = {"streamed": _run(step_streamed, args, a.threads),
+               "materialised": _run(step_materialised, args, a.threads)}
+        if not a.skip_in_memory:
+            _run(prep_raw, args, a.threads)
+            res["in-memory"] = _run(step_in_memory, args, a.threads)
+    model_mib = (2 * V * d + 2 * d * d) * 8 / MIB
+    print(f"model inputs every method holds (E_pre, E_post, W_Q, W_K): {model_mib:.0f} MiB")
+    _report(res, model_mib)
     return 0
 
 

@@ -257,3 +257,27 @@ def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monk
         with pytest.raises(StatsMismatchError, match="computed with tokenizer"):
             sweep.main(_argv("org/tok", stats, tmp_path / "o", "--cache-dir",
                              str(tmp_path / "c")))
+
+
+def test_streamed_theory_cache_matches_resident_theory(setup, clean_run, tmp_path):
+    from pythia_probe.analysis.prepared import open_prepared
+    from pythia_probe.stats import read_meta
+
+    root, repo, stats = setup
+    cache = stats.with_name(stats.stem + ".theory")  # the default, built by clean_run
+    files = sorted(cache.glob("*.safetensors"))
+    assert [f.name for f in files] == [f"{n}-float64.safetensors" for n in
+                                       ("Bbar", "BbarT", "PhiBT", "Qbar")]
+    assert {open_prepared(f).stats_id for f in files} == {read_meta(stats)["stats_id"]}
+    out = tmp_path / "memory"
+    assert sweep.main(_argv(repo, stats, out, "--theory", "memory", "--max-rank", "1000")) == 0
+    a, b = _sorted(read_results(out)), _sorted(clean_run[1])
+    pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
+    assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
+    own = tmp_path / "cache"
+    assert sweep.main(_argv(repo, stats, tmp_path / "own", "--theory-cache", str(own),
+                            "--analyses", "embedding")) == 0
+    assert [f.name for f in own.iterdir()] == ["PhiBT-float64.safetensors"]
+    with pytest.raises(ValueError, match="valid: streamed, memory"):
+        sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
+                          theory="disk")

@@ -49,12 +49,14 @@ class Analysis:
 
 
 def _embedding(x: StepTensors, th: Mapping[str, Theory], **opts) -> list[dict]:
-    return embedding_rows(x.residuals, th["PhiBT"], chunk=opts.get("chunk", 4096))
+    return embedding_rows(x.residuals, th["PhiBT"], chunk=opts.get("chunk", 4096),
+                          max_rank=opts.get("max_rank", 0))
 
 
 def _attention(x: StepTensors, th: Mapping[str, Theory], **opts) -> list[dict]:
     return attention_rows(x.residuals["pre"], x.W_Q, x.W_K, th["Qbar"],
-                          per_head=opts.get("per_head", True), chunk=opts.get("chunk", 4096))
+                          per_head=opts.get("per_head", True), chunk=opts.get("chunk", 4096),
+                          max_rank=opts.get("max_rank", 0))
 
 
 def _unembedding(x: StepTensors, th: Mapping[str, Theory], **opts) -> list[dict]:

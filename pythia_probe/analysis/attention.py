@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from pythia_probe.analysis.cosine import Factors, Theory, cosines, product
+from pythia_probe.analysis.cosine import Factors, packed_cosines, product
 
 
 def _check(W_Q: Tensor, W_K: Tensor, E: Tensor) -> None:
@@ -41,22 +41,26 @@ def head_factors(E_pre: Tensor, W_Q: Tensor, W_K: Tensor, dtype) -> list[Factors
 
 
 def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence[Tensor],
-                   theory: Theory, *, per_head: bool | Sequence[int] = True,
-                   chunk: int = 4096) -> list[dict]:
+                   theory, *, per_head: bool | Sequence[int] = True,
+                   chunk: int = 4096, max_rank: int = 0) -> list[dict]:
     """Rows per layer (head null, metric cos_mean) and per head (metric cos_head).
 
     ``per_head``: True for every layer, False for none, or a list of layer indices.
+    ``max_rank``: score several layers per pass over the theory while their stacked rank stays
+    below it (0: one layer per pass, the least memory).
     """
     V, dt = theory.d_vocab, theory.dtype
     head_layers = set(range(len(E_pre))) if per_head is True else set(per_head or [])
+    heads = [list(range(wq.shape[0])) if i in head_layers else [] for i, wq in enumerate(W_Q)]
+
+    def groups():
+        for layer, (E, wq, wk) in enumerate(zip(E_pre, W_Q, W_K, strict=True)):
+            yield [attention_factors(E[:V], wq, wk, dt)] + (
+                head_factors(E[:V], wq, wk, dt) if heads[layer] else [])
+
     rows = []
-    for layer, (E, wq, wk) in enumerate(zip(E_pre, W_Q, W_K, strict=True)):
-        factors = [attention_factors(E[:V], wq, wk, dt)]  # one layer at a time bounds memory
-        heads = list(range(wq.shape[0])) if layer in head_layers else []
-        if heads:
-            factors += head_factors(E[:V], wq, wk, dt)
-        values = cosines(factors, theory, chunk)
+    for layer, values in enumerate(packed_cosines(groups(), theory, chunk, max_rank)):
         rows += [{"analysis": "attention", "layer": layer, "head": head,
                   "metric": "cos_mean" if head is None else "cos_head", "value": v, "n": V}
-                 for head, v in zip([None, *heads], values, strict=True)]
+                 for head, v in zip([None, *heads[layer]], values, strict=True)]
     return rows

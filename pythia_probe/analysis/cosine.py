@@ -21,8 +21,10 @@ With C_T the row-normalised, row-centred theory matrix and P = F^T C_T [r, V]:
 
 i.e. the identity <A A^T, B B^T> = ||A^T B||_F^2 generalised by a middle factor S. P P^T is
 accumulated over column chunks of C_T, so peak extra memory is O(V * chunk + r^2), never V^2.
-C_T itself is never stored: a column chunk is rebuilt from the theory matrix and two V-vectors
-(row scales and row means), so the only V x V matrix held is the statistic itself.
+In memory (:class:`Theory`) C_T is never stored: a column chunk is rebuilt from the theory
+matrix and two V-vectors (row scales and row means), so the only V x V matrix held is the
+statistic itself. The sweep instead prepares C_T once per statistics file on disk and streams
+it in blocks (:mod:`pythia_probe.analysis.prepared`), so no V x V matrix is held at all.
 ``theory_norm`` (||C_T C_T^T||_F, a V^3 computation) depends only on the statistics and is
 computed once per run, chunked the same way.
 
@@ -31,7 +33,7 @@ computed once per run, chunked the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -123,6 +125,11 @@ class Theory:
         out = self.T[:, s:e] * self.scale[:, None]
         return out.sub_(self.mean[:, None])
 
+    def column_blocks(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, Tensor]]:
+        """(s, C_T[:, s:s+chunk]) for every column block (same protocol as PreparedTheory)."""
+        for s in range(0, self.d_vocab, chunk):
+            yield s, self.columns(s, s + chunk)
+
 
 def theory_norm(th: Theory, chunk: int = DEFAULT_CHUNK) -> float:
     """||C C^T||_F = ||C^T C||_F over column chunks: C^T C_b = T^T (scale * C_b) - 1 (mean^T C_b).
@@ -176,9 +183,12 @@ def _cross(f: Factors, PPt: Tensor) -> Tensor:
     return PPt.trace() if f.S is None else (f.S * PPt).sum()
 
 
-def cosines(factors: Sequence[Factors], theory: Theory, chunk: int = DEFAULT_CHUNK) -> list[float]:
+def cosines(factors: Sequence[Factors], theory, chunk: int = DEFAULT_CHUNK) -> list[float]:
     """Covariance cosines of several model matrices against one theory, sharing each C_T chunk.
 
+    ``theory``: a :class:`Theory` (T resident) or a
+    :class:`~pythia_probe.analysis.prepared.PreparedTheory` (C_T streamed from disk); anything
+    with ``name``, ``d_vocab``, ``dtype``, ``norm`` and ``column_blocks(chunk)``.
     All factors are stacked column-wise so each chunk of C_T is read once; the only
     intermediates are [sum r, chunk] and per-factor [r, r].
     """
@@ -192,8 +202,8 @@ def cosines(factors: Sequence[Factors], theory: Theory, chunk: int = DEFAULT_CHU
     Fall = torch.cat([f.F.to(theory.dtype) for f in factors], dim=1)
     edges = torch.tensor([0] + [f.rank for f in factors]).cumsum(0).tolist()
     PPt = [torch.zeros(f.rank, f.rank, dtype=torch.float64, device=Fall.device) for f in factors]
-    for s in range(0, V, chunk):
-        P = Fall.T @ theory.columns(s, s + chunk)
+    for _, Cb in theory.column_blocks(chunk):
+        P = Fall.T @ Cb
         for i in range(len(factors)):
             Pi = P[edges[i]:edges[i + 1]].to(torch.float64)
             PPt[i] += Pi @ Pi.T
@@ -204,6 +214,33 @@ def cosines(factors: Sequence[Factors], theory: Theory, chunk: int = DEFAULT_CHU
     return out
 
 
-def cosine(f: Factors, theory: Theory, chunk: int = DEFAULT_CHUNK) -> float:
+def cosine(f: Factors, theory, chunk: int = DEFAULT_CHUNK) -> float:
     """Covariance cosine of one factored model matrix against a prepared theory."""
     return cosines([f], theory, chunk)[0]
+
+
+def packed_cosines(groups: Iterable[Sequence[Factors]], theory, chunk: int = DEFAULT_CHUNK,
+                   max_rank: int = 0) -> Iterator[list[float]]:
+    """:func:`cosines` of each group (e.g. one layer's factors), in order.
+
+    Consecutive groups share one pass over C_T while their stacked rank stays <= ``max_rank``
+    (0: one pass per group). ``groups`` is consumed lazily, so at most one pass's factors are
+    alive: memory grows with ``max_rank``, passes over the theory (reads of a streamed cache)
+    shrink with it.
+    """
+    pending: list[Sequence[Factors]] = []
+    for group in groups:
+        rank = sum(f.rank for g in (*pending, group) for f in g)
+        if pending and rank > max_rank:
+            yield from _split(cosines([f for g in pending for f in g], theory, chunk), pending)
+            pending = []
+        pending.append(group)
+    if pending:
+        yield from _split(cosines([f for g in pending for f in g], theory, chunk), pending)
+
+
+def _split(values: list[float], groups: Sequence[Sequence[Factors]]) -> Iterator[list[float]]:
+    i = 0
+    for g in groups:
+        yield values[i:i + len(g)]
+        i += len(g)

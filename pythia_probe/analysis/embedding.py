@@ -25,22 +25,27 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
-from pythia_probe.analysis.cosine import Theory, cosines, product, tall
+from pythia_probe.analysis.cosine import Theory, cosines, packed_cosines, product, tall
 
 KINDS = ("pre", "attn", "post")
 
 
-def embedding_rows(residuals: Mapping[str, list[Tensor]], theory: Theory, *,
-                   chunk: int = 4096) -> list[dict]:
-    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT))."""
-    V, rows = theory.d_vocab, []
+def embedding_rows(residuals: Mapping[str, list[Tensor]], theory, *,
+                   chunk: int = 4096, max_rank: int = 0) -> list[dict]:
+    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)).
+
+    Layers are scored one at a time, or several per pass over the theory while their stacked
+    rank stays <= ``max_rank`` (see :func:`~pythia_probe.analysis.cosine.packed_cosines`).
+    """
+    V = theory.d_vocab
     n_layers = max(len(v) for v in residuals.values())
-    for layer in range(n_layers):  # one layer at a time bounds memory
-        kinds = [k for k in KINDS if layer < len(residuals.get(k, []))]
-        values = cosines([tall(residuals[k][layer][:V], theory.dtype) for k in kinds], theory,
-                         chunk)
+    kinds = [[k for k in KINDS if layer < len(residuals.get(k, []))] for layer in range(n_layers)]
+    groups = ([tall(residuals[k][layer][:V], theory.dtype) for k in kinds[layer]]
+              for layer in range(n_layers))
+    rows = []
+    for layer, values in enumerate(packed_cosines(groups, theory, chunk, max_rank)):
         rows += [{"analysis": "embedding", "layer": layer, "metric": f"cos_{k}", "value": v,
-                  "n": V} for k, v in zip(kinds, values, strict=True)]
+                  "n": V} for k, v in zip(kinds[layer], values, strict=True)]
     return rows
 
 

@@ -1,8 +1,11 @@
 """Memory and compute plan of one checkpoint's analyses (what the sweep's --dry-run prints).
 
 Everything is computed from the shapes: V (statistic rows), d_model, n_layers, n_heads, the
-number of parameters, the analyses and the compute dtype. See benchmarks/bench_analysis.py for
-measurements of the factored path against the materialised one.
+number of parameters, the analyses and the compute dtype, for either theory mode: ``streamed``
+(the sweep's default: the prepared theory C_T is cached on disk once per statistics and read
+in ``chunk``-row blocks once per layer and analysis, so nothing V x V is resident) or resident
+(``--theory memory``: each statistic V x V stays in memory). See benchmarks/bench_analysis.py
+for measurements against the materialised computation.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class Plan:
     transient: float
     flops_per_step: float
     flops_theory_norms: float
+    theory_disk: float = 0.0
+    theory_read_per_step: float = 0.0
 
     @property
     def total(self) -> float:
@@ -31,6 +36,8 @@ class Plan:
     def lines(self) -> list[str]:
         """Human-readable lines, GB = 1e9 bytes."""
         return [f"theory matrices (resident)    {self.theories / GB:8.2f} GB",
+                f"theory cache on disk (once)   {self.theory_disk / GB:8.2f} GB",
+                f"theory read per checkpoint    {self.theory_read_per_step / GB:8.2f} GB",
                 f"single-token residuals        {self.residuals / GB:8.2f} GB",
                 f"weights of one checkpoint     {self.weights / GB:8.2f} GB",
                 f"factors + chunk transients    {self.transient / GB:8.2f} GB",
@@ -41,22 +48,32 @@ class Plan:
 
 def memory_plan(V: int, d_model: int, n_layers: int, n_heads: int, n_params: int,
                 analyses: Sequence[str], *, dtype_bytes: int = 4, chunk: int = 4096,
-                per_head_layers: int | None = None) -> Plan:
+                per_head_layers: int | None = None, streamed: bool = True,
+                max_rank: int = 0) -> Plan:
     """Peak bytes and flops for scoring one checkpoint with the factored cosines.
 
-    Theory matrices: one V x V each in the compute dtype (Bbar^T is a view of Bbar).
-    Residuals: pre/attn/post for every layer, V x d_model each. Transients: one layer's
+    Theory matrices: streamed, none resident; the cache holds C_T per theory (Bbar^T is its own
+    file) and is read once per pass: one layer per pass, or as many layers as fit in
+    ``max_rank`` stacked factor columns. Resident: one V x V each in the compute dtype (Bbar^T
+    is a view of Bbar).
+    Residuals: pre/attn/post for every layer, V x d_model each. Transients: one pass's
     factors (F, G for the mean and every head, plus float64 copies for the r x r norms) and
-    one V x chunk column block with its product (two blocks for the theory-norm pass).
+    one V x chunk column block with its product (streamed: the host read buffer and its copy on
+    the device; resident: two blocks for the theory-norm pass).
     """
     from pythia_probe.analysis import get_analyses
 
-    names = {t for a in get_analyses(list(analyses)) for t in a.theories} - {"BbarT"}
+    chosen = get_analyses(list(analyses))
+    names = {t for a in chosen for t in a.theories} - {"BbarT"}
+    files = {t for a in chosen for t in a.theories}
     heads = n_layers if per_head_layers is None else per_head_layers
-    theories = len(names) * V * V * dtype_bytes
+    theories = 0 if streamed else len(names) * V * V * dtype_bytes
     residuals = 3 * n_layers * V * d_model * dtype_bytes
     weights = n_params * dtype_bytes
-    r = 2 * d_model if "attention" in analyses else d_model  # mean + all heads of a layer
+    ranks = {"embedding": 3 * d_model, "attention": 2 * d_model}  # a layer: kinds / mean + heads
+    per_pass = {a: min(n_layers, max(1, max_rank // r)) for a, r in ranks.items() if a in analyses}
+    passes = sum(-(-n_layers // k) for k in per_pass.values()) + 3 * ("unembedding" in analyses)
+    r = max([ranks[a] * k for a, k in per_pass.items()] or [d_model])
     factors = 2 * V * r * dtype_bytes + V * r * 8
     transient = factors + 2 * V * chunk * dtype_bytes + r * chunk * dtype_bytes
     flops = 0.0
@@ -66,4 +83,6 @@ def memory_plan(V: int, d_model: int, n_layers: int, n_heads: int, n_params: int
         flops += n_layers * 2 * V * V * d_model + heads * 2 * V * V * d_model
     if "unembedding" in analyses:
         flops += 3 * 2 * V * V * d_model
-    return Plan(theories, residuals, weights, transient, flops, len(names) * 2 * V**3)
+    disk = len(files) * V * V * dtype_bytes if streamed else 0.0
+    read = passes * V * V * dtype_bytes if streamed else 0.0
+    return Plan(theories, residuals, weights, transient, flops, len(files) * 2 * V**3, disk, read)

@@ -5,7 +5,12 @@
     python -m pythia_probe.sweep --demo            # offline: train a tiny GPT-NeoX, sweep, plot
 
 ``--model`` is a hub id or a local folder with one ``step{N}/`` folder per checkpoint.
-Statistics are loaded once (their tokenizer must match the model's) and shared by every step.
+Statistics are loaded once (their tokenizer must match the model's) and shared by every step:
+the theory side (C_T, row-normalised and row-centred, and its norm) is prepared once per
+statistics file into a cache (``--theory-cache``, default ``<stats stem>.theory/`` next to the
+statistics; rebuilt when stats_id changes) and streamed in ``--chunk`` blocks per checkpoint,
+so no V x V matrix is resident while checkpoints are scored (``--theory memory`` keeps the
+statistics resident instead; ``--max-rank`` scores several layers per pass over the cache).
 Each step writes ``OUT/shards/step{N}.parquet`` atomically; a rerun skips finished shards. A
 step that fails is retried ``--retries`` times, then reported in ``OUT/failed/`` and the
 manifest while the sweep goes on (exit code 1). Under ``accelerate launch`` steps are split
@@ -39,7 +44,14 @@ from pythia_probe.results import (
     write_manifest,
     write_shard,
 )
-from pythia_probe.sweep.config import DTYPES, FAILED, SweepConfig, shard_path, split_steps
+from pythia_probe.sweep.config import (
+    DTYPES,
+    FAILED,
+    THEORY_MODES,
+    SweepConfig,
+    shard_path,
+    split_steps,
+)
 from pythia_probe.sweep.sources import (
     check_resume,
     check_stats,
@@ -60,8 +72,10 @@ __all__ = ["SweepConfig", "main", "run", "run_step", "shard_path", "split_steps"
 
 
 def step_tensors(weights, token_ids: torch.Tensor, cfg: SweepConfig,
-                 need_residuals: bool) -> StepTensors:
-    """Residual streams of each statistic token fed alone, and the weights, in stats row order."""
+                 need_residuals: bool, need_unembedding: bool = True) -> StepTensors:
+    """Residual streams of each statistic token fed alone, and the weights, in stats row order.
+
+    W_U is only read when ``need_unembedding`` (the sweep downloads it only for unembedding)."""
     from pythia_probe.arch import single_token_residuals
 
     dt, dev = cfg.torch_dtype, cfg.device
@@ -70,16 +84,18 @@ def step_tensors(weights, token_ids: torch.Tensor, cfg: SweepConfig,
         r = single_token_residuals(weights, token_ids, cfg.batch_size, dt)
         res = {k: list(v.to(dev)) for k, v in r.items()}
     layers = [weights.layer(i) for i in range(weights.cfg.n_layers)]
+    W_U = weights.W_U[:, token_ids].to(dev, dt) if need_unembedding else None
     return StepTensors(res, [L.W_Q.to(dev, dt) for L in layers],
                        [L.W_K.to(dev, dt) for L in layers],
-                       weights.W_E[token_ids].to(dev, dt), weights.W_U[:, token_ids].to(dev, dt))
+                       weights.W_E[token_ids].to(dev, dt), W_U)
 
 
 def analyse(loaded, weights, ctx: dict, cfg: SweepConfig) -> list[dict]:
     """All rows of one checkpoint."""
     analyses = ctx["analyses"]
     need = any(a.name in ("embedding", "attention") for a in analyses)
-    x = step_tensors(weights, ctx["token_ids"], cfg, need)
+    x = step_tensors(weights, ctx["token_ids"], cfg, need,
+                     any(a.name == "unembedding" for a in analyses))
     if ctx.get("text") is not None:
         from pythia_probe.analysis.attention_text import model_attention
 
@@ -88,7 +104,7 @@ def analyse(loaded, weights, ctx: dict, cfg: SweepConfig) -> list[dict]:
     rows = []
     for a in analyses:
         rows += a.run(x, {n: ctx["theories"][n] for n in a.theories}, chunk=cfg.chunk,
-                      per_head=cfg.per_head, raw=ctx["raw"])
+                      per_head=cfg.per_head, raw=ctx["raw"], max_rank=cfg.max_rank)
     return rows
 
 
@@ -180,12 +196,18 @@ def _barrier(cfg: SweepConfig) -> None:
 
 
 def _context(cfg: SweepConfig, analyses, run_id: str) -> dict:
-    """Statistics loaded once, theory matrices prepared on the device, shared by every step."""
+    """Statistics loaded once, theory matrices prepared once (cached on disk unless
+    ``--theory memory``) and shared by every step; the statistics are dropped afterwards."""
     stats = load_stats(cfg, None)
     names = [t for a in analyses for t in a.theories]
     local = Path(cfg.model).exists()
     raw = {n: stats[n] for a in analyses for n in a.raw}
-    return {"analyses": analyses, "theories": prepare_theories(stats, names, cfg),
+    if cfg.rank == 0:  # rank 0 builds the theory cache; the others then reuse it
+        theories = prepare_theories(stats, names, cfg)
+    _barrier(cfg)
+    if cfg.rank != 0:
+        theories = prepare_theories(stats, names, cfg)
+    return {"analyses": analyses, "theories": theories,
             "token_ids": stats.token_ids, "stats_id": stats.stats_id, "run_id": run_id,
             "model_name": Path(cfg.model).name if local else cfg.model, "raw": raw,
             "text": load_text(cfg, stats) if cfg.text else None}
@@ -252,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=int, default=1, help="checkpoints downloaded ahead")
     p.add_argument("--text", help="attention_text: safetensors file with 'tokens' [N, T+1]")
     p.add_argument("--text-rows", type=int, default=32, help="attention_text: sequences used")
+    p.add_argument("--theory", default="streamed", choices=list(THEORY_MODES),
+                   help="streamed: prepared theory cached on disk, read in blocks (no V x V "
+                        "in memory per checkpoint); memory: keep the statistics resident")
+    p.add_argument("--theory-cache", help="folder of the prepared-theory cache (default: "
+                                          "<stats stem>.theory/ next to the statistics)")
+    p.add_argument("--max-rank", type=int, default=0,
+                   help="score several layers per pass over the theory while their stacked "
+                        "factor rank stays <= this (fewer cache reads, more memory); 0: one layer")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument("--demo", action="store_true",
                    help="offline demo: train a tiny GPT-NeoX on the built-in corpus and sweep it")
@@ -284,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                       device=device, dtype=a.dtype, heads=a.heads, retries=a.retries,
                       chunk=a.chunk, batch_size=a.batch_size, tokenizer=a.tokenizer,
                       cache_dir=a.cache_dir, prefetch=a.prefetch, text=a.text,
-                      text_rows=a.text_rows,
+                      text_rows=a.text_rows, theory=a.theory, theory_cache=a.theory_cache,
+                      max_rank=a.max_rank,
                       dry_run=a.dry_run, rank=rank, world_size=world)
     return run(cfg, sys.argv[1:] if argv is None else argv)
 

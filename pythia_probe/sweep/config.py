@@ -14,6 +14,7 @@ from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 SHARDS, FAILED = "shards", "failed"
+THEORY_MODES = ("streamed", "memory")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class SweepConfig:
     prefetch: int = 1
     text: str | None = None  # safetensors with "tokens" [N, T+1], for attention_text
     text_rows: int = 32
+    theory: str = "streamed"  # "streamed" (C_T cached on disk, read in blocks) or "memory"
+    theory_cache: str | None = None  # default: <stats stem>.theory/ next to the statistics
+    max_rank: int = 0  # layers per pass over the theory: stacked factor rank bound, 0 = one layer
     dry_run: bool = False
     rank: int = 0
     world_size: int = 1
@@ -47,11 +51,15 @@ class SweepConfig:
         if self.heads not in ("all", "none") and not all(
                 p.strip().isdigit() for p in self.heads.split(",")):
             raise ValueError(f"--heads {self.heads!r}: use all, none or layers like 1,12,23")
-        if self.retries < 0 or self.prefetch < 0 or self.chunk < 1 or self.batch_size < 1:
-            raise ValueError("--retries and --prefetch must be >= 0, --chunk and --batch-size >= 1")
+        if min(self.retries, self.prefetch, self.max_rank) < 0 or min(self.chunk,
+                                                                      self.batch_size) < 1:
+            raise ValueError("--retries, --prefetch and --max-rank must be >= 0, --chunk and "
+                             "--batch-size >= 1")
         if "attention_text" in self.analyses and not self.text:
             raise ValueError("analysis attention_text needs --text (a safetensors file with "
                              "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
+        if self.theory not in THEORY_MODES:
+            raise ValueError(f"--theory {self.theory!r}; valid: {', '.join(THEORY_MODES)}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
 

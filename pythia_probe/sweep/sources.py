@@ -58,7 +58,33 @@ def _theory_source(stats, name: str, cfg: SweepConfig) -> torch.Tensor:
     return theory_matrix(stats, name)
 
 
-def prepare_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict[str, Theory]:
+def prepare_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict:
+    """The theory side of every needed matrix, prepared once per statistics.
+
+    ``--theory streamed`` (default): C_T written once to the theory cache (keyed by stats_id,
+    rebuilt when the statistics change) and streamed in blocks per checkpoint, so no V x V
+    matrix stays in memory. ``--theory memory``: T cast to the device and kept resident.
+    """
+    if cfg.theory == "memory":
+        return _resident_theories(stats, names, cfg)
+    from pythia_probe.analysis.prepared import prepared_theory
+
+    cache = theory_cache_dir(cfg)
+    return {n: prepared_theory(n, lambda n=n: _theory_source(stats, n, cfg), cache,
+                               stats.stats_id, dtype=cfg.torch_dtype, device=cfg.device,
+                               chunk=cfg.chunk)
+            for n in tqdm(sorted(set(names)), desc="theory cache", disable=len(names) < 2)}
+
+
+def theory_cache_dir(cfg: SweepConfig) -> Path:
+    """--theory-cache, else ``<statistics file stem>.theory/`` next to the statistics file."""
+    if cfg.theory_cache:
+        return Path(cfg.theory_cache)
+    stats = Path(cfg.stats)
+    return stats.with_name(stats.stem + ".theory")
+
+
+def _resident_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict[str, Theory]:
     """Cast each needed theory matrix to the device/dtype once (Bbar^T shares Bbar's storage)."""
     cast: dict[str, torch.Tensor] = {}
     for name in sorted(set(names), key=lambda n: n == "BbarT"):
@@ -233,7 +259,8 @@ def dry_run(cfg: SweepConfig, source, steps: list[int], meta: dict) -> int:
         4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
     plan = memory_plan(int(meta["d_vocab"]), c.d_model, c.n_layers, c.n_heads, n_params,
                        cfg.analyses, dtype_bytes=torch.tensor([], dtype=cfg.torch_dtype)
-                       .element_size(), chunk=cfg.chunk)
+                       .element_size(), chunk=cfg.chunk, streamed=cfg.theory == "streamed",
+                       max_rank=cfg.max_rank)
     print(f"memory on {cfg.device} ({cfg.dtype}, V={meta['d_vocab']}):")
     print("\n".join("  " + line for line in plan.lines()))
     return 0
