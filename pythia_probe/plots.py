@@ -153,4 +153,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pythia_probe.cli import run_main
+
+    raise SystemExit(run_main(main, "python -m pythia_probe.plots"))

@@ -123,7 +123,13 @@ def available_steps(model_id: str, api=None) -> list[int]:
         from huggingface_hub import HfApi
 
         api = HfApi()
-    refs = api.list_repo_refs(model_id)
+    try:
+        refs = api.list_repo_refs(model_id)
+    except Exception as e:  # network, auth or a missing repo: say which model and which hub
+        raise ConnectionError(
+            f"cannot list the branches of {model_id} on {getattr(api, 'endpoint', 'the hub')}: "
+            f"{type(e).__name__}: {e}. Offline? Pass a local folder of step*/ checkpoints, or "
+            "set HF_HUB_OFFLINE=1 with a populated cache") from e
     steps = sorted({s for b in refs.branches if (s := step_of(b.name)) is not None})
     if not steps:
         names = ", ".join(sorted(b.name for b in refs.branches)) or "none"

@@ -81,3 +81,15 @@ def test_custom_available_and_hub_branches():
     with pytest.raises(StepError, match="no step"):
         FakeApi.list_repo_refs = lambda self, m: type("R", (), {"branches": [Ref("main")]})()
         steps.available_steps("someone/model", api=FakeApi())
+
+
+def test_available_steps_names_model_and_hub_when_listing_fails():
+    class DeadHub:
+        endpoint = "http://127.0.0.1:9"
+
+        def list_repo_refs(self, model_id):
+            raise OSError("Name or service not known")
+
+    with pytest.raises(ConnectionError, match=r"EleutherAI/pythia-1.4b on http://127.0.0.1:9.*"
+                                              r"Name or service not known"):
+        steps.available_steps("EleutherAI/pythia-1.4b", api=DeadHub())

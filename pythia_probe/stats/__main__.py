@@ -205,4 +205,6 @@ def _jsonable(cfg: StatsConfig) -> dict:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pythia_probe.cli import run_main
+
+    raise SystemExit(run_main(main, "python -m pythia_probe.stats"))

@@ -91,4 +91,6 @@ def _print(m: dict[str, float]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pythia_probe.cli import run_main
+
+    raise SystemExit(run_main(main, "python -m pythia_probe.toy.icrecall"))
