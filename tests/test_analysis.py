@@ -86,7 +86,8 @@ def _tiny(V=29, d=8, H=2, L=3, Vmodel=32, seed=0):
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     res = {k: [r(Vmodel, d) for _ in range(L)] for k in ("pre", "attn", "post")}
     return StepTensors(res, [r(H, d, d // H) for _ in range(L)],
-                       [r(H, d, d // H) for _ in range(L)], r(Vmodel, d), r(d, Vmodel)), V
+                       [r(H, d, d // H) for _ in range(L)], r(Vmodel, d), r(d, Vmodel),
+                       ln1_w=[1 + 0.5 * r(d) for _ in range(L)]), V
 
 
 def test_attention_rows_equal_the_paper_procedure():
@@ -136,3 +137,44 @@ def test_registry_runs_every_analysis_and_rejects_unknown_names():
         assert rows and all(r["analysis"] == a.name and -1 <= r["value"] <= 1 for r in rows)
     with pytest.raises(ValueError, match="valid: embedding, attention"):
         get_analyses(["embedding", "atention"])
+
+
+def _authors_attention(E, W_Q, W_K, w, T, head=None):
+    """Literal TransformerLens fold_ln + center_writing_weights: residual rows E P, query/key
+    weights P diag(w) W^h, with P = I - 11^T / d_model materialised."""
+    d = E.shape[1]
+    P = torch.eye(d, dtype=torch.float64) - torch.full((d, d), 1.0 / d, dtype=torch.float64)
+    Ec, D = E @ P, torch.diag(w)
+    heads = range(W_Q.shape[0]) if head is None else [head]
+    A_emb = torch.stack([(P @ D @ W_Q[h]) @ (P @ D @ W_K[h]).T for h in heads]).mean(0)
+    return materialised_cosine(Ec @ A_emb @ Ec.T, T)
+
+
+def test_attention_lnfold_equals_the_authors_materialised_procedure():
+    x, V = _tiny(seed=3)
+    Q = _rand(V, V, seed=11)
+    th = {"Qbar": prepare_theory("Qbar", Q, chunk=5)}
+    rows = REGISTRY["attention_lnfold"].run(x, th, chunk=5, per_head=[0, 2], max_rank=40)
+    assert len(rows) == 3 + 2 * 2 and {r["analysis"] for r in rows} == {"attention_lnfold"}
+    for row in rows:
+        i = row["layer"]
+        expect = _authors_attention(x.residuals["pre"][i][:V], x.W_Q[i], x.W_K[i], x.ln1_w[i],
+                                    Q, row["head"])
+        assert row["value"] == pytest.approx(expect, rel=1e-6, abs=1e-12)
+
+
+def test_attention_lnfold_differs_from_raw_attention_unless_ln1_is_one():
+    x, V = _tiny(seed=4)
+    th = {"Qbar": prepare_theory("Qbar", _rand(V, V, seed=12))}
+    raw = [r["value"] for r in REGISTRY["attention"].run(x, th)]
+    fold = [r["value"] for r in REGISTRY["attention_lnfold"].run(x, th)]
+    assert min(abs(a - b) for a, b in zip(raw, fold, strict=True)) > 1e-4
+    # ln1_w = 1 and residual rows already mean-free over d_model: the two coincide
+    x.ln1_w = [torch.ones_like(w) for w in x.ln1_w]
+    x.residuals["pre"] = [E - E.mean(1, keepdim=True) for E in x.residuals["pre"]]
+    raw = [r["value"] for r in REGISTRY["attention"].run(x, th)]
+    fold = [r["value"] for r in REGISTRY["attention_lnfold"].run(x, th)]
+    assert fold == pytest.approx(raw, rel=1e-10)
+    x.ln1_w = []
+    with pytest.raises(ValueError, match="ln1 weights"):
+        REGISTRY["attention_lnfold"].run(x, th)

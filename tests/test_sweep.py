@@ -1,6 +1,7 @@
 """The sweep end to end on local step folders: tables, resume, failures, ranks, bad input."""
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -40,8 +41,10 @@ def setup(tmp_path_factory):
 
 
 def _argv(repo, stats, out, *extra):
+    """Streamed theory unless ``extra`` overrides (the default, auto, would pick memory here)."""
     return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
-            "--analyses", "embedding,attention,unembedding", "--dtype", "float64", *extra]
+            "--analyses", "embedding,attention,unembedding", "--dtype", "float64",
+            "--theory", "streamed", *extra]
 
 
 def _sorted(df):
@@ -281,3 +284,147 @@ def test_streamed_theory_cache_matches_resident_theory(setup, clean_run, tmp_pat
     with pytest.raises(ValueError, match="valid: streamed, memory"):
         sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
                           theory="disk")
+
+
+def test_theory_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, capsys):
+    from pythia_probe.analysis import plan
+
+    # pythia-1.4b, full vocabulary: memory mode ~62 GB fits an 80 GB GPU, not a 40 GB one
+    need = plan.memory_plan(50277, 2048, 24, 16, 1_414_647_808, ["embedding", "attention"],
+                            streamed=False).total
+    assert 55e9 < need < 70e9
+    assert plan.choose_theory(need, 80e9 * plan.GPU_SAFETY, "80 GB")[0] == "memory"
+    assert plan.choose_theory(need, 40e9 * plan.GPU_SAFETY, "40 GB")[0] == "streamed"
+    mode, why = plan.choose_theory(need, None, "no probe")
+    assert mode == "streamed" and "unknown" in why
+    root, repo, stats = setup
+    cfg = sweep.SweepConfig(model=str(repo), steps="64", stats=str(stats), out="unused")
+    assert cfg.theory == "auto"
+    src = sweep.open_source(cfg)
+    rev = src.resolve([64])[0]
+    meta = sweep.check_stats(cfg, None)
+    assert sweep.resolve_theory(cfg, src, rev, meta, (1e12, "big"))[0] == "memory"
+    mode, why = sweep.resolve_theory(cfg, src, rev, meta, (1e3, "tiny"))
+    assert mode == "streamed" and "exceeds" in why and "tiny" in why
+    assert sweep.resolve_theory(replace(cfg, theory="memory"), src, rev, meta,
+                                (1e3, "tiny"))[0] == "memory"
+    budget, how = plan.memory_budget("cpu")  # the real probe: a positive number of bytes
+    assert budget is None or budget > 0
+
+
+@pytest.mark.parametrize("budget,mode", [(1e3, "streamed"), (1e13, "memory")])
+def test_theory_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path, monkeypatch,
+                                                      capsys, budget, mode):
+    from pythia_probe.analysis import plan
+
+    root, repo, stats = setup
+    monkeypatch.setattr(plan, "memory_budget", lambda device: (budget, "injected"))
+    argv = _argv(repo, stats, tmp_path / "o", "--steps", "64", "--theory", "auto",
+                 "--theory-cache", str(root / "clean_cache_auto"))
+    assert sweep.main([*argv, "--dry-run"]) == 0
+    assert f"theory: auto -> {mode}" in capsys.readouterr().out
+    assert sweep.main(argv) == 0
+    m = read_manifest(tmp_path / "o")
+    assert m["theory_choice"]["requested"] == "auto" and m["config"]["theory"] == mode
+    assert m["theory_choice"]["resolved"] == mode and "injected" in m["theory_choice"]["reason"]
+    a = _sorted(read_results(tmp_path / "o"))
+    b = _sorted(clean_run[1][clean_run[1]["step"] == 64])
+    assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
+
+
+def test_warm_theory_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path, monkeypatch):
+    from pythia_probe.stats import corpus_stats
+
+    root, repo, stats = setup
+    real, reads = corpus_stats._read, []
+
+    def spy(path, device, header_only=False):
+        if not header_only:
+            reads.append(path)
+        return real(path, device, header_only)
+
+    monkeypatch.setattr(corpus_stats, "_read", spy)
+    cache = tmp_path / "cache"
+    runs = [("cold", "streamed", 1), ("warm", "streamed", 0), ("mem", "memory", 1)]
+    for name, mode, n_reads in runs:  # the first run builds the cache, the second reuses it
+        reads.clear()
+        assert sweep.main(_argv(repo, stats, tmp_path / name, "--steps", "64", "--theory",
+                                mode, "--theory-cache", str(cache))) == 0, name
+        assert len(reads) == n_reads, (name, reads)
+        a = _sorted(read_results(tmp_path / name))
+        b = _sorted(clean_run[1][clean_run[1]["step"] == 64])
+        assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
+
+
+def _hf_streams(repo, step, ids):
+    """Single-token residual streams of the HF GPTNeoX model (hooks), float64: per layer
+    (pre, pre + attention output, post) and the model itself."""
+    from transformers import GPTNeoXForCausalLM
+
+    m = GPTNeoXForCausalLM(tiny_config()).double().eval().requires_grad_(False)
+    sd = {("lm_head.weight" if k == "embed_out.weight" else k): v.double()
+          for k, v in load_file(repo / f"step{step}" / "model.safetensors").items()}
+    missing = m.load_state_dict(sd, strict=False).missing_keys
+    assert not [k for k in missing if "rotary" not in k], missing
+    seen = {}
+    hooks = [mod.register_forward_hook(lambda _m, inp, out, key=key: seen.__setitem__(
+        key, (inp[0], out[0] if isinstance(out, tuple) else out)))
+        for i, layer in enumerate(m.gpt_neox.layers)
+        for key, mod in (((i, "attn"), layer.attention), ((i, "layer"), layer))]
+    with torch.no_grad():
+        m(ids[:, None])
+    for h in hooks:
+        h.remove()
+    n_layers = len(m.gpt_neox.layers)
+    pre = [seen[(i, "layer")][0][:, 0] for i in range(n_layers)]
+    attn = [pre[i] + seen[(i, "attn")][1][:, 0] for i in range(n_layers)]
+    post = [seen[(i, "layer")][1][:, 0] for i in range(n_layers)]
+    return pre, attn, post, m
+
+
+@pytest.mark.parametrize("mode", ["streamed", "memory"])
+def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mode):
+    """Top-k rows are non-contiguous token ids of a model with padding rows (96 > 90): every
+    row must use the model's rows for exactly those ids."""
+    from pythia_probe.stats import CorpusStats
+
+    root, repo, _ = setup
+    g = torch.Generator().manual_seed(3)
+    p = torch.rand(V, generator=g) ** 4  # skewed unigram: the top 30 ids are not 0..29
+    tokens = torch.multinomial(p, 40 * 17, replacement=True, generator=g).view(40, 17)
+    path = batch_stats(tokens, V, top_k=30).save(tmp_path / "topk.safetensors")
+    st = CorpusStats.load(path)
+    ids = st.token_ids
+    assert len(ids) == 30 and ids.sort().values.tolist() != list(range(30))
+    out = tmp_path / "o"
+    assert sweep.main(_argv(repo, path, out, "--steps", "64", "--theory", mode, "--analyses",
+                            "embedding,attention,attention_lnfold,unembedding")) == 0
+    got = read_results(out).set_index(["analysis", "layer", "head", "metric"])["value"]
+    pre, attn, post, m = _hf_streams(repo, 64, ids)
+    expect = {}
+    for i, layer in enumerate(m.gpt_neox.layers):
+        for kind, E in (("pre", pre), ("attn", attn), ("post", post)):
+            expect[("embedding", i, pd.NA, f"cos_{kind}")] = materialised_cosine(E[i], st.PhiBT)
+        W = layer.attention.query_key_value.weight.view(4, 3, -1, 32)  # [head, q/k/v, d_head, d]
+        w = layer.input_layernorm.weight
+        P = torch.eye(32, dtype=torch.float64) - 1 / 32
+        for h in [None, 0, 1, 2, 3]:
+            hs = range(4) if h is None else [h]
+            A = torch.stack([W[j, 0].T @ W[j, 1] for j in hs]).mean(0)
+            key = ("cos_mean" if h is None else "cos_head")
+            E = pre[i]
+            expect[("attention", i, h, key)] = materialised_cosine(E @ A @ E.T, st.Qbar)
+            Af = P @ torch.diag(w) @ A @ torch.diag(w) @ P
+            expect[("attention_lnfold", i, h, key)] = materialised_cosine(E @ Af @ E.T, st.Qbar)
+    WE, WU = m.gpt_neox.embed_in.weight[ids], m.lm_head.weight[ids]  # [k, d_model] each
+    expect[("unembedding", pd.NA, pd.NA, "cos_WU_Bbar")] = materialised_cosine(WU, st.Bbar.T)
+    expect[("unembedding", pd.NA, pd.NA, "cos_WEWU_Bbar")] = materialised_cosine(WE @ WU.T,
+                                                                                st.Bbar)
+    expect[("unembedding", pd.NA, pd.NA, "cos_WE_PhiBT")] = materialised_cosine(WE, st.PhiBT)
+    assert len(got) == len(expect)
+    for key, value in expect.items():
+        key = tuple(pd.NA if k is None else k for k in key)
+        assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    # control: rows 0..29 of the model instead of the top-k ids give other numbers
+    wrong = materialised_cosine(m.gpt_neox.embed_in.weight[:30], st.PhiBT)
+    assert abs(got[("embedding", 0, pd.NA, "cos_pre")] - wrong) > 1e-3

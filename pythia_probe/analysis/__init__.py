@@ -23,6 +23,7 @@ class StepTensors:
 
     residuals: kind ("pre", "attn", "post") -> per-layer [V, d_model] single-token streams.
     W_Q, W_K: per-layer [n_heads, d_model, d_head]. W_E [V, d_model], W_U [d_model, V].
+    ln1_w: per-layer attention LayerNorm weights [d_model] (``attention_lnfold``).
     text_tokens / text_attn: only for ``attention_text``.
     """
 
@@ -31,6 +32,7 @@ class StepTensors:
     W_K: list[Tensor] = field(default_factory=list)
     W_E: Tensor | None = None
     W_U: Tensor | None = None
+    ln1_w: list[Tensor] = field(default_factory=list)
     text_tokens: Tensor | None = None  # [B, T] token ids of real text (attention_text)
     text_attn: list[Tensor] | None = None  # per layer [B, n_heads, T, T] attention probabilities
 
@@ -59,6 +61,14 @@ def _attention(x: StepTensors, th: Mapping[str, Theory], **opts) -> list[dict]:
                           max_rank=opts.get("max_rank", 0))
 
 
+def _attention_lnfold(x: StepTensors, th: Mapping[str, Theory], **opts) -> list[dict]:
+    if len(x.ln1_w) != len(x.W_Q):
+        raise ValueError("attention_lnfold needs every layer's ln1 weights (StepTensors.ln1_w)")
+    return attention_rows(x.residuals["pre"], x.W_Q, x.W_K, th["Qbar"],
+                          per_head=opts.get("per_head", True), chunk=opts.get("chunk", 4096),
+                          max_rank=opts.get("max_rank", 0), ln1_w=x.ln1_w)
+
+
 def _unembedding(x: StepTensors, th: Mapping[str, Theory], **opts) -> list[dict]:
     return unembedding_rows(x.W_E, x.W_U, th, chunk=opts.get("chunk", 4096))
 
@@ -78,6 +88,7 @@ REGISTRY: dict[str, Analysis] = {
     "attention": Analysis("attention", ("Qbar",), _attention),
     "unembedding": Analysis("unembedding", ("Bbar", "BbarT", "PhiBT"), _unembedding),
     "attention_text": Analysis("attention_text", (), _attention_text, raw=("Qbar", "Delta")),
+    "attention_lnfold": Analysis("attention_lnfold", ("Qbar",), _attention_lnfold),
 }
 
 

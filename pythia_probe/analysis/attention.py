@@ -4,7 +4,19 @@ A_tok[i, j] = E_pre[i] A_emb E_pre[j]^T scores query token i attending to key to
 query, columns = key), the orientation of Qbar. A_tok = F G^T with F = E_pre W_Q / n_heads and
 G = E_pre W_K (heads concatenated along d_head), so the cosine is computed in factored form
 with rank n_heads * d_head; per head F = E_pre W_Q^h, G = E_pre W_K^h (rank d_head).
-Like the paper, this uses the raw query/key weights: no biases, no rotary, no LayerNorm.
+
+``attention`` (this project's default, the spec's wording) uses the RAW query/key weights: no
+biases, no rotary, no LayerNorm. The paper's authors did not: their code loads Pythia through
+TransformerLens ``HookedTransformer.from_pretrained`` with its defaults ``fold_ln=True,
+center_writing_weights=True``, so their W_Q^h is P diag(ln1_w) W_Q^h (P = I - 11^T / d_model
+removes the mean over d_model; the LN bias folds into b_Q, which this mapping ignores) and their
+residual rows are E_pre P. ``attention_lnfold`` reproduces that variant:
+
+    A_tok = E_pre P diag(w) mean_h(W_Q^h W_K^h^T) diag(w) P E_pre^T,   w = ln1_w of the layer,
+
+factored the same way with E_pre replaced by (E_pre P) diag(w) (P is idempotent), i.e. each
+residual row centred over d_model and scaled by w. The LayerNorm's per-token 1/std is not
+part of either mapping.
 """
 
 from __future__ import annotations
@@ -40,11 +52,20 @@ def head_factors(E_pre: Tensor, W_Q: Tensor, W_K: Tensor, dtype) -> list[Factors
             for h in range(W_Q.shape[0])]
 
 
+def ln_fold(E_pre: Tensor, ln1_w: Tensor) -> Tensor:
+    """(E_pre P) diag(ln1_w): each row centred over d_model, then scaled by the LN weight."""
+    E = E_pre - E_pre.mean(dim=1, keepdim=True)
+    return E * ln1_w.to(E.dtype)
+
+
 def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence[Tensor],
                    theory, *, per_head: bool | Sequence[int] = True,
-                   chunk: int = 4096, max_rank: int = 0) -> list[dict]:
+                   chunk: int = 4096, max_rank: int = 0,
+                   ln1_w: Sequence[Tensor] | None = None) -> list[dict]:
     """Rows per layer (head null, metric cos_mean) and per head (metric cos_head).
 
+    ``ln1_w``: per-layer LayerNorm weights [d_model]; given, the rows are the authors'
+    LN-folded, centred variant (analysis ``attention_lnfold``), else raw (``attention``).
     ``per_head``: True for every layer, False for none, or a list of layer indices.
     ``max_rank``: score several layers per pass over the theory while their stacked rank stays
     below it (0: one layer per pass, the least memory).
@@ -52,15 +73,19 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
     V, dt = theory.d_vocab, theory.dtype
     head_layers = set(range(len(E_pre))) if per_head is True else set(per_head or [])
     heads = [list(range(wq.shape[0])) if i in head_layers else [] for i, wq in enumerate(W_Q)]
+    name = "attention" if ln1_w is None else "attention_lnfold"
+    if ln1_w is not None and len(ln1_w) != len(E_pre):
+        raise ValueError(f"need one ln1_w per layer: {len(ln1_w)} for {len(E_pre)} layers")
 
     def groups():
         for layer, (E, wq, wk) in enumerate(zip(E_pre, W_Q, W_K, strict=True)):
-            yield [attention_factors(E[:V], wq, wk, dt)] + (
-                head_factors(E[:V], wq, wk, dt) if heads[layer] else [])
+            E = E[:V].to(dt) if ln1_w is None else ln_fold(E[:V].to(dt), ln1_w[layer])
+            yield [attention_factors(E, wq, wk, dt)] + (
+                head_factors(E, wq, wk, dt) if heads[layer] else [])
 
     rows = []
     for layer, values in enumerate(packed_cosines(groups(), theory, chunk, max_rank)):
-        rows += [{"analysis": "attention", "layer": layer, "head": head,
+        rows += [{"analysis": name, "layer": layer, "head": head,
                   "metric": "cos_mean" if head is None else "cos_head", "value": v, "n": V}
                  for head, v in zip([None, *heads[layer]], values, strict=True)]
     return rows

@@ -2,10 +2,12 @@
 
 Everything is computed from the shapes: V (statistic rows), d_model, n_layers, n_heads, the
 number of parameters, the analyses and the compute dtype, for either theory mode: ``streamed``
-(the sweep's default: the prepared theory C_T is cached on disk once per statistics and read
-in ``chunk``-row blocks once per layer and analysis, so nothing V x V is resident) or resident
-(``--theory memory``: each statistic V x V stays in memory). See benchmarks/bench_analysis.py
-for measurements against the materialised computation.
+(the prepared theory C_T is cached on disk once per statistics and read in ``chunk``-row blocks
+once per layer and analysis, so nothing V x V is resident) or resident (``--theory memory``:
+each statistic V x V stays in memory). The sweep's default ``--theory auto`` picks memory when
+its planned peak fits the device's budget (:func:`memory_budget`, :func:`choose_theory`), since
+streaming re-reads the cache every checkpoint (e.g. ~485 GB for full-vocabulary pythia-1.4b).
+See benchmarks/bench_analysis.py for measurements against the materialised computation.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def memory_plan(V: int, d_model: int, n_layers: int, n_heads: int, n_params: int
     theories = 0 if streamed else len(names) * V * V * dtype_bytes
     residuals = 3 * n_layers * V * d_model * dtype_bytes
     weights = n_params * dtype_bytes
-    ranks = {"embedding": 3 * d_model, "attention": 2 * d_model}  # a layer: kinds / mean + heads
+    ranks = {"embedding": 3 * d_model, "attention": 2 * d_model,  # a layer: kinds / mean + heads
+             "attention_lnfold": 2 * d_model}
     per_pass = {a: min(n_layers, max(1, max_rank // r)) for a, r in ranks.items() if a in analyses}
     passes = sum(-(-n_layers // k) for k in per_pass.values()) + 3 * ("unembedding" in analyses)
     r = max([ranks[a] * k for a, k in per_pass.items()] or [d_model])
@@ -79,10 +82,60 @@ def memory_plan(V: int, d_model: int, n_layers: int, n_heads: int, n_params: int
     flops = 0.0
     if "embedding" in analyses:
         flops += 3 * n_layers * 2 * V * V * d_model
-    if "attention" in analyses:
-        flops += n_layers * 2 * V * V * d_model + heads * 2 * V * V * d_model
+    for name in ("attention", "attention_lnfold"):
+        if name in analyses:
+            flops += n_layers * 2 * V * V * d_model + heads * 2 * V * V * d_model
     if "unembedding" in analyses:
         flops += 3 * 2 * V * V * d_model
     disk = len(files) * V * V * dtype_bytes if streamed else 0.0
     read = passes * V * V * dtype_bytes if streamed else 0.0
     return Plan(theories, residuals, weights, transient, flops, len(files) * 2 * V**3, disk, read)
+
+
+# ---- --theory auto ---------------------------------------------------------------------------
+GPU_SAFETY = 0.9  # of the free accelerator memory (allocator fragmentation, CUDA context)
+CPU_SAFETY = 0.8  # of MemAvailable (the page cache and other processes keep the rest)
+
+
+def memory_budget(device: str) -> tuple[float | None, str]:
+    """(usable bytes, how measured) on ``device``: free CUDA memory x GPU_SAFETY, or the host's
+    available RAM x CPU_SAFETY; (None, why) when it cannot be measured."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        return free * GPU_SAFETY, f"{free / GB:.1f} GB free on {device} x {GPU_SAFETY}"
+    if dev.type == "cpu":
+        avail = _available_ram()
+        if avail is not None:
+            return avail * CPU_SAFETY, f"{avail / GB:.1f} GB RAM available x {CPU_SAFETY}"
+    return None, f"free memory of {device} not measurable"
+
+
+def _available_ram() -> float | None:
+    """MemAvailable from /proc/meminfo, else free pages x page size; None if neither exists."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def choose_theory(need: float, budget: float | None, measured: str = "") -> tuple[str, str]:
+    """``--theory auto``: ("memory", why) when the memory-mode peak ``need`` fits ``budget``,
+    else ("streamed", why); streamed too when the budget is unknown (None)."""
+    if budget is None:
+        return "streamed", f"memory-mode peak {need / GB:.2f} GB; budget unknown ({measured})"
+    fits = need <= budget
+    return ("memory" if fits else "streamed",
+            f"memory-mode peak {need / GB:.2f} GB {'fits' if fits else 'exceeds'} budget "
+            f"{budget / GB:.2f} GB ({measured})")

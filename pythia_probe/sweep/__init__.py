@@ -10,7 +10,11 @@ the theory side (C_T, row-normalised and row-centred, and its norm) is prepared 
 statistics file into a cache (``--theory-cache``, default ``<stats stem>.theory/`` next to the
 statistics; rebuilt when stats_id changes) and streamed in ``--chunk`` blocks per checkpoint,
 so no V x V matrix is resident while checkpoints are scored (``--theory memory`` keeps the
-statistics resident instead; ``--max-rank`` scores several layers per pass over the cache).
+statistics resident instead; the default ``--theory auto`` picks memory when its planned peak
+fits the device's free memory, records the choice in the manifest, and ``--dry-run`` prints it;
+``--max-rank`` scores several layers per pass over the cache). Only the statistics file's
+metadata is read unless a cache must be (re)built, ``--theory memory`` runs or raw statistics
+are needed (attention_text).
 Each step writes ``OUT/shards/step{N}.parquet`` atomically; a rerun skips finished shards. A
 step that fails is retried ``--retries`` times, then reported in ``OUT/failed/`` and the
 manifest while the sweep goes on (exit code 1). Under ``accelerate launch`` steps are split
@@ -27,7 +31,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -53,15 +57,16 @@ from pythia_probe.sweep.config import (
     split_steps,
 )
 from pythia_probe.sweep.sources import (
+    LazyStats,
     check_resume,
     check_stats,
     dry_run,
-    load_stats,
     load_text,
     load_weights,
     model_fingerprint,
     open_source,
     prepare_theories,
+    resolve_theory,
     select_steps,
     stream,
     tensor_names,
@@ -87,13 +92,14 @@ def step_tensors(weights, token_ids: torch.Tensor, cfg: SweepConfig,
     W_U = weights.W_U[:, token_ids].to(dev, dt) if need_unembedding else None
     return StepTensors(res, [L.W_Q.to(dev, dt) for L in layers],
                        [L.W_K.to(dev, dt) for L in layers],
-                       weights.W_E[token_ids].to(dev, dt), W_U)
+                       weights.W_E[token_ids].to(dev, dt), W_U,
+                       ln1_w=[L.ln1_w.to(dev, dt) for L in layers])
 
 
 def analyse(loaded, weights, ctx: dict, cfg: SweepConfig) -> list[dict]:
     """All rows of one checkpoint."""
     analyses = ctx["analyses"]
-    need = any(a.name in ("embedding", "attention") for a in analyses)
+    need = any(a.name in ("embedding", "attention", "attention_lnfold") for a in analyses)
     x = step_tensors(weights, ctx["token_ids"], cfg, need,
                      any(a.name == "unembedding" for a in analyses))
     if ctx.get("text") is not None:
@@ -195,13 +201,15 @@ def _barrier(cfg: SweepConfig) -> None:
         torch.distributed.barrier()
 
 
-def _context(cfg: SweepConfig, analyses, run_id: str) -> dict:
-    """Statistics loaded once, theory matrices prepared once (cached on disk unless
-    ``--theory memory``) and shared by every step; the statistics are dropped afterwards."""
-    stats = load_stats(cfg, None)
+def _context(cfg: SweepConfig, analyses, run_id: str, meta: dict) -> dict:
+    """Theory matrices prepared once (cached on disk unless ``--theory memory``) and shared by
+    every step. Token ids and stats_id come from the statistics file's metadata; its tensors
+    are loaded only when a cache must be (re)built, for ``--theory memory``, or for raw
+    statistics (attention_text), and dropped afterwards."""
+    stats = LazyStats(cfg, meta)
     names = [t for a in analyses for t in a.theories]
     local = Path(cfg.model).exists()
-    raw = {n: stats[n] for a in analyses for n in a.raw}
+    raw = {n: stats.load()[n] for a in analyses for n in a.raw}
     if cfg.rank == 0:  # rank 0 builds the theory cache; the others then reuse it
         theories = prepare_theories(stats, names, cfg)
     _barrier(cfg)
@@ -213,13 +221,15 @@ def _context(cfg: SweepConfig, analyses, run_id: str) -> dict:
             "text": load_text(cfg, stats) if cfg.text else None}
 
 
-def _run_id(cfg: SweepConfig, stats_id: str, config: dict, steps, source, argv) -> str:
+def _run_id(cfg: SweepConfig, stats_id: str, config: dict, steps, source, argv,
+            choice: dict) -> str:
     """Rank 0 picks the run id (reusing a compatible earlier run's) and writes the manifest."""
     if cfg.rank == 0:
         run_id = check_resume(cfg, stats_id) or new_run_id()
         hub = source.manifest(source.resolve(steps)) if source.local_dir is None else None
         write_manifest(cfg.out, config, argv=argv, run_id=run_id,
-                       extra={"steps": steps, "status": "running", "checkpoints": hub})
+                       extra={"steps": steps, "status": "running", "checkpoints": hub,
+                              "theory_choice": choice})
     _barrier(cfg)
     if cfg.rank != 0:
         manifest = Path(cfg.out) / "manifest.json"
@@ -237,17 +247,22 @@ def run(cfg: SweepConfig, argv: list[str] | None = None) -> int:
     if cfg.dry_run:
         return dry_run(cfg, source, steps, meta)
     started = datetime.now(timezone.utc)
+    mode, why = resolve_theory(cfg, source, first, meta)
+    choice = {"requested": cfg.theory, "resolved": mode, "reason": why}
+    cfg = replace(cfg, theory=mode)
+    tqdm.write(f"theory: {choice['requested']} -> {mode} ({why})")
     config = {**asdict(cfg), "analyses": list(cfg.analyses), "stats_id": meta["stats_id"]}
-    run_id = _run_id(cfg, meta["stats_id"], config, steps, source, argv)
+    run_id = _run_id(cfg, meta["stats_id"], config, steps, source, argv, choice)
     outcome = sweep_steps(source, split_steps(steps, cfg.rank, cfg.world_size),
-                          _context(cfg, analyses, run_id), cfg)
+                          _context(cfg, analyses, run_id, meta), cfg)
     _barrier(cfg)
     failed = sorted(int(p.stem[4:]) for p in (Path(cfg.out) / FAILED).glob("step*.json"))
     if cfg.rank == 0:
         old = read_manifest(cfg.out)
         write_manifest(cfg.out, config, argv=argv, started=started, run_id=run_id,
                        extra={"steps": steps, "status": "failed steps" if failed else "complete",
-                              "failed_steps": failed, "checkpoints": old.get("checkpoints")})
+                              "failed_steps": failed, "checkpoints": old.get("checkpoints"),
+                              "theory_choice": choice})
     print(f"rank {cfg.rank}: {len(outcome.done)} steps done, {len(outcome.skipped)} already "
           f"done, {len(outcome.failed)} failed" + "".join(
               f"\n  step {s}: {m}" for s, m in outcome.failed.items()))
@@ -261,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default="all", help="e.g. 1000-143000, 0,1,2,4, early, log, all")
     p.add_argument("--stats", help="statistics file from `python -m pythia_probe.stats`")
     p.add_argument("--analyses", default="embedding,attention",
-                   help="comma-separated: embedding, attention, unembedding, attention_text")
+                   help="comma-separated: embedding, attention, attention_lnfold (the authors' "
+                        "LN-folded, centred W_Q/W_K), unembedding, attention_text")
     p.add_argument("--out", help="results folder (shards/, failed/, manifest.json)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
@@ -274,9 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=int, default=1, help="checkpoints downloaded ahead")
     p.add_argument("--text", help="attention_text: safetensors file with 'tokens' [N, T+1]")
     p.add_argument("--text-rows", type=int, default=32, help="attention_text: sequences used")
-    p.add_argument("--theory", default="streamed", choices=list(THEORY_MODES),
+    p.add_argument("--theory", default="auto", choices=list(THEORY_MODES),
                    help="streamed: prepared theory cached on disk, read in blocks (no V x V "
-                        "in memory per checkpoint); memory: keep the statistics resident")
+                        "in memory per checkpoint); memory: keep the statistics resident; "
+                        "auto (default): memory when its planned peak fits the device's free "
+                        "memory, else streamed")
     p.add_argument("--theory-cache", help="folder of the prepared-theory cache (default: "
                                           "<stats stem>.theory/ next to the statistics)")
     p.add_argument("--max-rank", type=int, default=0,

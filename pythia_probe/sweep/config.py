@@ -14,7 +14,7 @@ from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 SHARDS, FAILED = "shards", "failed"
-THEORY_MODES = ("streamed", "memory")
+THEORY_MODES = ("streamed", "memory", "auto")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class SweepConfig:
     prefetch: int = 1
     text: str | None = None  # safetensors with "tokens" [N, T+1], for attention_text
     text_rows: int = 32
-    theory: str = "streamed"  # "streamed" (C_T cached on disk, read in blocks) or "memory"
+    theory: str = "auto"  # streamed (C_T cached on disk, read in blocks), memory, auto (fits?)
     theory_cache: str | None = None  # default: <stats stem>.theory/ next to the statistics
     max_rank: int = 0  # layers per pass over the theory: stacked factor rank bound, 0 = one layer
     dry_run: bool = False

@@ -31,6 +31,30 @@ def load_stats(cfg: SweepConfig, fingerprint: dict | None):
     return CorpusStats.load(path, expect=fingerprint)
 
 
+class LazyStats:
+    """A statistics file's metadata (token ids, d_vocab, T, stats_id, restricted) read from its
+    header; the tensors are loaded by :meth:`load` on first use only, then kept."""
+
+    def __init__(self, cfg: SweepConfig, meta: dict) -> None:
+        missing = [k for k in ("d_vocab", "T", "stats_id") if k not in meta]
+        if missing:
+            raise ValueError(f"--stats {cfg.stats}: metadata lacks {missing}; recompute it with "
+                             "`python -m pythia_probe.stats ...`")
+        self.cfg, self.meta, self._stats = cfg, meta, None
+        vocab = meta.get("vocab", {})
+        self.d_vocab, self.T = int(meta["d_vocab"]), int(meta["T"])
+        self.restricted = bool(vocab.get("restricted", False))
+        ids = vocab.get("ids")
+        self.token_ids = torch.arange(self.d_vocab) if ids is None else torch.tensor(ids)
+        self.stats_id = str(meta["stats_id"])
+
+    def load(self):
+        """The CorpusStats (every tensor read from disk, once)."""
+        if self._stats is None:
+            self._stats = load_stats(self.cfg, None)
+        return self._stats
+
+
 def load_text(cfg: SweepConfig, stats) -> torch.Tensor:
     """First ``text_rows`` windows of ``--text``, inputs only, at most the statistics' T long."""
     from safetensors.torch import load_file
@@ -44,12 +68,13 @@ def load_text(cfg: SweepConfig, stats) -> torch.Tensor:
     return tokens[:cfg.text_rows, :min(tokens.shape[1] - 1, stats.T)]
 
 
-def _theory_source(stats, name: str, cfg: SweepConfig) -> torch.Tensor:
+def _theory_source(lazy: LazyStats, name: str, cfg: SweepConfig) -> torch.Tensor:
     """A theory matrix; PhiBT not stored in the file is composed on the sweep's device."""
     from safetensors import safe_open
 
     from pythia_probe.stats import compose
 
+    stats = lazy.load()
     if name == "PhiBT" and cfg.device != "cpu":
         with safe_open(cfg.stats, framework="pt") as f:
             stored = "PhiBT" in f.keys()
@@ -64,6 +89,7 @@ def prepare_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict:
     ``--theory streamed`` (default): C_T written once to the theory cache (keyed by stats_id,
     rebuilt when the statistics change) and streamed in blocks per checkpoint, so no V x V
     matrix stays in memory. ``--theory memory``: T cast to the device and kept resident.
+    ``stats``: a :class:`LazyStats`; its tensors are read only when a theory is built.
     """
     if cfg.theory == "memory":
         return _resident_theories(stats, names, cfg)
@@ -89,7 +115,7 @@ def _resident_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict[st
     cast: dict[str, torch.Tensor] = {}
     for name in sorted(set(names), key=lambda n: n == "BbarT"):
         if name == "BbarT":
-            T = cast["Bbar"].T if "Bbar" in cast else theory_matrix(stats, name)
+            T = cast["Bbar"].T if "Bbar" in cast else theory_matrix(stats.load(), name)
         else:
             T = cast[name] = _theory_source(stats, name, cfg).to(cfg.device, cfg.torch_dtype)
         cast.setdefault(name, T)
@@ -124,7 +150,8 @@ def tensor_names(analyses):
     from pythia_probe.arch import name_filter
 
     parts = ["embed"]
-    if any(a.name in ("embedding", "attention", "attention_text") for a in analyses):
+    if any(a.name in ("embedding", "attention", "attention_lnfold", "attention_text")
+           for a in analyses):
         parts += ["attn", "mlp", "ln"]
     if any(a.name == "attention_text" for a in analyses):
         parts += ["final_ln"]
@@ -242,10 +269,41 @@ def select_steps(cfg: SweepConfig, source) -> list[int]:
     return parse_steps(cfg.steps, available_steps(source))
 
 
-def dry_run(cfg: SweepConfig, source, steps: list[int], meta: dict) -> int:
-    """Print the plan: steps, bytes to download, disk and memory needed."""
+def checkpoint_plan(cfg: SweepConfig, c, d_vocab: int, streamed: bool):
+    """The memory plan of one checkpoint of model config ``c`` in the given theory mode."""
     from pythia_probe.analysis.plan import memory_plan
 
+    n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
+        4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
+    return memory_plan(d_vocab, c.d_model, c.n_layers, c.n_heads, n_params, cfg.analyses,
+                       dtype_bytes=torch.tensor([], dtype=cfg.torch_dtype).element_size(),
+                       chunk=cfg.chunk, streamed=streamed, max_rank=cfg.max_rank)
+
+
+def memory_need(cfg: SweepConfig, c, d_vocab: int) -> float:
+    """Peak bytes of ``--theory memory`` on the device; on the CPU the statistics file, loaded
+    while the theory matrices are cast, counts too."""
+    plan = checkpoint_plan(cfg, c, d_vocab, streamed=False)
+    if torch.device(cfg.device).type != "cpu":
+        return plan.total
+    return max(plan.total, Path(cfg.stats).stat().st_size + plan.theories)
+
+
+def resolve_theory(cfg: SweepConfig, source, rev, meta: dict,
+                   budget: tuple[float | None, str] | None = None) -> tuple[str, str]:
+    """(theory mode, why): ``--theory`` itself unless auto; auto picks memory when its peak fits
+    the device's budget (:func:`~pythia_probe.analysis.plan.memory_budget`), else streamed."""
+    from pythia_probe.analysis.plan import choose_theory, memory_budget
+
+    if cfg.theory != "auto":
+        return cfg.theory, f"--theory {cfg.theory} given"
+    need = memory_need(cfg, model_config(source, rev), int(meta["d_vocab"]))
+    limit, how = budget if budget is not None else memory_budget(cfg.device)
+    return choose_theory(need, limit, how)
+
+
+def dry_run(cfg: SweepConfig, source, steps: list[int], meta: dict) -> int:
+    """Print the plan: steps, bytes to download, theory mode, disk and memory needed."""
     todo = [s for s in steps if not shard_path(cfg.out, s).exists()]
     print(f"model {cfg.model}: {len(steps)} steps ({len(steps) - len(todo)} already done): "
           f"{steps[:6]}{' ...' if len(steps) > 6 else ''}")
@@ -254,15 +312,10 @@ def dry_run(cfg: SweepConfig, source, steps: list[int], meta: dict) -> int:
     total, biggest = sum(sizes), max(sizes)
     print(f"download {total / 1e9:.2f} GB in all; disk at any time <= {2 * biggest / 1e9:.2f} GB "
           "(one checkpoint in use + one prefetched)")
-    c = model_config(source, revs[0])
-    n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
-        4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
-    plan = memory_plan(int(meta["d_vocab"]), c.d_model, c.n_layers, c.n_heads, n_params,
-                       cfg.analyses, dtype_bytes=torch.tensor([], dtype=cfg.torch_dtype)
-                       .element_size(), chunk=cfg.chunk, streamed=cfg.theory == "streamed",
-                       max_rank=cfg.max_rank)
+    mode, why = resolve_theory(cfg, source, revs[0], meta)
+    print(f"theory: {cfg.theory} -> {mode} ({why})")
+    plan = checkpoint_plan(cfg, model_config(source, revs[0]), int(meta["d_vocab"]),
+                           streamed=mode == "streamed")
     print(f"memory on {cfg.device} ({cfg.dtype}, V={meta['d_vocab']}):")
     print("\n".join("  " + line for line in plan.lines()))
     return 0
-
-
