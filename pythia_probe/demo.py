@@ -203,7 +203,7 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
     model = work / "demo-neox"
     rc = sweep.main(["--model", str(model), "--steps", "all", "--stats",
                      str(work / "stats.safetensors"), "--analyses",
-                     "embedding,attention,unembedding,attention_text", "--text",
+                     "embedding,attention,attention_lnfold,unembedding,attention_text", "--text",
                      str(model / TOKENS_FILE), "--out", str(out / "run"), "--device", device,
                      "--dtype", "float64"])
     df = read_results(out / "run")
