@@ -74,7 +74,8 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert demo.run_demo(tmp_path / "r", small, work=tmp_path / "w") == 0
     df = read_results(tmp_path / "r" / "run")
     assert sorted(df["step"].unique()) == [0, 1, 2, 4, 8]
-    assert set(df["analysis"]) == {"embedding", "attention", "unembedding", "attention_text"}
+    assert set(df["analysis"]) == {"embedding", "attention", "attention_lnfold", "unembedding",
+                                   "attention_text"}
     text = df[df["analysis"] == "attention_text"]
     assert len(text) == 5 * 2 * (3 + 2 * 4) and text["value"].between(-1, 1).all()
     assert read_manifest(tmp_path / "r" / "run")["status"] == "complete"
