@@ -58,16 +58,46 @@ def test_attention_that_follows_the_prediction_scores_one():
     assert got["corr_qbar"] == pytest.approx(1.0, abs=1e-9) and got["corr_eq13"] < 1 - 1e-3
 
 
-def test_model_attention_matches_arch_on_the_first_layer():
+def _reference_attentions(cfg, sd: dict, tokens, dtype) -> list:
+    """Attention of transformers' own GPTNeoXForCausalLM (eager) in ``dtype``."""
+    from transformers import GPTNeoXForCausalLM
+
+    model = GPTNeoXForCausalLM(cfg).to(dtype).eval()
+    assert model.config._attn_implementation == "eager"
+    hub = {("lm_head.weight" if k == "embed_out.weight" else k): v for k, v in sd.items()}
+    model.load_state_dict(hub, strict=True)
+    with torch.no_grad():
+        return list(model(input_ids=tokens, output_attentions=True).attentions)
+
+
+def test_model_attention_matches_transformers_on_every_layer():
     from pythia_probe.arch import NeoXConfig, NeoXWeights, attention_probs
     from pythia_probe.testing.repos import random_state_dict, tiny_config
 
-    cfg = tiny_config()
-    sd = random_state_dict(cfg, seed=0, dtype=torch.float32)
-    config = cfg.to_dict()
+    cfg = tiny_config(num_hidden_layers=3, attn_implementation="eager")
+    sd = random_state_dict(cfg, seed=0, dtype=torch.float64)
+    for k in sd:  # sharpen the attention so that layers and heads differ far beyond atol
+        if k.endswith("query_key_value.weight"):
+            sd[k] = sd[k] * 12
     tokens = torch.randint(0, 90, (2, 7), generator=torch.Generator().manual_seed(4))
-    attn = model_attention(config, sd, tokens)
-    w = NeoXWeights(sd, NeoXConfig.from_hf(cfg))
-    ref = attention_probs(w, 0, w.W_E[tokens].float())
+    attn = model_attention(cfg.to_dict(), {k: v.float() for k, v in sd.items()}, tokens)
     assert len(attn) == cfg.num_hidden_layers
+    ref32 = _reference_attentions(cfg, {k: v.float() for k, v in sd.items()}, tokens,
+                                  torch.float32)
+    ref64 = _reference_attentions(cfg, sd, tokens, torch.float64)
+    uniform = torch.ones(7, 7).tril() / torch.arange(1, 8)[:, None]
+    for i, A in enumerate(attn):
+        assert A.shape == (2, cfg.num_attention_heads, 7, 7)
+        assert torch.allclose(A.float(), ref32[i], atol=1e-5, rtol=0), i
+        assert torch.allclose(A, ref64[i], atol=1e-5, rtol=0), i  # float32 vs float64 truth
+        assert (ref64[i] - uniform).abs().max() > 0.1, i  # not trivially uniform
+        if i:
+            assert (ref64[i] - ref64[i - 1]).abs().max() > 0.1, i  # layers are distinct
+    w32 = NeoXWeights({k: v.float() for k, v in sd.items()}, NeoXConfig.from_hf(cfg))
+    ref = attention_probs(w32, 0, w32.W_E[tokens].float())
     assert torch.allclose(attn[0].float(), ref, atol=1e-5)
+    w64 = NeoXWeights(sd, NeoXConfig.from_hf(cfg))
+    exact = attention_probs(w64, 0, w64.W_E[tokens].double())
+    assert exact.dtype == torch.float64
+    # transformers computes the rotary angles in float32 even in a float64 model (~6e-8 here)
+    assert torch.allclose(exact, ref64[0], atol=1e-6, rtol=0)

@@ -127,7 +127,7 @@ def test_eviction_keeps_disk_under_budget(src):
     peak, stop = [0], threading.Event()
 
     def watch():
-        while not stop.is_set():
+        while not stop.wait(0.002):  # sample, yielding the GIL to the prefetch thread
             peak[0] = max(peak[0], src.disk_usage())
 
     t = threading.Thread(target=watch)

@@ -18,6 +18,7 @@ import torch
 from pythia_probe import builtin_corpus as bc
 from pythia_probe import corpus
 from pythia_probe.corpus import corpus_shards, iter_documents
+from pythia_probe.stats import batch_stats
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.tokenizer import build_word_tokenizer, d_vocab, encode_documents, word_tokens
 
@@ -113,33 +114,13 @@ def test_topic_rate_as_promised(tokenised):
 
 
 # ---------------------------------------------------------------- planted structure
-def fast_bbar_phibar(tokens: np.ndarray, V: int, chunk: int = 256) -> tuple[np.ndarray, ...]:
-    """Bbar and Phibar by weighted counts (checked against the reference oracle below).
-
-    Phibar scatters weight 1/t into (y_t, x_m) for every m <= t, minus (1/V) sum_t c_t.
-    """
-    N, T = tokens.shape[0], tokens.shape[1] - 1
-    X, Y = tokens[:, :-1], tokens[:, 1:]
-    counts = np.bincount((X * V + Y).ravel(), minlength=V * V).reshape(V, V).astype(float)
-    Bbar = (counts - counts.sum(1, keepdims=True) / V) / (N * T)
-    ti, mi = np.tril_indices(T)
-    w = 1.0 / (ti + 1)
-    Phibar = np.zeros(V * V)
-    for s in range(0, N, chunk):
-        x, y = X[s:s + chunk], Y[s:s + chunk]
-        Phibar += np.bincount((y[:, ti] * V + x[:, mi]).ravel(), np.tile(w, len(x)), V * V)
-    tail = np.cumsum((1.0 / np.arange(1, T + 1))[::-1])[::-1]  # sum_{t >= m} 1/t
-    colsum = np.bincount(X.ravel(), np.tile(tail, N), V)
-    return Bbar, (Phibar.reshape(V, V) - colsum[None, :] / V) / (N * T)
-
-
-def test_fast_stats_helper_matches_reference():
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 7, (5, 9), generator=g)
-    ref = reference_stats(tokens, 7)
-    Bbar, Phibar = fast_bbar_phibar(tokens.numpy(), 7, chunk=2)
-    np.testing.assert_allclose(Bbar, ref["Bbar"].numpy(), rtol=0, atol=1e-14)
-    np.testing.assert_allclose(Phibar, ref["Phibar"].numpy(), rtol=0, atol=1e-14)
+def test_engine_matches_reference_on_random_tokens():
+    """The engine the planted-structure tests use agrees with the one-hot oracle."""
+    tokens = torch.randint(0, 7, (5, 9), generator=torch.Generator().manual_seed(0))
+    ref, got = reference_stats(tokens, 7), batch_stats(tokens, 7)
+    for name in ("Bbar", "Phibar"):
+        assert getattr(got, name).dtype == torch.float64
+        torch.testing.assert_close(getattr(got, name), ref[name], rtol=0, atol=1e-14)
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +128,9 @@ def planted_stats():
     docs = bc.generate_stories(3000, seed=0, min_tokens=201)
     tok = build_word_tokenizer(docs, 3000)
     V = d_vocab(tok)
-    tokens = np.array([ids[:201] for ids in encode_documents(tok, docs, drop_oov=True)])
-    Bbar, Phibar = fast_bbar_phibar(tokens, V)
+    tokens = torch.tensor([ids[:201] for ids in encode_documents(tok, docs, drop_oov=True)])
+    stats = batch_stats(tokens, V)
+    Bbar, Phibar = stats.Bbar.numpy(), stats.Phibar.numpy()
     vocab = tok.convert_ids_to_tokens(list(range(V)))
     return vocab, Bbar, Bbar.T @ Bbar, Phibar
 

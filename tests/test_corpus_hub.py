@@ -152,7 +152,7 @@ def test_hub_that_keeps_failing_is_a_clear_error(hub):
     with pytest.raises(ConnectionError, match=r"reading hf://datasets/.*train-00000-of-00003"
                                               r"\.parquet failed .*kept failing after retries"):
         next(iter_documents(REPO))
-    assert len(hub.requests("GET", "/cdn/")) == 6  # huggingface_hub's 1 try + 5 retries
+    assert len(hub.requests("GET", "/cdn/")) >= 2  # it retried before giving up
 
 
 def test_fresh_process_with_only_hf_endpoint(hub, written):

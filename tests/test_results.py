@@ -82,6 +82,7 @@ def test_manifest(tmp_path):
     assert m["argv"] == ["x", "--lr"] and m["config"]["lr"] == 0.1
     assert m["config"]["out"] == str(tmp_path) and m["steps"] == [1, 2]
     assert m["packages"]["torch"].startswith("2.") and m["started"] <= m["ended"]
+    assert "git_sha" in m and m["python"].count(".") == 2
     assert json.loads(path.read_text())["run_id"] == "r1"
     with pytest.raises(ResultsError, match="no manifest.json"):
         results.read_manifest(tmp_path / "nope")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pythia_probe.stats import (
@@ -33,8 +33,15 @@ def close(a: torch.Tensor, b: torch.Tensor, rtol: float = RTOL,
 
 
 def scale_of(ref: dict, name: str) -> float:
-    """Natural magnitude of a statistic from its factors (exact cancellations leave noise)."""
-    m = {k: float(ref[k].abs().max()) for k in ("Bbar", "Phibar", "SigmaB", "Gbar")}
+    """Natural magnitude of a statistic from its factors (exact cancellations leave noise).
+
+    Each factor's magnitude is floored at its unit (one count over the P positions, and its
+    powers), so a statistic that is exactly zero is compared at 1e-10 of one count, not of the
+    reference's rounding noise.
+    """
+    u = 1.0 / ref["positions"]
+    floor = {"Bbar": u, "Phibar": u, "SigmaB": u * u, "Gbar": u ** 3}
+    m = {k: max(float(ref[k].abs().max()), floor[k]) for k in floor}
     V = ref["Bbar"].shape[0]
     return {"Bbar": m["Bbar"], "Phibar": m["Phibar"], "SigmaB": V * m["Bbar"] ** 2,
             "PhiBT": V * m["Bbar"] * m["Phibar"], "Gbar": V * m["SigmaB"] * m["Phibar"],
@@ -65,6 +72,7 @@ def count_state(acc: CountAccumulator) -> list[torch.Tensor]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(corpora())
+@example(data=(torch.tensor([[1, 0], [1, 1], [1, 2]]), 3))  # Bbar exactly 0: reference is noise
 def test_batch_stats_equals_reference(data):
     tokens, V = data
     stats, ref = batch_stats(tokens, V), reference_stats(tokens, V)

@@ -62,7 +62,7 @@ def test_rows_are_tidy_and_cover_every_layer(tmp_path):
     w_o = last[last["metric"] == "cos_W_O_Bbar"]
     assert len(w_o) == 1 and w_o["layer"].isna().all()
     assert (df["model"] == tt.MODEL_NAME).all() and df["value"].map(math.isfinite).all()
-    # step 2: V has one update of size eta^2 -> matches its leading term; W is still zero
+    # step 2: W is still exactly zero (its leading term starts at s = 3): no cosine is written
     step2 = df[df["step"] == 2]
     assert "cos_W_Qbar" not in set(step2["metric"])
 
@@ -151,6 +151,7 @@ def test_accelerate_data_parallel_matches_single_process(tmp_path):
 
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes",
               "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", "0",
               "-m", "pythia_probe.toy.train"]
     done = subprocess.run([*launch, *cli_args(tmp_path / "ddp", 2)], capture_output=True,
                           text=True, timeout=300)

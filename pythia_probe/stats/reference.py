@@ -36,7 +36,8 @@ def reference_stats(tokens: Tensor, d_vocab: int) -> dict[str, Tensor]:
     """All section-2 statistics of N sequences of T+1 tokens, literally, in float64.
 
     Returns Bbar, SigmaB, Phibar, PhiBT (= Phibar^T Bbar^T), Gbar, M (per-sequence scores
-    [N, T, T]), Q ([N, T, T]), Qbar and Delta (length T, Delta[r] for offset r = query - key).
+    [N, T, T]), Q ([N, T, T]), Qbar and Delta (length T, Delta[r] for offset r = query - key),
+    and ``positions`` (NT, the int every average divides by).
     """
     X, Y = one_hot_xy(tokens, d_vocab)
     N, T, V = X.shape
@@ -54,7 +55,7 @@ def reference_stats(tokens: Tensor, d_vocab: int) -> dict[str, Tensor]:
     Delta = torch.stack([torch.diagonal(Q, offset=-r, dim1=1, dim2=2).sum() for r in range(T)])
     Delta = Delta / NT
     return {"Bbar": Bbar, "SigmaB": SigmaB, "Phibar": Phibar, "PhiBT": Phibar.T @ Bbar.T,
-            "Gbar": Gbar, "M": M, "Q": Q, "Qbar": Qbar, "Delta": Delta}
+            "Gbar": Gbar, "M": M, "Q": Q, "Qbar": Qbar, "Delta": Delta, "positions": NT}
 
 
 def reference_stats_ragged(seqs: list[Tensor], d_vocab: int) -> dict[str, Tensor]:
@@ -82,4 +83,4 @@ def reference_stats_ragged(seqs: list[Tensor], d_vocab: int) -> dict[str, Tensor
         for r in range(T):
             Delta[r] += torch.diagonal(Q, offset=-r, dim1=1, dim2=2).sum()
     return {"Bbar": Bbar, "SigmaB": SigmaB, "Phibar": Phibar, "PhiBT": Phibar.T @ Bbar.T,
-            "Gbar": Gbar, "Qbar": Qbar / P, "Delta": Delta / P}
+            "Gbar": Gbar, "Qbar": Qbar / P, "Delta": Delta / P, "positions": P}
