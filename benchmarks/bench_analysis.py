@@ -23,14 +23,11 @@ method holds, and the ratios, all measured in this run.
 Memory plan, full-vocabulary pythia-1.4b on one 80 GB GPU (V = 50277, d_model = 2048, 24 layers,
 16 heads x 128, 1.41e9 parameters), float32 on the GPU, float64 r x r sums: printed at the end,
 computed by :func:`pythia_probe.analysis.plan.memory_plan` (the sweep's ``--dry-run`` prints
-the same for any model). Not measured: no GPU was lent. With the streamed theory (default)
-nothing V x V is resident: residual streams 29.7 GB + weights 5.7 GB + one layer's factors and
-one block 6.7 GB = 42.0 GB. The price is I/O: the cache (PhiBT + Qbar, 20.2 GB in float32) is
-read once per layer and analysis, ~485 GB per checkpoint from the page cache / disk to the GPU;
-``--max-rank`` trades memory for fewer reads (24576: 101 GB read, peak 57.1 GB);
-``--theory memory`` keeps the 20.2 GB resident instead (peak 62.2 GB, no per-step reads). Host
-RAM: the statistics file (~120 GB at full vocabulary in float64) is loaded once to build the
-cache and released before the first checkpoint.
+the same for any model). Not measured: no GPU was lent. With the streamed theory (default
+when the in-memory peak does not fit) nothing V x V is resident, at the price of reading the
+prepared cache once per layer and analysis; ``--max-rank`` trades memory for fewer reads, and
+``--theory memory`` keeps the theory resident with no per-step reads. The numbers for each mode
+are printed by this script and by the sweep's ``--dry-run``, never typed in here.
 """
 
 from __future__ import annotations
