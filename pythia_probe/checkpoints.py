@@ -13,9 +13,11 @@ API::
 - ``resolve`` reads every branch's commit (one ``list_repo_refs`` call) and each revision's files
   with sizes and LFS sha256 (``list_repo_tree``) before anything is downloaded. Unknown steps raise
   :class:`~pythia_probe.steps.StepError` naming the nearest valid steps.
-- ``stream`` downloads with ``hf_hub_download`` into ``cache_dir`` (pinned to the commit sha), in a
-  background thread ``prefetch`` revisions ahead, verifies sha256 (LFS) or the git blob id (small
-  files), re-downloads on mismatch, retries transient errors with exponential backoff
+- ``stream`` downloads into ``cache_dir`` (pinned to the commit sha), in a background thread
+  ``prefetch`` revisions ahead, verifies sha256 (LFS) or the git blob id (small files),
+  re-downloads on mismatch, resumes weight files across processes (a run killed mid-file continues
+  from ``blobs/<sha256>.partial`` with a Range request; small files and snapshot pointers go
+  through ``hf_hub_download``), retries transient errors with exponential backoff
   (:class:`RetryPolicy`), loads only the asked tensors (safetensors per tensor; ``.bin`` with
   ``torch.load(weights_only=True, mmap=True)``; sharded checkpoints download only the shards
   holding asked tensors), skips legacy buffers, and evicts each revision (snapshot + blobs no
@@ -48,7 +50,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
@@ -56,6 +58,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import build_hf_headers
 
 from pythia_probe import steps as steps_mod
 from pythia_probe.weights_io import (
@@ -71,9 +74,11 @@ from pythia_probe.weights_io import (
     cached_branches,
     cached_files,
     dir_bytes,
+    download_resumable,
     hub_cache_layout,
     load_tensors,
     load_weight_files,
+    partial_path,
     sha256_file,
     shards_for,
     verify_file,
@@ -273,10 +278,22 @@ class CheckpointSource:
                                 f"download of {f.path} at {rev.branch} ({rev.commit})")
 
     def _download(self, rev: Revision, f: FileInfo) -> Path:
+        fresh = f.sha256 is not None and not (self.storage / "blobs" / f.sha256).exists()
+        if fresh:  # LFS blob: resumable across processes, sha256-checked before it is placed
+            self._download_blob(rev, f)
         p = Path(hf_hub_download(self.model, f.path, revision=rev.commit, cache_dir=self.cache_dir,
                                  endpoint=self.endpoint, token=self.token))
-        self._check(p, f)
+        if not fresh:
+            self._check(p, f)
         return p
+
+    def _download_blob(self, rev: Revision, f: FileInfo) -> Path:
+        url = hf_hub_url(self.model, f.path, revision=rev.commit, endpoint=self.endpoint)
+        meta = get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint)
+        headers = build_hf_headers(token=self.token)
+        lock = self.cache_dir / ".locks" / self.storage.name / f"{f.sha256}.partial.lock"
+        return download_resumable(meta.location, self.storage / "blobs" / f.sha256, f, headers,
+                                  lock, verify=self.verify)
 
     def _check(self, p: Path, f: FileInfo) -> None:
         """Verify size and hash (unless ``verify=False``); a bad blob is deleted and re-fetched."""
@@ -329,8 +346,9 @@ class CheckpointSource:
                         f"{rev.branch} needs {extra} bytes, more than max_disk={int(max_disk)}")
                 self._lock.wait(timeout=1.0)
 
-    def evict(self, rev: Revision) -> None:
-        """Delete a revision's snapshot and the blobs no other live revision uses (hub cache)."""
+    def evict(self, rev: Revision, *, keep_partial: bool = False) -> None:
+        """Delete a revision's snapshot and the blobs (and ``.partial`` downloads) no other live
+        revision uses (hub cache). ``keep_partial`` keeps unfinished downloads for a later run."""
         if rev.local_dir is not None or self.offline:
             return
         with self._lock:
@@ -339,6 +357,8 @@ class CheckpointSource:
             shutil.rmtree(self.storage / "snapshots" / rev.commit, ignore_errors=True)
             for etag in set(mine) - others:
                 (self.storage / "blobs" / etag).unlink(missing_ok=True)
+                if not keep_partial:
+                    partial_path(self.storage / "blobs" / etag).unlink(missing_ok=True)
             self._lock.notify_all()
 
     def disk_usage(self) -> int:
@@ -388,7 +408,8 @@ class CheckpointSource:
                 self._abandon(pending, current, keep)
 
     def _abandon(self, pending: deque, current: Revision | None, keep: bool) -> None:
-        """On early exit or error: cancel prefetches, wait for the running one, evict all."""
+        """On early exit or error: cancel prefetches, wait for the running one, evict all
+        (unfinished ``.partial`` downloads stay, so a rerun resumes them)."""
         for _, fut in pending:
             fut.cancel()
         for _, fut in pending:
@@ -396,5 +417,5 @@ class CheckpointSource:
                 fut.exception()
         if not keep:
             for rev in [r for r, _ in pending] + ([current] if current is not None else []):
-                self.evict(rev)
+                self.evict(rev, keep_partial=True)
 

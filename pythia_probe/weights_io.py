@@ -12,6 +12,9 @@ The file-level half of :mod:`pythia_probe.checkpoints` (which resolves, download
 - ``name_predicate(names)``: names given as a list, a predicate or None (all but legacy buffers).
 - Hub cache layout (``models--ORG--NAME/{refs,snapshots,blobs}``): ``hub_cache_layout``,
   ``cached_branches``, ``cached_files``; ``dir_bytes`` measures a folder.
+- ``download_resumable(url, blob, f, headers, lock)``: fetch one LFS blob through
+  ``blobs/<sha256>.partial``, a name that survives the process, so a run killed mid-file continues
+  from the bytes on disk (HTTP Range) instead of from zero; sha256-checked before the rename.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.file_download import http_get
+from huggingface_hub.utils import WeakFileLock
 from safetensors import safe_open
 
 from pythia_probe.arch import is_legacy_buffer
@@ -33,6 +38,7 @@ from pythia_probe.arch import is_legacy_buffer
 Names = Iterable[str] | Callable[[str], bool] | None
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+PARTIAL_SUFFIX = ".partial"
 
 
 class CheckpointError(RuntimeError):
@@ -146,6 +152,40 @@ def verify_file(p: Path, f: FileInfo) -> None:
         blob.unlink(missing_ok=True)
         raise ChecksumError(f"{f.path}: bytes do not match the hub's hash/size "
                             f"({got} bytes, expected {f.size}); deleted for re-download")
+
+
+def partial_path(blob: Path) -> Path:
+    """Where the bytes of ``blob`` accumulate until they are complete and verified."""
+    return blob.with_name(blob.name + PARTIAL_SUFFIX)
+
+
+def download_resumable(url: str, blob: Path, f: FileInfo, headers: dict[str, str], lock: Path,
+                       verify: bool = True) -> Path:
+    """Download ``url`` to ``blob`` via ``blob.partial``, resuming from the bytes already there.
+
+    The partial file keeps its name across processes (huggingface_hub's own temp files are
+    per process and deleted on failure), so a killed run resumes with ``Range: bytes=<have>-``.
+    A partial longer than ``f.size`` is discarded; the finished file is checked against
+    ``f.sha256`` (when ``verify``) and, on mismatch, deleted and :class:`ChecksumError` raised,
+    so a corrupt partial costs one full re-download. ``lock`` serialises writers of one blob.
+    """
+    part = partial_path(blob)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock):
+        if blob.exists():  # another process finished it meanwhile
+            return blob
+        if part.exists() and part.stat().st_size > f.size:
+            part.unlink()
+        with open(part, "ab") as fh:
+            http_get(url, fh, resume_size=fh.tell(), headers=headers, expected_size=f.size,
+                     displayed_filename=f.path)
+        if verify and f.sha256 and sha256_file(part) != f.sha256:
+            part.unlink(missing_ok=True)
+            raise ChecksumError(f"{f.path}: downloaded bytes do not match the hub's sha256 "
+                                f"{f.sha256}; partial file deleted for re-download")
+        os.replace(part, blob)
+    return blob
 
 
 def dir_bytes(root: Path) -> int:
