@@ -39,7 +39,11 @@ def save(frames: list[pd.DataFrame], name: str, out_dir: Path = OUT) -> Path:
 
 
 def wide(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per run (settings split into columns), one column per metric."""
+    """One row per run (settings split into columns), one column per metric.
+
+    Rows without settings (run_id null, e.g. the pre-trained memory's own recall) form one run.
+    """
+    df = df.assign(run_id=df["run_id"].fillna(""))
     w = df.pivot_table(index="run_id", columns="metric", values="value", aggfunc="first")
     settings = pd.DataFrame([parse_key(r) for r in w.index], index=w.index)
     return pd.concat([settings, w], axis=1).reset_index(drop=True)
