@@ -10,7 +10,6 @@ results/icrecall/design.parquet and design.csv.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ import torch
 from pythia_probe.results import read_shard, write_manifest
 from pythia_probe.toy.icrecall.experiment import EvalConfig, metric_rows, run_experiment
 from pythia_probe.toy.icrecall.memory import MemoryConfig
-from pythia_probe.toy.icrecall.report import OUT, key, save, wide
+from pythia_probe.toy.icrecall.report import OUT, config_from, config_parser, key, save, wide
 from pythia_probe.toy.icrecall.task import TaskConfig
 from pythia_probe.toy.icrecall.train import TrainConfig
 
@@ -52,10 +51,8 @@ def _escape(history: list[dict], level: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    for f in dataclasses.fields(Config):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    cfg = Config(**vars(p.parse_args(argv)))
+    p = config_parser(Config, __doc__)
+    cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
     frames = []
     for name, over in DESIGNS.items():

@@ -9,7 +9,6 @@ and results/icrecall/dynamics.png.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -25,7 +24,16 @@ from pythia_probe.toy.icrecall.experiment import (
     run_experiment,
 )
 from pythia_probe.toy.icrecall.memory import MemoryConfig
-from pythia_probe.toy.icrecall.report import OUT, key, parse_key, plot_rows, save, savefig
+from pythia_probe.toy.icrecall.report import (
+    OUT,
+    config_from,
+    config_parser,
+    key,
+    parse_key,
+    plot_rows,
+    save,
+    savefig,
+)
 from pythia_probe.toy.icrecall.task import TaskConfig, sample_prompts
 from pythia_probe.toy.icrecall.train import TrainConfig
 
@@ -140,12 +148,10 @@ def figure(df, n_train: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    for f in dataclasses.fields(Config):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    p = config_parser(Config, __doc__)
     p.add_argument("--replot", action="store_true", help="redraw the figure from the table")
     ns = p.parse_args(argv)
-    cfg = Config(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Config)})
+    cfg = config_from(Config, ns)
     torch.set_num_threads(1)
     if ns.replot:
         figure(read_shard(OUT / "dynamics.parquet"), cfg.n_train)

@@ -9,7 +9,6 @@ pairwise-pattern read-outs). Writes results/icrecall/kpairs.parquet and kpairs.p
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -22,6 +21,8 @@ from pythia_probe.toy.icrecall.memory import MemoryConfig
 from pythia_probe.toy.icrecall.report import (
     OUT,
     config_dict,
+    config_from,
+    config_parser,
     outcome_rows,
     plot_rows,
     save,
@@ -55,10 +56,8 @@ class Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    for f in dataclasses.fields(Config):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    cfg = Config(**vars(p.parse_args(argv)))
+    p = config_parser(Config, __doc__)
+    cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
     frames, rows_by_k, mems = [], {}, {}
     for k in cfg.k_list:

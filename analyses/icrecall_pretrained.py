@@ -10,7 +10,6 @@ and pretrained.png.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -24,6 +23,8 @@ from pythia_probe.toy.icrecall.pretrained import PretrainedMemory, pretrain
 from pythia_probe.toy.icrecall.report import (
     OUT,
     config_dict,
+    config_from,
+    config_parser,
     outcome_rows,
     plot_rows,
     save,
@@ -73,10 +74,8 @@ def memory_recall(mem: PretrainedMemory) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    for f in dataclasses.fields(Config):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    cfg = Config(**vars(p.parse_args(argv)))
+    p = config_parser(Config, __doc__)
+    cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
     task, mcfg = TaskConfig(), cfg.memory()
     mem = PretrainedMemory(make_kb(task), mcfg)

@@ -9,7 +9,6 @@ Writes results/icrecall/samples.parquet and results/icrecall/samples.png.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from pythia_probe.toy.icrecall.memory import MemoryConfig
 from pythia_probe.toy.icrecall.report import (
     OUT,
     config_dict,
+    config_from,
+    config_parser,
     key,
     outcome_rows,
     save,
@@ -79,14 +80,11 @@ def smallest_N(w, target: float, metric: str = "relation_acc") -> dict[tuple[int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Config):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    p = config_parser(Config, __doc__)
     p.add_argument("--replot", action="store_true",
                    help="recompute smallest N and redraw from results/icrecall/samples.parquet")
     ns = p.parse_args(argv)
-    cfg = Config(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(Config)})
+    cfg = config_from(Config, ns)
     torch.set_num_threads(1)
     if ns.replot:
         old = read_shard(OUT / "samples.parquet")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -47,6 +48,20 @@ def wide(df: pd.DataFrame) -> pd.DataFrame:
     w = df.pivot_table(index="run_id", columns="metric", values="value", aggfunc="first")
     settings = pd.DataFrame([parse_key(r) for r in w.index], index=w.index)
     return pd.concat([settings, w], axis=1).reset_index(drop=True)
+
+
+def config_parser(cls, doc: str | None) -> argparse.ArgumentParser:
+    """A parser with one ``--flag`` per field of the config dataclass ``cls`` (its defaults)."""
+    p = argparse.ArgumentParser(description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(cls):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    return p
+
+
+def config_from(cls, ns: argparse.Namespace):
+    """The ``cls`` instance held by a namespace from :func:`config_parser` (extra flags ignored)."""
+    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
 
 def config_dict(*cfgs) -> dict:
