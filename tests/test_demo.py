@@ -12,6 +12,9 @@ TINY = DemoConfig(n_stories=150, seq_len=32, n_layers=2, d_model=32, n_heads=4, 
                   batch_size=16, max_step=40, save_every=16, lr=1e-2, warmup=4)
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 def test_schedule_is_pythia_like():
     assert checkpoint_steps(1536, 256) == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024,
                                            1280, 1536]
@@ -23,16 +26,6 @@ def test_config_rejects_bad_values():
         DemoConfig(d_model=30, n_heads=4)
     with pytest.raises(ValueError, match="max_step must be >= 1"):
         DemoConfig(max_step=0)
-
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: OpenMP threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):

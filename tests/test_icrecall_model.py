@@ -16,14 +16,7 @@ VOTE_CFGS = [dict(vote="product"), dict(vote="andprod", threshold=0.03, smooth=0
              dict(vote="minpow", threshold=0.05, power=0.5, smooth=0.01),
              dict(vote="minpow", threshold=0.1)]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits on the shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _loop_reference(kb, mem_cfg, W_E, tokens, weights):

@@ -18,14 +18,7 @@ TASK = TaskConfig(n_subjects=30, n_relations=6, n_answers=100, rho=0.3)
 MEM = MemoryConfig(d_model=128)
 EV = EvalConfig(n_test=300, n_monitor=100)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits on the shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_perturbation_ball_and_gaussian():

@@ -18,15 +18,8 @@ STEPS = (0, 1, 2, 4, 64)
 V = 90  # statistic rows; the tiny model has 96 (padding rows, as in Pythia)
 KEY = ["step", "analysis", "layer", "head", "metric"]
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: OpenMP threads only add contention on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
