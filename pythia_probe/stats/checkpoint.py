@@ -17,21 +17,27 @@ class CheckpointError(ValueError):
     """A checkpoint that is corrupt or belongs to another run configuration."""
 
 
-def save_state(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict[str, Any]
-               ) -> Path:
-    """Write tensors + meta to ``path`` via a temp file and rename (never half-written)."""
+def write_atomic(path: str | os.PathLike, tensors: dict[str, Tensor],
+                 metadata: dict[str, str]) -> Path:
+    """Write a safetensors file via a temp file beside it, then rename (never half-written)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
     os.close(fd)
     try:
         cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_file(cpu, tmp, metadata={"meta": json.dumps(meta)})
+        save_file(cpu, tmp, metadata=metadata)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def save_state(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict[str, Any]
+               ) -> Path:
+    """Write tensors + meta to ``path`` atomically."""
+    return write_atomic(path, tensors, {"meta": json.dumps(meta)})
 
 
 def load_state(path: str | os.PathLike, identity: dict[str, Any] | None = None

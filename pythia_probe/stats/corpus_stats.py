@@ -12,16 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
-from pythia_probe.stats import compose
+from pythia_probe.stats import checkpoint, compose
 
 FORMAT = "pythia_probe.stats/1"
 MATRICES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
@@ -126,16 +124,7 @@ class CorpusStats:
         tensors = {k: v.detach().cpu().contiguous() for k, v in self._t.items()
                    if keep or k not in ("SigmaB", "PhiBT", "Gbar")}
         meta = dict(self.meta, format=FORMAT, sha256={k: _sha(v) for k, v in tensors.items()})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata={"pythia_probe": json.dumps(meta)})
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return path
+        return checkpoint.write_atomic(path, tensors, {"pythia_probe": json.dumps(meta)})
 
     @classmethod
     def load(cls, path: str | os.PathLike, expect: dict[str, Any] | None = None, *,
