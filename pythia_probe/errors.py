@@ -1,0 +1,75 @@
+"""The one hierarchy of errors a user can fix.
+
+Every command prints a :class:`UserError` as one line (``prog: error: ...``) and exits with
+code 2; anything else is a bug and keeps its traceback (exit 1). Each message says what was
+wrong (naming the file, tensor, flag or step) and what is valid.
+
+Each kind also subclasses the builtin a caller would expect (``BadInputError`` is a
+``ValueError``, ``MissingFileError`` a ``FileNotFoundError`` ...), so library users can catch
+either.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Base class: something the user can fix (input, files, disk, network, device)."""
+
+
+class BadInputError(UserError, ValueError):
+    """A flag, config value, step or data in a form the tool does not accept."""
+
+
+class MismatchError(BadInputError):
+    """Inputs that do not belong together: statistics from another tokenizer, a resume into a
+    folder that holds a different run, a checkpoint of another configuration."""
+
+
+class CorruptFileError(UserError, ValueError):
+    """A file whose bytes are wrong: a hash mismatch, a truncated or unparseable file."""
+
+
+class UnsafeFileError(CorruptFileError):
+    """A file that would execute code or escape the tool's folders if used as given."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file, folder, revision or cached entry that is not there."""
+
+
+class DiskFullError(UserError, OSError):
+    """A write that ran out of disk space; the message says where and how much is needed."""
+
+
+class ResourceError(UserError, MemoryError):
+    """A run whose planned memory or disk does not fit; the message gives the numbers."""
+
+
+class HubError(UserError, ConnectionError):
+    """The hub (or a dataset server) could not be reached, or kept failing after retries."""
+
+
+class DeviceError(UserError, RuntimeError):
+    """``--device`` names a device this machine does not have."""
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """Refuse a device this torch build or machine does not have (one line, exit 2)."""
+    import torch
+
+    kind = device.split(":")[0]
+    if kind == "cpu":
+        return
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"{flag} {device}: no CUDA device is available here (torch "
+                              f"{torch.__version__}); use {flag} cpu")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"{flag} {device}: only {torch.cuda.device_count()} CUDA "
+                              f"device(s) here (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        return
+    if kind == "mps" and torch.backends.mps.is_available():
+        return
+    raise DeviceError(f"{flag} {device}: not available here; valid: cpu"
+                      + (", cuda" if torch.cuda.is_available() else ""))
