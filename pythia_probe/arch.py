@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pythia_probe.errors import BadInputError
+
 Tensor = torch.Tensor
 LEGACY_BUFFER_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
 _SEMANTIC = {
@@ -53,7 +55,7 @@ _ACTS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(BadInputError):
     """A GPT-NeoX config with fields or values this module does not understand."""
 
 
@@ -168,7 +170,7 @@ def name_filter(*parts: str) -> Callable[[str], bool]:
     """Predicate selecting the HF names of the given parts (all parts when none given)."""
     unknown = [p for p in parts if p not in _PARTS]
     if unknown:
-        raise ValueError(f"unknown parts {unknown}; valid: {', '.join(_PARTS)}")
+        raise BadInputError(f"unknown parts {unknown}; valid: {', '.join(_PARTS)}")
     chosen = [_PARTS[p] for p in (parts or tuple(_PARTS))]
     return lambda name: not is_legacy_buffer(name) and any(f(name) for f in chosen)
 

@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from pythia_probe.errors import BadInputError
+
 COLOURS = ("red", "blue", "green", "yellow", "pink", "purple", "orange", "white", "black",
            "brown")
 TOYS = ("ball", "doll", "kite", "balloon", "robot", "drum", "puzzle", "blocks", "teddy", "yoyo")
@@ -315,13 +317,13 @@ def story(index: int, seed: int = 0, *, length: int = 24, min_tokens: int = 0,
 
 def _check_args(n_stories: int, seed: int, length: int, min_tokens: int, p_topic: float) -> None:
     if not isinstance(n_stories, int) or n_stories < 0:
-        raise ValueError(f"n_stories must be an integer >= 0, got {n_stories!r}")
+        raise BadInputError(f"n_stories must be an integer >= 0, got {n_stories!r}")
     if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        raise BadInputError(f"seed must be an integer >= 0, got {seed!r}")
     if length < 1 or min_tokens < 0:
-        raise ValueError(f"need length >= 1 and min_tokens >= 0, got {length}, {min_tokens}")
+        raise BadInputError(f"need length >= 1 and min_tokens >= 0, got {length}, {min_tokens}")
     if not 0.0 <= p_topic <= 1.0:
-        raise ValueError(f"p_topic must be in [0, 1], got {p_topic}")
+        raise BadInputError(f"p_topic must be in [0, 1], got {p_topic}")
 
 
 def generate_stories(n_stories: int, seed: int = 0, *, start: int = 0, length: int = 24,
@@ -347,6 +349,6 @@ def precision_at_k(row: Sequence[float], vocab: Sequence[str], relevant: Iterabl
     eligible = [i for i, w in enumerate(vocab) if w not in exclude]
     k = min(k, len(relevant - exclude))
     if k == 0:
-        raise ValueError("no relevant words left after exclusion")
+        raise BadInputError("no relevant words left after exclusion")
     top = sorted(eligible, key=lambda i: -row[i])[:k]
     return sum(vocab[i] in relevant for i in top) / k

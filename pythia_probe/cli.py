@@ -1,9 +1,10 @@
 """One place that turns a user-facing error into a one-line message and exit code 2.
 
-Bad input (a missing file, a step the model lacks, an unreachable hub, a wrong device) raises
-ValueError, OSError or ConnectionError with a message that says what was wrong; command-line
-entry points print that message instead of a traceback. Set PYTHIA_PROBE_TRACEBACK=1 to see
-the traceback as well.
+A :class:`~pythia_probe.errors.UserError` (bad input, corrupt or missing file, full disk,
+unreachable hub, missing device) and an operating-system error about a named file (permission
+denied, not found, no space left) are printed as ``prog: error: ...`` on stderr with exit
+code 2. Anything else is a bug: its traceback is shown (exit 1). Set PYTHIA_PROBE_TRACEBACK=1
+to see the traceback of user errors as well.
 """
 
 from __future__ import annotations
@@ -12,15 +13,29 @@ import os
 import sys
 from collections.abc import Callable
 
-USER_ERRORS = (ValueError, OSError, ConnectionError)
+from pythia_probe.errors import UserError
+from pythia_probe.fileio import DISK_FULL_ERRNOS
+
+
+def user_message(err: BaseException) -> str | None:
+    """The one line for a user-facing error, or None for a bug."""
+    if isinstance(err, UserError):
+        return str(err)
+    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"disk full{where}: {err.strerror}; free space or choose another folder"
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return None
 
 
 def run_main(main: Callable[[], int], prog: str) -> int:
     """Call ``main()``; on a user error print ``prog: error: ...`` to stderr and return 2."""
     try:
         return main()
-    except USER_ERRORS as e:
-        if os.environ.get("PYTHIA_PROBE_TRACEBACK"):
+    except Exception as err:
+        msg = user_message(err)
+        if msg is None or os.environ.get("PYTHIA_PROBE_TRACEBACK"):
             raise
-        print(f"{prog}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(msg.split())}", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from pythia_probe import builtin_corpus
+from pythia_probe.errors import BadInputError, HubError, MissingFileError
 
 SEPARATOR = "<|endoftext|>"
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -75,8 +76,8 @@ def _txt_docs(path: str) -> Iterator[str]:
                         yield doc
                 buf = [pieces[-1]]
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must be "
-                             "UTF-8 with stories separated by <|endoftext|> lines") from e
+            raise BadInputError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must be "
+                                "UTF-8 with stories separated by <|endoftext|> lines") from e
     doc = "".join(buf).strip()
     if doc:
         yield doc
@@ -90,19 +91,19 @@ def _jsonl_docs(path: str, text_field: str) -> Iterator[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
-                                 "corpus has one JSON object per line") from e
+                raise BadInputError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
+                                    "corpus has one JSON object per line") from e
             yield _text_of(record, text_field, f"{path} line {lineno}")
 
 
 def _text_of(record: object, text_field: str, where: str) -> str:
     if not isinstance(record, dict) or text_field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise KeyError(f"{where} has no text field {text_field!r}; fields present: {keys} "
-                       "(choose one with text_field=...)")
+        raise BadInputError(f"{where} has no text field {text_field!r}; fields present: {keys} "
+                            "(choose one with text_field=...)")
     text = record[text_field]
     if not isinstance(text, str):
-        raise TypeError(f"{where}: field {text_field!r} is {type(text).__name__}, not a string")
+        raise BadInputError(f"{where}: field {text_field!r} is {type(text).__name__}, not a string")
     return text
 
 
@@ -113,14 +114,14 @@ def _open_parquet(data_file: str, text_field: str):
                                    streaming=True)
         features = ds.features
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"parquet file {data_file} not found ({e})") from e
+        raise MissingFileError(f"parquet file {data_file} not found ({e})") from e
     except Exception as e:
         _raise_if_network(e, data_file)
-        raise ValueError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
-                         "expected a valid .parquet file with a string text column") from e
+        raise BadInputError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
+                            "expected a valid .parquet file with a string text column") from e
     if features is not None and text_field not in features:
-        raise KeyError(f"{data_file} has no text field {text_field!r}; columns present: "
-                       f"{sorted(features)} (choose one with text_field=...)")
+        raise BadInputError(f"{data_file} has no text field {text_field!r}; columns present: "
+                            f"{sorted(features)} (choose one with text_field=...)")
     return ds.select_columns([text_field])
 
 
@@ -134,8 +135,8 @@ def _parquet_docs(data_file: str, text_field: str) -> Iterator[str]:
             return
         except Exception as e:
             _raise_if_network(e, data_file)
-            raise ValueError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
-                             "the file is corrupt or not parquet") from e
+            raise BadInputError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
+                                "the file is corrupt or not parquet") from e
         yield _text_of(record, text_field, data_file)
 
 
@@ -157,11 +158,11 @@ def _raise_if_network(err: BaseException, data_file: str) -> None:
     status = getattr(getattr(e, "response", None), "status_code", None)
     what = f"reading {data_file} failed ({type(e).__name__}: {e}); "
     if status is None or status in (408, 429) or status >= 500:
-        raise ConnectionError(what + "the hub or network kept failing after retries; check the "
-                              "connection and HF_ENDPOINT, then retry (HF_HUB_OFFLINE=1 reads "
-                              "the local cache only)") from err
-    raise OSError(what + f"the hub refused it (HTTP {status}); check the dataset id, revision "
-                  "and access token") from err
+        raise HubError(what + "the hub or network kept failing after retries; check the "
+                       "connection and HF_ENDPOINT, then retry (HF_HUB_OFFLINE=1 reads "
+                       "the local cache only)") from err
+    raise HubError(what + f"the hub refused it (HTTP {status}); check the dataset id, revision "
+                   "and access token") from err
 
 
 # ---------------------------------------------------------------- shard lists
@@ -170,7 +171,7 @@ def builtin_shards(n_stories: int = 20000, seed: int = 0, stories_per_shard: int
     """Shards of the built-in story stream; shard i holds stories [i*S, (i+1)*S)."""
     builtin_corpus._check_args(n_stories, seed, length, min_tokens, p_topic)
     if not isinstance(stories_per_shard, int) or stories_per_shard < 1:
-        raise ValueError(f"stories_per_shard must be an integer >= 1, got {stories_per_shard!r}")
+        raise BadInputError(f"stories_per_shard must be an integer >= 1, got {stories_per_shard!r}")
     tag = f"builtin/seed={seed}/length={length}/min_tokens={min_tokens}/p_topic={p_topic}"
     shards = []
     for start in range(0, n_stories, stories_per_shard):
@@ -185,10 +186,10 @@ def file_shard(path: str | Path, text_field: str = "text") -> Shard:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
-        raise ValueError(f"unsupported corpus file {path}: the suffix must be one of "
-                         f"{', '.join(FILE_SUFFIXES)}")
+        raise BadInputError(f"unsupported corpus file {path}: the suffix must be one of "
+                            f"{', '.join(FILE_SUFFIXES)}")
     if not path.is_file():
-        raise FileNotFoundError(f"corpus file {path} does not exist")
+        raise MissingFileError(f"corpus file {path} does not exist")
     if suffix == ".txt":
         return Shard(str(path), partial(_txt_docs, str(path)))
     if suffix == ".jsonl":
@@ -199,8 +200,8 @@ def file_shard(path: str | Path, text_field: str = "text") -> Shard:
 def _local_files(paths: list[Path], where: str) -> list[Path]:
     files = sorted(p for p in paths if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
     if not files:
-        raise ValueError(f"no {'/'.join(FILE_SUFFIXES)} files in {where}; give a directory or "
-                         "glob containing such files")
+        raise BadInputError(f"no {'/'.join(FILE_SUFFIXES)} files in {where}; give a directory or "
+                            "glob containing such files")
     return files
 
 
@@ -229,16 +230,16 @@ def hub_parquet_files(repo_id: str, split: str = "train", revision: str | None =
     try:
         files = list_repo_files(repo_id, repo_type="dataset", revision=revision)
     except Exception as e:
-        raise OSError(f"{repo_id!r} is no local path, and listing it as a hub dataset failed "
-                      f"({type(e).__name__}: {e}); check the path or id and the network "
-                      "(HF_HUB_OFFLINE=1 uses the cache only)") from e
+        raise MissingFileError(f"{repo_id!r} is no local path, and listing it as a hub dataset "
+                               f"failed ({type(e).__name__}: {e}); check the path or id and the "
+                               "network (HF_HUB_OFFLINE=1 uses the cache only)") from e
     files = sorted(f for f in files if f.endswith(".parquet")
                    and (data_dir is None or f.startswith(data_dir.rstrip("/") + "/")))
     chosen = select_split(files, split)
     if not chosen:
-        raise ValueError(f"hub dataset {repo_id!r} has no .parquet files for split {split!r}"
-                         f"{'' if data_dir is None else f' under {data_dir!r}'}; parquet files "
-                         f"found: {files[:10]}{' ...' if len(files) > 10 else ''}")
+        raise BadInputError(f"hub dataset {repo_id!r} has no .parquet files for split {split!r}"
+                            f"{'' if data_dir is None else f' under {data_dir!r}'}; parquet files "
+                            f"found: {files[:10]}{' ...' if len(files) > 10 else ''}")
     at = "" if revision is None else "@" + quote(revision, safe="")
     return [f"hf://datasets/{repo_id}{at}/{f}" for f in chosen]
 
@@ -250,9 +251,9 @@ def _hf_glob(pattern: str) -> list[str]:
     try:
         found = sorted("hf://" + p for p in HfFileSystem().glob(pattern))
     except Exception as e:
-        raise OSError(f"cannot list {pattern} ({type(e).__name__}: {e})") from e
+        raise HubError(f"cannot list {pattern} ({type(e).__name__}: {e})") from e
     if not found:
-        raise ValueError(f"no files match {pattern}")
+        raise BadInputError(f"no files match {pattern}")
     return found
 
 
@@ -264,7 +265,7 @@ def _hub_shards(source: str, text_field: str, split: str, revision: str | None,
         files = hub_parquet_files(source, split, revision, data_dir)
     bad = [f for f in files if not f.endswith(".parquet")]
     if bad:
-        raise ValueError(f"hub sources are read as parquet only; not parquet: {bad[:3]}")
+        raise BadInputError(f"hub sources are read as parquet only; not parquet: {bad[:3]}")
     return [Shard(f, partial(_parquet_docs, f, text_field)) for f in files]
 
 
@@ -279,11 +280,11 @@ def corpus_shards(source: str = "builtin", *, text_field: str = "text", split: s
     source = str(source)
     if source == "builtin":
         if split != "train":
-            raise ValueError("the builtin corpus has one stream ('train'); use another seed "
-                             f"for held-out stories, not split={split!r}")
+            raise BadInputError("the builtin corpus has one stream ('train'); use another seed "
+                                f"for held-out stories, not split={split!r}")
         return builtin_shards(**builtin_opts)
     if builtin_opts:
-        raise TypeError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
+        raise BadInputError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
     return _source_shards(source, text_field, split, revision, data_dir)
 
 
@@ -299,14 +300,14 @@ def _source_shards(source: str, text_field: str, split: str, revision: str | Non
                              f"glob {source!r}")
     elif path.exists() or path.suffix.lower() in FILE_SUFFIXES:
         if not path.exists():
-            raise FileNotFoundError(f"corpus file {path} does not exist; valid sources: "
-                                    f"{VALID_SOURCES}")
+            raise MissingFileError(f"corpus file {path} does not exist; valid sources: "
+                                   f"{VALID_SOURCES}")
         files = [path]
     elif _HUB_ID.match(source):
         return _hub_shards(source, text_field, split, revision, data_dir)
     else:
-        raise FileNotFoundError(f"corpus source {source!r} not found; valid sources: "
-                                f"{VALID_SOURCES}")
+        raise MissingFileError(f"corpus source {source!r} not found; valid sources: "
+                               f"{VALID_SOURCES}")
     return [file_shard(f, text_field) for f in files]
 
 
@@ -319,9 +320,9 @@ def iter_documents(source: str = "builtin", *, text_field: str = "text", min_cha
     Raises ValueError when the source holds no document, or none passes min_chars.
     """
     if not isinstance(min_chars, int) or min_chars < 0:
-        raise ValueError(f"min_chars must be an integer >= 0, got {min_chars!r}")
+        raise BadInputError(f"min_chars must be an integer >= 0, got {min_chars!r}")
     if max_docs is not None and (not isinstance(max_docs, int) or max_docs < 1):
-        raise ValueError(f"max_docs must be None or an integer >= 1, got {max_docs!r}")
+        raise BadInputError(f"max_docs must be None or an integer >= 1, got {max_docs!r}")
     seen = kept = longest = 0
     for shard in corpus_shards(source, text_field=text_field, split=split, **opts):
         for doc in shard.documents():
@@ -333,11 +334,11 @@ def iter_documents(source: str = "builtin", *, text_field: str = "text", min_cha
                 if max_docs is not None and kept >= max_docs:
                     return
     if seen == 0:
-        raise ValueError(f"empty corpus: {source!r} holds no documents (a .txt corpus needs "
-                         "non-blank text between <|endoftext|> lines)")
+        raise BadInputError(f"empty corpus: {source!r} holds no documents (a .txt corpus needs "
+                            "non-blank text between <|endoftext|> lines)")
     if kept == 0:
-        raise ValueError(f"no document of {source!r} has >= {min_chars} characters ({seen} "
-                         f"documents, longest {longest}); lower min_chars")
+        raise BadInputError(f"no document of {source!r} has >= {min_chars} characters ({seen} "
+                            f"documents, longest {longest}); lower min_chars")
 
 
 # ---------------------------------------------------------------- command line
@@ -354,7 +355,7 @@ class GenerateConfig:
 
     def __post_init__(self):
         if not self.out.endswith(".txt"):
-            raise ValueError(f"--out must name a .txt file, got {self.out!r}")
+            raise BadInputError(f"--out must name a .txt file, got {self.out!r}")
         builtin_corpus._check_args(self.n_stories, self.seed, self.length, self.min_tokens,
                                    self.p_topic)
 
@@ -372,7 +373,7 @@ class InspectConfig:
 
     def __post_init__(self):
         if self.max_docs < 1 or self.top < 1 or self.min_chars < 0:
-            raise ValueError("need --max-docs >= 1, --top >= 1 and --min-chars >= 0")
+            raise BadInputError("need --max-docs >= 1, --top >= 1 and --min-chars >= 0")
 
 
 def generate(cfg: GenerateConfig) -> int:

@@ -28,6 +28,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from pythia_probe.errors import BadInputError
+
 TOKENS_FILE = "tokens.safetensors"
 
 
@@ -51,11 +53,12 @@ class DemoConfig:
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+            raise BadInputError(f"d_model={self.d_model} must be divisible by "
+                                f"n_heads={self.n_heads}")
         for name in ("n_stories", "vocab_size", "seq_len", "n_layers", "batch_size", "max_step",
                      "save_every"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise BadInputError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def checkpoint_steps(max_step: int, save_every: int) -> list[int]:
@@ -75,8 +78,8 @@ def build_data(cfg: DemoConfig):
     ids = [i for doc in encode_documents(tok, docs, drop_oov=True) for i in doc]
     n = len(ids) // (cfg.seq_len + 1)
     if n < cfg.batch_size:
-        raise ValueError(f"only {n} windows of {cfg.seq_len + 1} tokens from {cfg.n_stories} "
-                         f"stories; need >= batch_size={cfg.batch_size}: raise n_stories")
+        raise BadInputError(f"only {n} windows of {cfg.seq_len + 1} tokens from {cfg.n_stories} "
+                            f"stories; need >= batch_size={cfg.batch_size}: raise n_stories")
     tokens = torch.tensor(ids[: n * (cfg.seq_len + 1)]).view(n, cfg.seq_len + 1)
     return tok, tokens
 

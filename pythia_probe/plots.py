@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_results  # noqa: E402
 
 
@@ -29,8 +30,8 @@ def _select(df: pd.DataFrame, analysis: str, metric: str) -> pd.DataFrame:
     sel = df[(df["analysis"] == analysis) & (df["metric"] == metric)]
     if sel.empty:
         have = sorted(set(zip(df["analysis"], df["metric"], strict=True)))
-        raise ValueError(f"no rows for analysis={analysis!r} metric={metric!r}; "
-                         f"the table has {have}")
+        raise BadInputError(f"no rows for analysis={analysis!r} metric={metric!r}; "
+                            f"the table has {have}")
     return sel
 
 
@@ -46,11 +47,11 @@ def pivot(df: pd.DataFrame, analysis: str, metric: str, *, rows: str = "layer",
     else:
         sel = sel[(sel["layer"] == layer) & sel["head"].notna()]
     if sel.empty:
-        raise ValueError(f"no {rows} rows for {analysis}/{metric}" +
-                         (f" at layer {layer}" if layer is not None else ""))
+        raise BadInputError(f"no {rows} rows for {analysis}/{metric}" +
+                            (f" at layer {layer}" if layer is not None else ""))
     if sel.duplicated([rows, "step"]).any():
-        raise ValueError(f"duplicate ({rows}, step) cells for {analysis}/{metric}: "
-                         "mixed models or runs in one table?")
+        raise BadInputError(f"duplicate ({rows}, step) cells for {analysis}/{metric}: "
+                            "mixed models or runs in one table?")
     out = sel.pivot(index=rows, columns="step", values="value")
     out.index, out.columns = out.index.astype(int), out.columns.astype(int)
     return out.sort_index().sort_index(axis=1)

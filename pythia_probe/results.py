@@ -14,7 +14,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
@@ -27,6 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pythia_probe import __version__ as CODE_VERSION
+from pythia_probe.errors import CorruptFileError
+from pythia_probe.fileio import atomic_write, write_text
 
 # column -> (arrow type, nullable)
 SCHEMA: dict[str, tuple[pa.DataType, bool]] = {
@@ -48,7 +49,7 @@ ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.ite
 MANIFEST = "manifest.json"
 
 
-class ResultsError(ValueError):
+class ResultsError(CorruptFileError):
     """A results table or shard that does not follow the schema."""
 
 
@@ -112,14 +113,7 @@ def write_shard(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(validate(_coerce(df)), schema=ARROW_SCHEMA, preserve_index=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp), table.nbytes)
     return path
 
 
@@ -184,12 +178,7 @@ def write_manifest(run_dir: str | os.PathLike, config: Mapping[str, Any], *,
         "ended": now.isoformat(),
         **_jsonable(dict(extra or {})),
     }
-    path = Path(run_dir) / MANIFEST
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False))
-    os.replace(tmp, path)
-    return path
+    return write_text(Path(run_dir) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=False))
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:

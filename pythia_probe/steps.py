@@ -21,13 +21,15 @@ import bisect
 import re
 from collections.abc import Sequence
 
+from pythia_probe.errors import BadInputError, HubError
+
 PYTHIA_STEPS: tuple[int, ...] = (0, *(2**k for k in range(10)), *range(1000, 143_001, 1000))
 _STEP_BRANCH = re.compile(r"step(\d+)")
 _RANGE = re.compile(r"(\d+)-(\d+)(?::(\d+))?")
 PRESETS = ("early", "all", "log")
 
 
-class StepError(ValueError):
+class StepError(BadInputError):
     """A steps spec that names a step the model does not have, or is malformed."""
 
 
@@ -126,7 +128,7 @@ def available_steps(model_id: str, api=None) -> list[int]:
     try:
         refs = api.list_repo_refs(model_id)
     except Exception as e:  # network, auth or a missing repo: say which model and which hub
-        raise ConnectionError(
+        raise HubError(
             f"cannot list the branches of {model_id} on {getattr(api, 'endpoint', 'the hub')}: "
             f"{type(e).__name__}: {e}. Offline? Pass a local folder of step*/ checkpoints, or "
             "set HF_HUB_OFFLINE=1 with a populated cache") from e

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError
+
 #: weight name -> name of the statistic that is its leading term
 LEADING_TERM = {"W_O": "Bbar", "V": "PhiBT", "W": "Qbar", "P": "Delta"}
 STAT_KEYS = ("Bbar", "SigmaB", "Phibar", "PhiBT", "Gbar", "Qbar", "Delta")
@@ -27,14 +29,14 @@ STAT_KEYS = ("Bbar", "SigmaB", "Phibar", "PhiBT", "Gbar", "Qbar", "Delta")
 def coefficient(weight: str, s: int, eta: float) -> float:
     """The scalar c(s, eta) with weight ~ c * leading term after s steps."""
     if s < 0:
-        raise ValueError(f"step count s must be >= 0, got {s}")
+        raise BadInputError(f"step count s must be >= 0, got {s}")
     if weight == "W_O":
         return s * eta
     if weight == "V":
         return math.comb(s, 2) * eta**2
     if weight in ("W", "P"):
         return (3 * math.comb(s, 4) + 2 * math.comb(s, 3)) * eta**4
-    raise ValueError(f"unknown weight {weight!r}; valid: {sorted(LEADING_TERM)}")
+    raise BadInputError(f"unknown weight {weight!r}; valid: {sorted(LEADING_TERM)}")
 
 
 def error_bound(weight: str, s: int, eta: float, T: int) -> float:
@@ -42,7 +44,7 @@ def error_bound(weight: str, s: int, eta: float, T: int) -> float:
     bounds = {"W_O": 3 * s**2 * eta**2, "V": 12 * s**3 * eta**3,
               "W": 13 * s**5 * eta**5 * T, "P": 13 * s**5 * eta**5 * T}
     if weight not in bounds:
-        raise ValueError(f"unknown weight {weight!r}; valid: {sorted(bounds)}")
+        raise BadInputError(f"unknown weight {weight!r}; valid: {sorted(bounds)}")
     return bounds[weight]
 
 
@@ -59,8 +61,8 @@ def as_stats(source: Any) -> dict[str, Tensor]:
         out = {k: getattr(source, k) for k in STAT_KEYS if hasattr(source, k)}
     missing = [k for k in ("Bbar", "PhiBT", "Qbar", "Delta") if k not in out]
     if missing:
-        raise ValueError(f"statistics lack {missing}; pass a CorpusStats or a dict with keys "
-                         f"{list(STAT_KEYS)}")
+        raise BadInputError(f"statistics lack {missing}; pass a CorpusStats or a dict with keys "
+                            f"{list(STAT_KEYS)}")
     if "SigmaB" not in out:
         out["SigmaB"] = out["Bbar"].T @ out["Bbar"]
     return out
@@ -110,9 +112,9 @@ def _attention_pattern(tokens: Tensor, Qbar: Tensor, Delta: Tensor) -> Tensor:
 
 def _full_vocabulary(stats: Any) -> None:
     if getattr(stats, "restricted", False):
-        raise ValueError("Eq. 12/13 index the statistics by token id and sum over the whole "
-                         "vocabulary: top-k restricted statistics cannot be used; compute them "
-                         "without --top-k")
+        raise BadInputError("Eq. 12/13 index the statistics by token id and sum over the whole "
+                            "vocabulary: top-k restricted statistics cannot be used; compute them "
+                            "without --top-k")
 
 
 def eq13_logits(tokens: Tensor, stats: Any) -> Tensor:

@@ -32,6 +32,8 @@ from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from pythia_probe.errors import BadInputError, HubError, MissingFileError
+
 UNK = "[UNK]"
 WORD_PATTERN = r"\p{L}+|."
 
@@ -77,7 +79,7 @@ def word_tokenizer_from_vocab(words: list[str], name: str = "word-level") -> \
         PreTrainedTokenizerFast:
     """Word-rule tokenizer whose ids are words[0..k-1] in order, then "[UNK]" = k."""
     if len(set(words)) != len(words) or UNK in words:
-        raise ValueError(f"vocabulary words must be distinct and must not contain {UNK!r}")
+        raise BadInputError(f"vocabulary words must be distinct and must not contain {UNK!r}")
     vocab = {w: i for i, w in enumerate(words)} | {UNK: len(words)}
     backend = Tokenizer(WordLevel(vocab, unk_token=UNK))
     backend.normalizer = word_normalizer()
@@ -94,11 +96,11 @@ def build_word_tokenizer(docs: Iterable[str], vocab_size: int) -> PreTrainedToke
     descending frequency (ties broken by the token string), and "[UNK]" gets id k.
     """
     if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
+        raise BadInputError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
     counts, n_docs = _count_words(docs)
     if not counts:
-        raise ValueError(f"cannot build a vocabulary from an empty corpus ({n_docs} documents, "
-                         "0 tokens): give at least one non-blank document")
+        raise BadInputError(f"cannot build a vocabulary from an empty corpus ({n_docs} documents, "
+                            "0 tokens): give at least one non-blank document")
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     words = [w for w, _ in ranked[:vocab_size] if w != UNK]
     return word_tokenizer_from_vocab(words, name=f"word-level-top{len(words)}")
@@ -190,8 +192,8 @@ def _from_json_file(path: Path) -> PreTrainedTokenizerFast:
     try:
         backend = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-        raise ValueError(f"{path} is not a valid tokenizer.json ({e}); expected a file written "
-                         "by tokenizers/transformers, e.g. by save_tokenizer") from e
+        raise BadInputError(f"{path} is not a valid tokenizer.json ({e}); expected a file written "
+                            "by tokenizers/transformers, e.g. by save_tokenizer") from e
     unk = getattr(backend.model, "unk_token", None)
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=unk)
     tok.name_or_path = str(path)
@@ -212,22 +214,22 @@ def load_tokenizer(name_or_path: str | Path, revision: str | None = None) -> \
             return _check_fast(AutoTokenizer.from_pretrained(str(path)), str(path))
         if (path / "tokenizer.json").is_file():
             return _from_json_file(path / "tokenizer.json")
-        raise FileNotFoundError(f"folder {path} has no tokenizer.json or tokenizer_config.json")
+        raise MissingFileError(f"folder {path} has no tokenizer.json or tokenizer_config.json")
     name = str(name_or_path)
     if name.endswith(".json") or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise FileNotFoundError(f"tokenizer file or folder {name!r} does not exist; expected a "
-                                "tokenizer.json, a saved folder, or a hub id like "
-                                "'EleutherAI/pythia-1.4b'")
+        raise MissingFileError(f"tokenizer file or folder {name!r} does not exist; expected a "
+                               "tokenizer.json, a saved folder, or a hub id like "
+                               "'EleutherAI/pythia-1.4b'")
     try:
         tok = AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=False)
     except OSError as e:
-        raise OSError(f"could not load tokenizer {name!r} from the hub or its cache ({e}); "
-                      "give a hub id, a tokenizer.json path or a saved folder") from e
+        raise HubError(f"could not load tokenizer {name!r} from the hub or its cache ({e}); "
+                       "give a hub id, a tokenizer.json path or a saved folder") from e
     return _check_fast(tok, name)
 
 
 def _check_fast(tok, name: str) -> PreTrainedTokenizerFast:
     if not isinstance(tok, PreTrainedTokenizerFast):
-        raise TypeError(f"{name!r} loaded as {type(tok).__name__}, not a tokenizers-backed "
-                        "(fast) tokenizer; only tokenizer.json-backed tokenizers are supported")
+        raise BadInputError(f"{name!r} loaded as {type(tok).__name__}, not a tokenizers-backed "
+                            "(fast) tokenizer; only tokenizer.json-backed tokenizers are supported")
     return tok

@@ -1,28 +1,67 @@
-"""Command-line entry points turn user errors into one line and exit code 2."""
+"""Command-line entry points turn user errors into one line and exit code 2; bugs keep their
+traceback."""
 
+import errno
 import subprocess
 import sys
 
 import pytest
 
-from pythia_probe.cli import run_main
+from pythia_probe import errors
+from pythia_probe.cli import run_main, user_message
 
 
 def _bad():
-    raise FileNotFoundError("corpus file x.txt does not exist")
+    raise errors.MissingFileError("corpus file x.txt does not exist")
 
 
 def test_user_error_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK", raising=False)
     assert run_main(_bad, "prog") == 2
     err = capsys.readouterr().err
-    assert err == "prog: error: FileNotFoundError: corpus file x.txt does not exist\n"
+    assert err == "prog: error: corpus file x.txt does not exist\n"
     assert run_main(lambda: 0, "prog") == 0
+
+
+def test_multi_line_message_is_printed_on_one_line(capsys):
+    def bad():
+        raise errors.BadInputError("first line\n  second line")
+    assert run_main(bad, "prog") == 2
+    assert capsys.readouterr().err == "prog: error: first line second line\n"
+
+
+@pytest.mark.parametrize("err", [
+    errors.BadInputError("x"), errors.MismatchError("x"), errors.CorruptFileError("x"),
+    errors.UnsafeFileError("x"), errors.MissingFileError("x"), errors.DiskFullError("x"),
+    errors.ResourceError("x"), errors.HubError("x"), errors.DeviceError("x"),
+    OSError(errno.ENOSPC, "No space left on device", "out/a.parquet"),
+    PermissionError(errno.EACCES, "Permission denied", "/root/x"),
+])
+def test_every_user_error_kind_is_one_line(err):
+    assert user_message(err) is not None
+
+
+@pytest.mark.parametrize("err", [ValueError("bug"), KeyError("k"), TypeError("t"),
+                                 OSError(22, "Invalid argument"), RuntimeError("r")])
+def test_plain_exceptions_are_bugs(err):
+    """A bare ValueError / OSError without a file is a bug: its traceback must show."""
+    assert user_message(err) is None
+    def boom():
+        raise err
+    with pytest.raises(type(err)):
+        run_main(boom, "prog")
+
+
+def test_builtin_bases_are_kept():
+    assert issubclass(errors.BadInputError, ValueError)
+    assert issubclass(errors.MissingFileError, FileNotFoundError)
+    assert issubclass(errors.HubError, ConnectionError)
+    assert issubclass(errors.DiskFullError, OSError)
 
 
 def test_traceback_on_request_and_bugs_are_not_hidden(monkeypatch):
     monkeypatch.setenv("PYTHIA_PROBE_TRACEBACK", "1")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(errors.MissingFileError):
         run_main(_bad, "prog")
     monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK")
     with pytest.raises(TypeError):

@@ -18,6 +18,7 @@ import torch
 from pythia_probe import builtin_corpus as bc
 from pythia_probe import corpus
 from pythia_probe.corpus import corpus_shards, iter_documents
+from pythia_probe.errors import BadInputError
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.tokenizer import build_word_tokenizer, d_vocab, encode_documents, word_tokens
@@ -324,15 +325,15 @@ def test_empty_corpus(tmp_path):
 
 def test_missing_text_field(tmp_path):
     (tmp_path / "d.jsonl").write_text(json.dumps({"body": "x"}) + "\n", encoding="utf-8")
-    with pytest.raises(KeyError, match=r"line 1 has no text field 'text'; fields present: "
+    with pytest.raises(BadInputError, match=r"line 1 has no text field 'text'; fields present: "
                                         r"\['body'\]"):
         list(iter_documents(str(tmp_path / "d.jsonl")))
     write_parquet(tmp_path / "d.parquet", body=["x"], id=[1])
-    with pytest.raises(KeyError, match=r"no text field 'content'; columns present: "
+    with pytest.raises(BadInputError, match=r"no text field 'content'; columns present: "
                                         r"\['body', 'id'\]"):
         list(iter_documents(str(tmp_path / "d.parquet"), text_field="content"))
     (tmp_path / "n.jsonl").write_text(json.dumps({"text": 3}) + "\n", encoding="utf-8")
-    with pytest.raises(TypeError, match="field 'text' is int, not a string"):
+    with pytest.raises(BadInputError, match="field 'text' is int, not a string"):
         list(iter_documents(str(tmp_path / "n.jsonl")))
 
 
@@ -350,7 +351,7 @@ def test_corrupt_inputs(tmp_path):
 
 def test_bad_options(tmp_path):
     (tmp_path / "s.txt").write_text("story", encoding="utf-8")
-    with pytest.raises(TypeError, match="apply to source='builtin' only"):
+    with pytest.raises(BadInputError, match="apply to source='builtin' only"):
         corpus_shards(str(tmp_path / "s.txt"), n_stories=3)
     with pytest.raises(ValueError, match="p_topic must be in"):
         corpus_shards("builtin", p_topic=1.5)

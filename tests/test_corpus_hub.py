@@ -14,6 +14,7 @@ import pytest
 from huggingface_hub import HfApi, HfFileSystem, constants
 
 from pythia_probe.corpus import corpus_shards, iter_documents
+from pythia_probe.errors import BadInputError
 from pythia_probe.testing.endpoint import use_endpoint
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import build_dataset_repo
@@ -128,7 +129,7 @@ def test_protocol_pieces(hub, written):
 
 
 def test_missing_text_field_names_the_columns(hub):
-    with pytest.raises(KeyError, match=r"no text field 'body'.*\['id', 'text'\]"):
+    with pytest.raises(BadInputError, match=r"no text field 'body'.*\['id', 'text'\]"):
         next(iter_documents(REPO, text_field="body"))
 
 

@@ -129,11 +129,11 @@ def test_kill_in_second_pass_and_resume_is_bit_identical(tmp_path, monkeypatch):
 
 
 def test_resume_refuses_another_configuration(tmp_path):
-    from pythia_probe.stats.checkpoint import CheckpointError
+    from pythia_probe.errors import MismatchError
 
     run.compute_stats(make_shards(), spec(tmp_path), {})
     other = run.RunSpec(11, SequencePolicy(6), encode, {"test": 2}, tmp_path, progress=False)
-    with pytest.raises(CheckpointError, match="another configuration"):
+    with pytest.raises(MismatchError, match="another configuration"):
         run.compute_stats(make_shards(), other, {})
 
 

@@ -15,6 +15,7 @@ from torch import Tensor
 from pythia_probe.analysis.attention import attention_rows
 from pythia_probe.analysis.cosine import Theory
 from pythia_probe.analysis.embedding import embedding_rows, unembedding_rows
+from pythia_probe.errors import BadInputError
 
 
 @dataclass
@@ -77,7 +78,7 @@ def _attention_text(x: StepTensors, th: Mapping[str, Theory], **opts) -> list[di
     from pythia_probe.analysis.attention_text import eq13_rows
 
     if x.text_attn is None or x.text_tokens is None:
-        raise ValueError("attention_text needs real text: give the sweep --text TOKENS_FILE")
+        raise BadInputError("attention_text needs real text: give the sweep --text TOKENS_FILE")
     raw = opts["raw"]
     return eq13_rows(x.text_attn, x.text_tokens, raw["Qbar"], raw["Delta"],
                      per_head=opts.get("per_head", True) is not False)
@@ -96,8 +97,8 @@ def get_analyses(names: Sequence[str]) -> list[Analysis]:
     """Look analyses up by name; unknown names raise a ValueError listing the valid ones."""
     unknown = [n for n in names if n not in REGISTRY]
     if unknown or not names:
-        raise ValueError(f"unknown analysis name(s) {unknown or names}; valid: "
-                         f"{', '.join(REGISTRY)}")
+        raise BadInputError(f"unknown analysis name(s) {unknown or names}; valid: "
+                            f"{', '.join(REGISTRY)}")
     return [REGISTRY[n] for n in names]
 
 
@@ -107,7 +108,7 @@ def theory_matrix(stats, name: str) -> Tensor:
         return stats.Bbar.T
     if name in ("PhiBT", "Qbar", "Bbar"):
         return getattr(stats, name)
-    raise ValueError(f"unknown theory matrix {name!r}; valid: PhiBT, Qbar, Bbar, BbarT")
+    raise BadInputError(f"unknown theory matrix {name!r}; valid: PhiBT, Qbar, Bbar, BbarT")
 
 
 __all__ = ["REGISTRY", "Analysis", "StepTensors", "get_analyses", "theory_matrix"]

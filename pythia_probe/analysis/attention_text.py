@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError
+
 TINY = 1e-30
 
 
@@ -26,8 +28,8 @@ def predicted_logits(tokens: Tensor, Qbar: Tensor, Delta: Tensor) -> Tensor:
     """[B, T, T]: Qbar[x_t, x_j] + Delta[t - j] for j <= t (0 above the diagonal)."""
     B, T = tokens.shape
     if T > Delta.shape[0]:
-        raise ValueError(f"text of {T} positions is longer than the statistics' T="
-                         f"{Delta.shape[0]}; cut the text to at most T tokens")
+        raise BadInputError(f"text of {T} positions is longer than the statistics' T="
+                            f"{Delta.shape[0]}; cut the text to at most T tokens")
     x = tokens.long()
     offset = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp_min(0)
     logits = Qbar[x[:, :, None], x[:, None, :]] + Delta[offset]

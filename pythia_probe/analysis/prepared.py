@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK, Theory, prepare_theory
+from pythia_probe.errors import BadInputError, CorruptFileError
 
 FORMAT = "pythia_probe.prepared_theory/1"
 TENSOR = "CT_T"
@@ -67,7 +68,8 @@ def read_into(f, block: Tensor, nbytes: int) -> None:
     while got < nbytes:
         n = f.readinto(view[got:nbytes])
         if not n:
-            raise OSError(f"{f.name}: truncated prepared-theory file; delete it to rebuild")
+            raise CorruptFileError(f"{f.name}: truncated prepared-theory file; delete it to "
+                                   "rebuild")
         got += n
 
 
@@ -83,7 +85,7 @@ def open_prepared(path: str | os.PathLike, device: str | torch.device = "cpu") -
     header, offset = read_header(path)
     meta, info = header.get("__metadata__", {}), header.get(TENSOR)
     if meta.get("format") != FORMAT or info is None:
-        raise ValueError(f"{path} is not a prepared-theory file ({FORMAT})")
+        raise BadInputError(f"{path} is not a prepared-theory file ({FORMAT})")
     V = info["shape"][0]
     return PreparedTheory(meta["name"], Path(path), float(meta["norm"]), V,
                           _DTYPES[info["dtype"]], meta["stats_id"],
@@ -136,8 +138,8 @@ def prepared_theory(name: str, get_T: Callable[[], Tensor], cache_dir: str | os.
     a cache file of another ``stats_id``, name, dtype or truncated is replaced.
     """
     if dtype not in _CODES:
-        raise ValueError(f"prepared theory dtype {dtype} not supported; valid: "
-                         f"{', '.join(str(d) for d in _CODES)}")
+        raise BadInputError(f"prepared theory dtype {dtype} not supported; valid: "
+                            f"{', '.join(str(d) for d in _CODES)}")
     path = cache_path(cache_dir, name, dtype)
     if not _valid(path, name, stats_id, dtype):
         th = prepare_theory(name, get_T(), dtype=dtype, device=device, chunk=chunk)

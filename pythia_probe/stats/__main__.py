@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.stats import run
 from pythia_probe.stats.sequences import MODES, SequencePolicy
 
@@ -65,25 +66,25 @@ class StatsConfig:
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
-            raise ValueError(f"--seq-len must be >= 1, got {self.seq_len}")
+            raise BadInputError(f"--seq-len must be >= 1, got {self.seq_len}")
         if self.docs is not None and self.docs < 1:
-            raise ValueError(f"--docs must be >= 1, got {self.docs}")
+            raise BadInputError(f"--docs must be >= 1, got {self.docs}")
         if self.min_chars < 0 or self.batch_size < 1 or self.checkpoint_every < 1:
-            raise ValueError("--min-chars >= 0, --batch-size >= 1, --checkpoint-every >= 1")
+            raise BadInputError("--min-chars >= 0, --batch-size >= 1, --checkpoint-every >= 1")
         if self.mode not in MODES:
-            raise ValueError(f"--mode must be one of {MODES}, got {self.mode!r}")
+            raise BadInputError(f"--mode must be one of {MODES}, got {self.mode!r}")
         if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"--top-k must be >= 1, got {self.top_k}")
+            raise BadInputError(f"--top-k must be >= 1, got {self.top_k}")
         if self.tokenizer.startswith("word:") and not self.tokenizer[5:].isdigit():
-            raise ValueError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
+            raise BadInputError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
         if self.device.startswith("cuda"):
             import torch
 
             if not torch.cuda.is_available():
-                raise ValueError(f"--device {self.device}: no CUDA device is available here; "
-                                 "use --device cpu")
+                raise BadInputError(f"--device {self.device}: no CUDA device is available here; "
+                                    "use --device cpu")
         if not self.out.endswith(".safetensors"):
-            raise ValueError(f"--out must end in .safetensors, got {self.out!r}")
+            raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,8 +196,8 @@ def _token_id(tok, token: str) -> int:
     """The id of ``token``; Pythia's unknown token is <|endoftext|> itself, so check the vocab."""
     i = tok.get_vocab().get(token)
     if i is None:
-        raise ValueError(f"--bos/--eos {token!r} is not a token of the tokenizer "
-                         f"(e.g. {tok.eos_token or tok.unk_token!r})")
+        raise BadInputError(f"--bos/--eos {token!r} is not a token of the tokenizer "
+                            f"(e.g. {tok.eos_token or tok.unk_token!r})")
     return int(i)
 
 

@@ -18,12 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.stats import kernels
 
 INT_MAX = (1 << 63) - 1
 
 
-class AccumulatorError(ValueError):
+class AccumulatorError(BadInputError):
     """Incompatible accumulators, double-counted shards or bad batches."""
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,26 +11,16 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that is corrupt or belongs to another run configuration."""
+from pythia_probe.errors import CorruptFileError, MismatchError
+from pythia_probe.fileio import atomic_write
 
 
 def write_atomic(path: str | os.PathLike, tensors: dict[str, Tensor],
                  metadata: dict[str, str]) -> Path:
     """Write a safetensors file via a temp file beside it, then rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
-    os.close(fd)
-    try:
-        cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_file(cpu, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    nbytes = sum(v.numel() * v.element_size() for v in cpu.values())
+    return atomic_write(path, lambda tmp: save_file(cpu, str(tmp), metadata=metadata), nbytes)
 
 
 def save_state(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict[str, Any]
@@ -48,10 +37,10 @@ def load_state(path: str | os.PathLike, identity: dict[str, Any] | None = None
             meta = json.loads((f.metadata() or {})["meta"])
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, KeyError, json.JSONDecodeError, OSError) as e:
-        raise CheckpointError(f"checkpoint {path} is corrupt ({e}); delete it to start over"
-                              ) from e
+        raise CorruptFileError(f"checkpoint {path} is corrupt ({e}); delete it to start over"
+                               ) from e
     if identity is not None and meta.get("identity") != identity:
-        raise CheckpointError(f"checkpoint {path} belongs to another configuration "
-                              f"({meta.get('identity')} != {identity}); use another --work-dir "
-                              "or delete it")
+        raise MismatchError(f"checkpoint {path} belongs to another configuration "
+                            f"({meta.get('identity')} != {identity}); use another --work-dir "
+                            "or delete it")
     return tensors, meta

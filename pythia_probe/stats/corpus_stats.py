@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError
 from pythia_probe.stats import checkpoint, compose
 
 FORMAT = "pythia_probe.stats/1"
@@ -27,11 +28,11 @@ PRIMARY = ("Bbar", "Phibar", "Qbar", "Delta")
 VERIFY_LIMIT = 4 << 30
 
 
-class StatsFileError(ValueError):
+class StatsFileError(CorruptFileError):
     """A statistics file that is missing, corrupt or not of this format."""
 
 
-class StatsMismatchError(ValueError):
+class StatsMismatchError(MismatchError):
     """A statistics file computed with another tokenizer or vocabulary than expected."""
 
 
@@ -88,7 +89,7 @@ class CorpusStats:
 
     def __getitem__(self, name: str) -> Tensor:
         if name not in MATRICES:
-            raise KeyError(f"unknown statistic {name!r}; valid: {', '.join(MATRICES)}")
+            raise BadInputError(f"unknown statistic {name!r}; valid: {', '.join(MATRICES)}")
         return getattr(self, name)
 
     @property

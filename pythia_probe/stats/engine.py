@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe import __version__ as CODE_VERSION
+from pythia_probe.errors import BadInputError
 from pythia_probe.stats import compose, kernels
 from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator, _slices
 from pythia_probe.stats.corpus_stats import FORMAT, CorpusStats
@@ -48,7 +49,7 @@ def bbar_phibar(acc: CountAccumulator, consume: bool = False) -> tuple[Tensor, T
     """
     V, P = acc.d_vocab, acc.n_positions
     if P == 0:
-        raise ValueError("no positions were counted (empty corpus or every document skipped)")
+        raise BadInputError("no positions were counted (empty corpus or every document skipped)")
     acc.context.normalize()
     big = acc.bigram.view(V, V)
     rowsum = big.sum(1).double()
@@ -100,7 +101,7 @@ def top_k_ids(token_counts: Tensor, k: int) -> Tensor:
     """The k most frequent token ids, most frequent first (ties: smaller id first)."""
     V = token_counts.numel()
     if not 1 <= k <= V:
-        raise ValueError(f"top-k must be in 1..{V} (d_vocab), got {k}")
+        raise BadInputError(f"top-k must be in 1..{V} (d_vocab), got {k}")
     ids = torch.arange(V, device=token_counts.device)
     order = torch.argsort(token_counts * V + (V - 1 - ids), descending=True)
     return order[:k].cpu()

@@ -21,13 +21,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError
+
 ABI_VERSION = 3
 _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1",
            -2: "a token id is outside the vocabulary 0..d_vocab-1",
            -3: "out of memory for the kernel's scratch buffers"}
 
 
-class FastKernelError(ValueError):
+class FastKernelError(BadInputError):
     """The C kernel refused its input (message names what was wrong)."""
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.stats import fastcount
 
 BACKENDS = ("auto", "c", "torch")
@@ -87,7 +88,7 @@ class Workspace:
 
 def _check_backend(name: str) -> str:
     if name not in BACKENDS:
-        raise ValueError(f"kernel backend {name!r} (PYTHIA_PROBE_KERNEL); valid: {BACKENDS}")
+        raise BadInputError(f"kernel backend {name!r} (PYTHIA_PROBE_KERNEL); valid: {BACKENDS}")
     if name == "c" and not fastcount.available():
         raise RuntimeError("the C kernel is not built (reinstall with `pip install -e .` and a C "
                            "compiler, or use PYTHIA_PROBE_KERNEL=torch)")

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError
+
 MODES = ("first", "packed")
 
 
@@ -40,11 +42,11 @@ class SequencePolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise ValueError(f"seq_len (T) must be an integer >= 1, got {self.seq_len!r}")
+            raise BadInputError(f"seq_len (T) must be an integer >= 1, got {self.seq_len!r}")
         for name, value, valid in (("mode", self.mode, MODES), ("short", self.short,
                                    ("skip", "keep")), ("oov", self.oov, ("skip", "error"))):
             if value not in valid:
-                raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+                raise BadInputError(f"{name} must be one of {valid}, got {value!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)

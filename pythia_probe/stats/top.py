@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.stats.corpus_stats import MATRICES, CorpusStats
 
 
@@ -37,9 +38,9 @@ class TopConfig:
     def __post_init__(self) -> None:
         bad = [m for m in self.matrices if m not in MATRICES or m == "Delta"]
         if bad:
-            raise ValueError(f"unknown matrices {bad}; valid: {', '.join(MATRICES[:-1])}")
+            raise BadInputError(f"unknown matrices {bad}; valid: {', '.join(MATRICES[:-1])}")
         if self.k < 1 or self.n_rows < 1:
-            raise ValueError("k and n_rows must be >= 1")
+            raise BadInputError("k and n_rows must be >= 1")
 
 
 def load_names(stats: CorpusStats, stats_path: str, tokenizer: str | None) -> list[str]:
@@ -77,7 +78,7 @@ def row_indices(rows: tuple[str, ...], names: list[str], stats: CorpusStats, n: 
         elif r.lstrip("-").isdigit() and int(r) in ids:
             out.append(ids[int(r)])
         else:
-            raise ValueError(f"row token {r!r} is not in the statistics' vocabulary")
+            raise BadInputError(f"row token {r!r} is not in the statistics' vocabulary")
     return out
 
 

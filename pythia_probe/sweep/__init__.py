@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from pythia_probe.analysis import StepTensors, get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import (
     make_rows,
     new_run_id,
@@ -127,8 +128,8 @@ def run_step(loaded, step: int, ctx: dict, cfg: SweepConfig) -> Path:
     weights = to_weights(loaded, cfg)
     top = int(ctx["token_ids"].max())
     if top >= weights.cfg.d_vocab:
-        raise ValueError(f"statistics index token {top} but the model has only "
-                         f"{weights.cfg.d_vocab} embedding rows: wrong model or statistics")
+        raise BadInputError(f"statistics index token {top} but the model has only "
+                            f"{weights.cfg.d_vocab} embedding rows: wrong model or statistics")
     rows = analyse(loaded, weights, ctx, cfg)
     df = make_rows(rows, model=ctx["model_name"], step=step, stats_id=ctx["stats_id"],
                    dtype=cfg.dtype, run_id=ctx["run_id"])

@@ -11,6 +11,7 @@ import torch
 
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
+from pythia_probe.errors import BadInputError
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 SHARDS, FAILED = "shards", "failed"
@@ -47,19 +48,19 @@ class SweepConfig:
     def __post_init__(self):
         get_analyses(list(self.analyses))  # raises naming the valid analyses
         if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype {self.dtype!r} not supported; valid: {', '.join(DTYPES)}")
+            raise BadInputError(f"--dtype {self.dtype!r} not supported; valid: {', '.join(DTYPES)}")
         if self.heads not in ("all", "none") and not all(
                 p.strip().isdigit() for p in self.heads.split(",")):
-            raise ValueError(f"--heads {self.heads!r}: use all, none or layers like 1,12,23")
+            raise BadInputError(f"--heads {self.heads!r}: use all, none or layers like 1,12,23")
         if min(self.retries, self.prefetch, self.max_rank) < 0 or min(self.chunk,
                                                                       self.batch_size) < 1:
-            raise ValueError("--retries, --prefetch and --max-rank must be >= 0, --chunk and "
-                             "--batch-size >= 1")
+            raise BadInputError("--retries, --prefetch and --max-rank must be >= 0, --chunk and "
+                                "--batch-size >= 1")
         if "attention_text" in self.analyses and not self.text:
-            raise ValueError("analysis attention_text needs --text (a safetensors file with "
-                             "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
+            raise BadInputError("analysis attention_text needs --text (a safetensors file with "
+                                "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
         if self.theory not in THEORY_MODES:
-            raise ValueError(f"--theory {self.theory!r}; valid: {', '.join(THEORY_MODES)}")
+            raise BadInputError(f"--theory {self.theory!r}; valid: {', '.join(THEORY_MODES)}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
 

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from pythia_probe.analysis import theory_matrix
 from pythia_probe.analysis.cosine import Theory, prepare_theory
+from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
 from pythia_probe.results import read_manifest
 from pythia_probe.sweep.config import SweepConfig, shard_path
 
@@ -26,8 +27,8 @@ def load_stats(cfg: SweepConfig, fingerprint: dict | None):
 
     path = Path(cfg.stats)
     if not path.is_file():
-        raise FileNotFoundError(f"--stats {cfg.stats}: no such statistics file; compute one with "
-                                "`python -m pythia_probe.stats ...` (or run --demo)")
+        raise MissingFileError(f"--stats {cfg.stats}: no such statistics file; compute one with "
+                               "`python -m pythia_probe.stats ...` (or run --demo)")
     return CorpusStats.load(path, expect=fingerprint)
 
 
@@ -38,8 +39,8 @@ class LazyStats:
     def __init__(self, cfg: SweepConfig, meta: dict) -> None:
         missing = [k for k in ("d_vocab", "T", "stats_id") if k not in meta]
         if missing:
-            raise ValueError(f"--stats {cfg.stats}: metadata lacks {missing}; recompute it with "
-                             "`python -m pythia_probe.stats ...`")
+            raise BadInputError(f"--stats {cfg.stats}: metadata lacks {missing}; recompute it with "
+                                "`python -m pythia_probe.stats ...`")
         self.cfg, self.meta, self._stats = cfg, meta, None
         vocab = meta.get("vocab", {})
         self.d_vocab, self.T = int(meta["d_vocab"]), int(meta["T"])
@@ -60,11 +61,11 @@ def load_text(cfg: SweepConfig, stats) -> torch.Tensor:
     from safetensors.torch import load_file
 
     if stats.restricted:
-        raise ValueError("attention_text needs full-vocabulary statistics (these are top-k)")
+        raise BadInputError("attention_text needs full-vocabulary statistics (these are top-k)")
     tokens = load_file(cfg.text)["tokens"]
     if tokens.ndim != 2 or int(tokens.max()) >= stats.d_vocab:
-        raise ValueError(f"--text {cfg.text}: need 'tokens' [N, T+1] with ids < "
-                         f"{stats.d_vocab}, got shape {tuple(tokens.shape)}")
+        raise BadInputError(f"--text {cfg.text}: need 'tokens' [N, T+1] with ids < "
+                            f"{stats.d_vocab}, got shape {tuple(tokens.shape)}")
     return tokens[:cfg.text_rows, :min(tokens.shape[1] - 1, stats.T)]
 
 
@@ -240,8 +241,8 @@ def check_stats(cfg: SweepConfig, fingerprint: dict | None) -> dict:
     from pythia_probe.stats.corpus_stats import check_tokenizer
 
     if not Path(cfg.stats).is_file():
-        raise FileNotFoundError(f"--stats {cfg.stats}: no such statistics file; compute one with "
-                                "`python -m pythia_probe.stats ...` (or run --demo)")
+        raise MissingFileError(f"--stats {cfg.stats}: no such statistics file; compute one with "
+                               "`python -m pythia_probe.stats ...` (or run --demo)")
     meta = read_meta(cfg.stats)
     if fingerprint is not None:
         check_tokenizer(meta, fingerprint, cfg.stats)
@@ -257,8 +258,8 @@ def check_resume(cfg: SweepConfig, stats_id: str) -> str | None:
     have = {k: old.get("config", {}).get(k) for k in want}
     if have != want:
         diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
-        raise ValueError(f"{cfg.out} holds a different run ({diff}: old, new); choose a new --out "
-                         "or the same settings to resume")
+        raise MismatchError(f"{cfg.out} holds a different run ({diff}: old, new); choose a new "
+                            "--out or the same settings to resume")
     return old.get("run_id")
 
 

@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError
+
 TOKENIZERS = ("word", "bpe")
 
 
@@ -36,12 +38,12 @@ class ToyDataConfig:
 
     def __post_init__(self) -> None:
         if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+            raise BadInputError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         for name in ("d_vocab", "seq_len", "n_seqs"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise BadInputError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_docs is not None and self.max_docs < 1:
-            raise ValueError(f"max_docs must be >= 1 or None, got {self.max_docs}")
+            raise BadInputError(f"max_docs must be >= 1 or None, got {self.max_docs}")
 
 
 @dataclass
@@ -73,8 +75,8 @@ def collect_sequences(encoded: Iterable[list[int]], seq_len: int, n_seqs: int,
             if len(rows) == n_seqs:
                 break
     if len(rows) < n_seqs:
-        raise ValueError(f"only {len(rows)} stories have >= {seq_len + 1} in-vocabulary tokens, "
-                         f"{n_seqs} requested; lower --n-seqs or --seq-len, or add documents")
+        raise BadInputError(f"only {len(rows)} stories have >= {seq_len + 1} in-vocabulary tokens, "
+                            f"{n_seqs} requested; lower --n-seqs or --seq-len, or add documents")
     return torch.tensor(rows, dtype=torch.int64)
 
 

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pythia_probe.errors import BadInputError
+
 
 @dataclass(frozen=True)
 class ToyConfig:
@@ -30,9 +32,9 @@ class ToyConfig:
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_ctx"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+                raise BadInputError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.n_layers, int) or self.n_layers < 0:
-            raise ValueError(f"n_layers must be an int >= 0, got {self.n_layers!r}")
+            raise BadInputError(f"n_layers must be an int >= 0, got {self.n_layers!r}")
 
 
 def positional_bias(P: Tensor, T: int) -> Tensor:

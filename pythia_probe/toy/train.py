@@ -31,6 +31,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from pythia_probe import theory
+from pythia_probe.errors import BadInputError, MissingFileError
 from pythia_probe.results import make_rows, new_run_id, read_manifest, write_manifest, write_shard
 from pythia_probe.stats import batch_stats
 from pythia_probe.toy.data import TOKENIZERS, ToyDataConfig, load_toy_data
@@ -70,19 +71,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+            raise BadInputError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise BadInputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("layers", "batch_size", "micro_batch", "log_every", "checkpoint_every"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise BadInputError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("vocab", "seq_len", "n_seqs", "epochs", "builtin_stories"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise BadInputError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+            raise BadInputError(f"lr must be a positive finite number, got {self.lr}")
         if self.batch_size > self.n_seqs:
-            raise ValueError(f"batch_size {self.batch_size} exceeds n_seqs {self.n_seqs}")
+            raise BadInputError(f"batch_size {self.batch_size} exceeds n_seqs {self.n_seqs}")
 
     def data_config(self) -> ToyDataConfig:
         return ToyDataConfig(source=self.data, tokenizer=self.tokenizer, d_vocab=self.vocab,
@@ -129,7 +130,7 @@ def make_schedule(cfg: TrainConfig, n_seqs: int) -> Schedule:
     log_every = cfg.log_every or spe
     ckpt = cfg.checkpoint_every or max(spe, log_every)
     if ckpt % log_every:
-        raise ValueError(f"checkpoint_every {ckpt} must be a multiple of log_every {log_every}")
+        raise BadInputError(f"checkpoint_every {ckpt} must be a multiple of log_every {log_every}")
     return Schedule(n_seqs, batch, cfg.epochs, cfg.seed, log_every, ckpt)
 
 
@@ -308,7 +309,7 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, accelerator: Any = None
     data = load_toy_data(cfg.data_config(), cache_dir=out / "data")
     sched = make_schedule(cfg, len(data.tokens))
     if sched.batch % ((cfg.micro_batch or 1) * (accelerator.num_processes if accelerator else 1)):
-        raise ValueError("batch_size must be a multiple of micro_batch x number of processes")
+        raise BadInputError("batch_size must be a multiple of micro_batch x number of processes")
     found = latest_checkpoint(out) if cfg.resume else None
     if found is not None and found[0] >= sched.total_steps:
         print(f"{out} already finished {found[0]} steps; nothing to train", file=sys.stderr)
@@ -350,8 +351,8 @@ def _restore(model: AttnOnlyTransformer, out: Path, cfg: TrainConfig) -> int:
     old = read_manifest(out)["config"]
     diff = [k for k, v in asdict(cfg).items() if k not in RESUMABLE and old.get(k) != v]
     if diff:
-        raise ValueError(f"{out} holds a run with different settings {diff}; pass the same "
-                         "settings, another --out, or --no-resume")
+        raise BadInputError(f"{out} holds a run with different settings {diff}; pass the same "
+                            "settings, another --out, or --no-resume")
     step, state = found
     model.load_state_dict({k: v.to(model.W_O.device) for k, v in state.items()})
     print(f"resuming {out} from step {step}", file=sys.stderr)
@@ -365,7 +366,7 @@ def load_run(out: str | Path) -> tuple[TrainConfig, AttnOnlyTransformer, dict[st
     cfg = TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
     found = latest_checkpoint(out)
     if found is None:
-        raise FileNotFoundError(f"no checkpoint under {out}/checkpoints; train the run first")
+        raise MissingFileError(f"no checkpoint under {out}/checkpoints; train the run first")
     data = load_toy_data(cfg.data_config(), cache_dir=out / "data")
     model = AttnOnlyTransformer(ToyConfig(data.d_vocab, cfg.seq_len, cfg.layers),
                                 dtype=DTYPES[cfg.dtype])
