@@ -13,20 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from pythia_probe.errors import UserError
-from pythia_probe.fileio import DISK_FULL_ERRNOS
-
-
-def user_message(err: BaseException) -> str | None:
-    """The one line for a user-facing error, or None for a bug."""
-    if isinstance(err, UserError):
-        return str(err)
-    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
-        where = f" writing {err.filename}" if err.filename else ""
-        return f"disk full{where}: {err.strerror}; free space or choose another folder"
-    if isinstance(err, OSError) and err.filename is not None and err.strerror:
-        return f"{err.filename}: {err.strerror}"
-    return None
+from pythia_probe.errors import user_message
 
 
 def run_main(main: Callable[[], int], prog: str) -> int:
@@ -37,5 +24,5 @@ def run_main(main: Callable[[], int], prog: str) -> int:
         msg = user_message(err)
         if msg is None or os.environ.get("PYTHIA_PROBE_TRACEBACK"):
             raise
-        print(f"{prog}: error: {' '.join(msg.split())}", file=sys.stderr)
+        print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2

@@ -11,6 +11,10 @@ either.
 
 from __future__ import annotations
 
+import errno
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
 
 class UserError(Exception):
     """Base class: something the user can fix (input, files, disk, network, device)."""
@@ -51,6 +55,21 @@ class HubError(UserError, ConnectionError):
 
 class DeviceError(UserError, RuntimeError):
     """``--device`` names a device this machine does not have."""
+
+
+def user_message(err: BaseException) -> str | None:
+    """The one line for a user-facing error, or None for a bug.
+
+    A :class:`UserError`, and an operating-system error about a named file (permission denied,
+    not found, no space left), are the user's to fix; anything else is a bug."""
+    if isinstance(err, UserError):
+        return " ".join(str(err).split())
+    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"disk full{where}: {err.strerror}; free space or choose another folder"
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return None
 
 
 def check_device(device: str, flag: str = "--device") -> None:

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -21,10 +20,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from pythia_probe.errors import DiskFullError, UnsafeFileError
+from pythia_probe.errors import DISK_FULL_ERRNOS, DiskFullError, UnsafeFileError
 
 _UMASK_LOCK = threading.Lock()
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def umask() -> int:

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from pythia_probe import errors
-from pythia_probe.cli import run_main, user_message
+from pythia_probe.cli import run_main
+from pythia_probe.errors import user_message
 
 
 def _bad():

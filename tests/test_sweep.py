@@ -421,3 +421,66 @@ def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mo
     # control: rows 0..29 of the model instead of the top-k ids give other numbers
     wrong = materialised_cosine(m.gpt_neox.embed_in.weight[:30], st.PhiBT)
     assert abs(got[("embedding", 0, pd.NA, "cos_pre")] - wrong) > 1e-3
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "other_step", "missing_analysis"])
+def test_damaged_shards_are_recomputed_not_counted_done(setup, clean_run, tmp_path, damage):
+    """A shard counts as done only if it reads back valid with every asked analysis."""
+    import shutil
+
+    from pythia_probe.results import read_shard, write_shard
+    root, repo, stats = setup
+    out = tmp_path / "out"
+    shutil.copytree(clean_run[0], out)
+    shard = out / "shards" / "step4.parquet"
+    if damage == "empty":
+        shard.write_bytes(b"")
+    elif damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif damage == "other_step":
+        write_shard(read_shard(out / "shards" / "step2.parquet"), shard)
+    else:
+        df = read_shard(shard)
+        write_shard(df[df["analysis"] != "attention"], shard)
+    assert sweep.main(_argv(repo, stats, out)) == 0
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean_run[1]))
+
+
+def test_manifest_says_failed_with_the_reason_when_the_run_dies(setup, tmp_path, monkeypatch):
+    """Early failures (before the first step) and disk-full abort the run: status failed."""
+    from pythia_probe.errors import DiskFullError
+    root, repo, stats = setup
+
+    def no_theory(*a, **k):
+        raise RuntimeError("theory preparation broke")
+    monkeypatch.setattr(sweep, "_context", no_theory)
+    with pytest.raises(RuntimeError):
+        sweep.main(_argv(repo, stats, tmp_path / "early"))
+    m = read_manifest(tmp_path / "early")
+    assert m["status"] == "failed" and "theory preparation broke" in m["reason"]
+    monkeypatch.undo()
+
+    def disk_full(loaded, step, ctx, cfg):
+        raise DiskFullError(f"disk full writing step{step}.parquet: 0 bytes free")
+    monkeypatch.setattr(sweep, "run_step", disk_full)
+    out = tmp_path / "full"
+    with pytest.raises(DiskFullError):
+        sweep.main(_argv(repo, stats, out))
+    m = read_manifest(out)
+    assert m["status"] == "failed" and m["reason"].startswith("disk full writing step0")
+    assert not (out / "failed").exists()  # no half-written failure records
+
+
+def test_failure_records_are_written_atomically_with_the_user_message(setup, tmp_path):
+    import shutil
+    root, repo, stats = setup
+    bad = tmp_path / "repo"
+    shutil.copytree(repo, bad)
+    (bad / "step2" / "model.safetensors").write_bytes(b"not a safetensors file")
+    out = tmp_path / "out"
+    assert sweep.main(_argv(bad, stats, out, "--retries", "0")) == 1
+    assert [p.name for p in (out / "failed").iterdir()] == ["step2.json"]  # no temp files left
+    rec = json.loads((out / "failed" / "step2.json").read_text())
+    assert rec["error"] and rec["traceback"]
+    assert read_manifest(out)["status"] == "failed" and "1 steps failed" in \
+        read_manifest(out)["reason"]

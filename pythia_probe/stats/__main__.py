@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.stats import run
 from pythia_probe.stats.sequences import MODES, SequencePolicy
 
@@ -77,12 +77,7 @@ class StatsConfig:
             raise BadInputError(f"--top-k must be >= 1, got {self.top_k}")
         if self.tokenizer.startswith("word:") and not self.tokenizer[5:].isdigit():
             raise BadInputError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
-        if self.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise BadInputError(f"--device {self.device}: no CUDA device is available here; "
-                                    "use --device cpu")
+        check_device(self.device)
         if not self.out.endswith(".safetensors"):
             raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
 

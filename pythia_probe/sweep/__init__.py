@@ -26,13 +26,13 @@ rejected before any weight is downloaded.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,7 +40,8 @@ from tqdm import tqdm
 
 from pythia_probe.analysis import StepTensors, get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, DiskFullError, ResourceError, user_message
+from pythia_probe.fileio import write_json
 from pythia_probe.results import (
     make_rows,
     new_run_id,
@@ -54,6 +55,7 @@ from pythia_probe.sweep.config import (
     FAILED,
     THEORY_MODES,
     SweepConfig,
+    shard_done,
     shard_path,
     split_steps,
 )
@@ -137,19 +139,18 @@ def run_step(loaded, step: int, ctx: dict, cfg: SweepConfig) -> Path:
 
 
 def _record_failure(cfg: SweepConfig, step: int, err: BaseException, tries: int) -> str:
-    msg = f"{type(err).__name__}: {err}"
-    path = Path(cfg.out) / FAILED / f"step{step}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"step": step, "error": msg, "rank": cfg.rank,
-                                "tries": tries, "traceback": "".join(
-                                    traceback.format_exception(err))}, indent=2))
+    """Write ``OUT/failed/step{N}.json`` atomically; return the one-line message."""
+    msg = user_message(err) or f"{type(err).__name__}: {err}"
+    write_json(Path(cfg.out) / FAILED / f"step{step}.json",
+               {"step": step, "error": msg, "rank": cfg.rank, "tries": tries,
+                "traceback": "".join(traceback.format_exception(err))})
     return msg
 
 
 def sweep_steps(source, steps: Sequence[int], ctx: dict, cfg: SweepConfig) -> Outcome:
     """Every step not already done; retry each failure, then record it and go on."""
     out = Outcome()
-    todo = [s for s in steps if not shard_path(cfg.out, s).exists()]
+    todo = [s for s in steps if not shard_done(cfg, s, ctx["stats_id"])]
     out.skipped = [s for s in steps if s not in todo]
     names = tensor_names(ctx["analyses"])
     revs = source.resolve(todo)
@@ -165,13 +166,15 @@ def sweep_steps(source, steps: Sequence[int], ctx: dict, cfg: SweepConfig) -> Ou
                 (Path(cfg.out) / FAILED / f"step{rev.step}.json").unlink(missing_ok=True)
                 out.done.append(rev.step)
                 break
+            except (DiskFullError, ResourceError):
+                raise  # no later step can succeed either: stop the sweep
             except Exception as e:  # noqa: BLE001 - a bad checkpoint must not stop the sweep
                 if attempt == cfg.retries:
                     out.failed[rev.step] = _record_failure(cfg, rev.step, e, attempt + 1)
                     tqdm.write(f"step {rev.step} failed after {attempt + 1} tries: {e}")
         bar.update()
     for step, same in dups.items():  # byte-identical weights (Pythia's step1 == step0)
-        if shard_path(cfg.out, same).exists():
+        if shard_done(cfg, same, ctx["stats_id"]):
             df = read_shard(shard_path(cfg.out, same)).assign(step=step, run_id=ctx["run_id"])
             write_shard(df, shard_path(cfg.out, step))
             out.done.append(step)
@@ -238,6 +241,18 @@ def _run_id(cfg: SweepConfig, stats_id: str, config: dict, steps, source, argv,
     return run_id
 
 
+def _end_manifest(cfg: SweepConfig, config: dict, argv, started, run_id: str, steps,
+                  choice: dict, status: str, reason: str | None, failed=()) -> None:
+    """Rank 0 records how the run ended: complete, or failed with the reason."""
+    if cfg.rank != 0:
+        return
+    old = read_manifest(cfg.out)
+    write_manifest(cfg.out, config, argv=argv, started=started, run_id=run_id,
+                   extra={"steps": steps, "status": status, "reason": reason,
+                          "failed_steps": list(failed), "checkpoints": old.get("checkpoints"),
+                          "theory_choice": choice})
+
+
 def run(cfg: SweepConfig, argv: list[str] | None = None) -> int:
     """Validate everything, then sweep this rank's steps; 0 if every step succeeded, else 1."""
     analyses = get_analyses(list(cfg.analyses))
@@ -254,16 +269,17 @@ def run(cfg: SweepConfig, argv: list[str] | None = None) -> int:
     tqdm.write(f"theory: {choice['requested']} -> {mode} ({why})")
     config = {**asdict(cfg), "analyses": list(cfg.analyses), "stats_id": meta["stats_id"]}
     run_id = _run_id(cfg, meta["stats_id"], config, steps, source, argv, choice)
-    outcome = sweep_steps(source, split_steps(steps, cfg.rank, cfg.world_size),
-                          _context(cfg, analyses, run_id, meta), cfg)
+    end = partial(_end_manifest, cfg, config, argv, started, run_id, steps, choice)
+    try:
+        outcome = sweep_steps(source, split_steps(steps, cfg.rank, cfg.world_size),
+                              _context(cfg, analyses, run_id, meta), cfg)
+    except BaseException as err:
+        end("failed", user_message(err) or f"{type(err).__name__}: {err}")
+        raise
     _barrier(cfg)
     failed = sorted(int(p.stem[4:]) for p in (Path(cfg.out) / FAILED).glob("step*.json"))
-    if cfg.rank == 0:
-        old = read_manifest(cfg.out)
-        write_manifest(cfg.out, config, argv=argv, started=started, run_id=run_id,
-                       extra={"steps": steps, "status": "failed steps" if failed else "complete",
-                              "failed_steps": failed, "checkpoints": old.get("checkpoints"),
-                              "theory_choice": choice})
+    end("failed" if failed else "complete",
+        f"{len(failed)} steps failed (see {FAILED}/)" if failed else None, failed)
     print(f"rank {cfg.rank}: {len(outcome.done)} steps done, {len(outcome.skipped)} already "
           f"done, {len(outcome.failed)} failed" + "".join(
               f"\n  step {s}: {m}" for s, m in outcome.failed.items()))

@@ -11,7 +11,8 @@ import torch
 
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.results import ResultsError, read_shard
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 SHARDS, FAILED = "shards", "failed"
@@ -61,6 +62,7 @@ class SweepConfig:
                                 "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
         if self.theory not in THEORY_MODES:
             raise BadInputError(f"--theory {self.theory!r}; valid: {', '.join(THEORY_MODES)}")
+        check_device(self.device)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
 
@@ -86,4 +88,21 @@ def split_steps(steps: Sequence[int], rank: int, world_size: int) -> list[int]:
 
 def shard_path(out: str | os.PathLike, step: int) -> Path:
     return Path(out) / SHARDS / f"step{step}.parquet"
+
+
+def shard_done(cfg: SweepConfig, step: int, stats_id: str | None = None) -> bool:
+    """A step counts as done only if its shard reads back valid, for this step (and stats_id),
+    with rows of every asked analysis; an empty, truncated or partial shard is recomputed."""
+    path = shard_path(cfg.out, step)
+    if not path.is_file():
+        return False
+    try:
+        df = read_shard(path)
+    except ResultsError:
+        return False
+    if df.empty or not (df["step"] == step).all():
+        return False
+    if stats_id is not None and not (df["stats_id"] == stats_id).all():
+        return False
+    return set(cfg.analyses) <= set(df["analysis"])
 

@@ -15,7 +15,7 @@ from pythia_probe.analysis import theory_matrix
 from pythia_probe.analysis.cosine import Theory, prepare_theory
 from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
 from pythia_probe.results import read_manifest
-from pythia_probe.sweep.config import SweepConfig, shard_path
+from pythia_probe.sweep.config import SweepConfig, shard_done
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", TOKENIZER)
@@ -305,7 +305,7 @@ def resolve_theory(cfg: SweepConfig, source, rev, meta: dict,
 
 def dry_run(cfg: SweepConfig, source, steps: list[int], meta: dict) -> int:
     """Print the plan: steps, bytes to download, theory mode, disk and memory needed."""
-    todo = [s for s in steps if not shard_path(cfg.out, s).exists()]
+    todo = [s for s in steps if not shard_done(cfg, s, meta["stats_id"])]
     print(f"model {cfg.model}: {len(steps)} steps ({len(steps) - len(todo)} already done): "
           f"{steps[:6]}{' ...' if len(steps) > 6 else ''}")
     revs = source.resolve(todo or steps[:1])

@@ -31,7 +31,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from pythia_probe import theory
-from pythia_probe.errors import BadInputError, MissingFileError
+from pythia_probe.errors import BadInputError, MissingFileError, check_device
 from pythia_probe.results import make_rows, new_run_id, read_manifest, write_manifest, write_shard
 from pythia_probe.stats import batch_stats
 from pythia_probe.toy.data import TOKENIZERS, ToyDataConfig, load_toy_data
@@ -74,16 +74,18 @@ class TrainConfig:
             raise BadInputError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         if self.dtype not in DTYPES:
             raise BadInputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("layers", "batch_size", "micro_batch", "log_every", "checkpoint_every"):
+        for name in ("batch_size", "micro_batch", "log_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise BadInputError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("vocab", "seq_len", "n_seqs", "epochs", "builtin_stories"):
+        for name in ("layers", "vocab", "seq_len", "n_seqs", "epochs", "builtin_stories"):
             if getattr(self, name) < 1:
                 raise BadInputError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise BadInputError(f"lr must be a positive finite number, got {self.lr}")
         if self.batch_size > self.n_seqs:
             raise BadInputError(f"batch_size {self.batch_size} exceeds n_seqs {self.n_seqs}")
+        if self.device != "auto":
+            check_device(self.device)
 
     def data_config(self) -> ToyDataConfig:
         return ToyDataConfig(source=self.data, tokenizer=self.tokenizer, d_vocab=self.vocab,
