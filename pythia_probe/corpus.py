@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 from pythia_probe import builtin_corpus
 from pythia_probe.errors import BadInputError, HubError, MissingFileError
+from pythia_probe.fileio import sha256_file
 
 SEPARATOR = "<|endoftext|>"
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -47,9 +48,21 @@ class Shard:
 
     name: str
     reader: Callable[[], Iterator[str]] = field(repr=False, compare=False)
+    content: Callable[[], dict] | None = field(default=None, repr=False, compare=False)
 
     def documents(self) -> Iterator[str]:
         return self.reader()
+
+    def fingerprint(self) -> dict:
+        """What the shard holds, so a resumed job notices a changed input: size, mtime and
+        sha256 of a local file; the generator settings (in ``name``) of a builtin shard."""
+        return {"name": self.name, **(self.content() if self.content is not None else {})}
+
+
+def file_fingerprint(path: str | Path) -> dict:
+    """Size, modification time and sha256 of a local file."""
+    st = Path(path).stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path)}
 
 
 # ---------------------------------------------------------------- readers
@@ -190,11 +203,10 @@ def file_shard(path: str | Path, text_field: str = "text") -> Shard:
                             f"{', '.join(FILE_SUFFIXES)}")
     if not path.is_file():
         raise MissingFileError(f"corpus file {path} does not exist")
-    if suffix == ".txt":
-        return Shard(str(path), partial(_txt_docs, str(path)))
-    if suffix == ".jsonl":
-        return Shard(str(path), partial(_jsonl_docs, str(path), text_field))
-    return Shard(str(path), partial(_parquet_docs, str(path), text_field))
+    readers = {".txt": partial(_txt_docs, str(path)),
+               ".jsonl": partial(_jsonl_docs, str(path), text_field),
+               ".parquet": partial(_parquet_docs, str(path), text_field)}
+    return Shard(str(path), readers[suffix], partial(file_fingerprint, path))
 
 
 def _local_files(paths: list[Path], where: str) -> list[Path]:

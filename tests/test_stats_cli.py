@@ -94,7 +94,8 @@ def test_cli_top_k_and_bad_config(tmp_path):
     with pytest.raises(ValueError, match="--mode must be one of"):
         StatsConfig(mode="sliding")
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="no CUDA device"):
+        from pythia_probe.errors import DeviceError
+        with pytest.raises(DeviceError, match="no CUDA device"):
             StatsConfig(device="cuda")
     with pytest.raises(FileNotFoundError):
         main(["--dataset", str(tmp_path / "missing.txt"), "--out", str(out), "--no-progress"])
@@ -126,3 +127,31 @@ def test_bos_eos_may_be_the_unknown_token_as_in_pythia():
     assert _token_id(tok, "<|endoftext|>") == 0 and _token_id(tok, "b") == 2
     with pytest.raises(ValueError, match="not a token"):
         _token_id(tok, "<|pad|>")
+
+
+def test_work_folder_removed_after_success_and_changed_corpus_is_never_reused(tmp_path):
+    """Resume by content: an interrupted run's work is refused once a corpus file changed."""
+    from pythia_probe.errors import MismatchError
+    from pythia_probe.stats import run
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n<|endoftext|>\n".join(["a b c d e f g h i j k l"] * 3))
+    out = tmp_path / "t.safetensors"
+    args = ["--dataset", str(corpus), "--seq-len", "8", "--tokenizer", "word:30",
+            "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    assert not (tmp_path / "t.safetensors.work").exists()
+    assert main([*args, "--keep-work"]) == 0  # as if killed after pass 1: work is kept
+    work = tmp_path / "t.safetensors.work"
+    assert any(work.glob("pass1-*.safetensors"))
+    same_size = corpus.read_text().replace("a b c", "c b a")
+    corpus.write_text(same_size)
+    with pytest.raises(MismatchError, match=f"corpus shards changed.*{corpus.name}"):
+        main(args)
+    run.remove_work(work)
+    assert not work.exists()
+    assert main(args) == 0
+    changed = CorpusStats.load(out)
+    names = load_names(changed, str(out), None)
+    # "c b a" now occurs: counted from the new text, not reused from the old work
+    assert changed.Bbar[names.index("c"), names.index("b")] > 0

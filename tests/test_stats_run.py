@@ -133,7 +133,7 @@ def test_resume_refuses_another_configuration(tmp_path):
 
     run.compute_stats(make_shards(), spec(tmp_path), {})
     other = run.RunSpec(11, SequencePolicy(6), encode, {"test": 2}, tmp_path, progress=False)
-    with pytest.raises(MismatchError, match="another configuration"):
+    with pytest.raises(MismatchError, match="another run: test was 1, now 2"):
         run.compute_stats(make_shards(), other, {})
 
 

@@ -168,3 +168,18 @@ def test_accelerate_data_parallel_matches_single_process(tmp_path):
     assert a[keys].equals(b[keys])
     loss_a, loss_b = (x.loc[x["metric"] == "loss", "value"].to_numpy() for x in (a, b))
     assert loss_a == pytest.approx(loss_b, rel=1e-5)  # the rank losses are averaged
+
+
+def test_zero_layers_and_a_truncated_checkpoint_are_one_line_errors(tmp_path, capsys):
+    from pythia_probe.cli import run_main
+    from pythia_probe.errors import CorruptFileError
+    assert run_main(lambda: tt.main(cli_args(tmp_path / "z", 1, "--layers", "0")), "p") == 2
+    assert "layers must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "z").exists()  # refused before any file was written
+    out = tmp_path / "run"
+    assert tt.main(cli_args(out, 1)) == 0
+    ckpt = next((out / "checkpoints").glob("step*.safetensors"))
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [ckpt.name]  # no temp files
+    ckpt.write_bytes(ckpt.read_bytes()[:50])
+    with pytest.raises(CorruptFileError, match=f"{ckpt.name} is unreadable"):
+        tt.main(cli_args(out, 2))

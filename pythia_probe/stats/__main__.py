@@ -63,6 +63,8 @@ class StatsConfig:
     """Memory budget for matmul tiles (GiB; default: 1 on CPU, a quarter of free GPU memory)."""
     progress: bool = True
     """Show tqdm progress bars (tokens/s)."""
+    keep_work: bool = False
+    """Keep the work folder (checkpoints, token caches) after a successful run."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -143,7 +145,7 @@ def compute(cfg: StatsConfig):
                             "skip", bos, eos)
     ident = run.spec_identity(dataset=cfg.dataset, tokenizer=fp, policy=policy,
                               min_chars=cfg.min_chars, docs=cfg.docs, split=cfg.split,
-                              text_field=cfg.text_field, shards=[s.name for s in shards])
+                              text_field=cfg.text_field, shards=[s.fingerprint() for s in shards])
     work = Path(cfg.work_dir or cfg.out + ".work")
     spec = run.RunSpec(V, policy, lambda docs: tokenizer.encode_documents(tok, docs), ident,
                        work, cfg.min_chars, cfg.docs, cfg.batch_size, cfg.checkpoint_every,
@@ -158,6 +160,8 @@ def compute(cfg: StatsConfig):
         stats.save(cfg.out)
         if cfg.tokenizer.startswith("word:"):
             tokenizer.save_tokenizer(tok, cfg.out + ".tokenizer.json")
+        if not cfg.keep_work:
+            run.remove_work(work)
     return stats
 
 

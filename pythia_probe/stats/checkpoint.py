@@ -40,7 +40,29 @@ def load_state(path: str | os.PathLike, identity: dict[str, Any] | None = None
         raise CorruptFileError(f"checkpoint {path} is corrupt ({e}); delete it to start over"
                                ) from e
     if identity is not None and meta.get("identity") != identity:
-        raise MismatchError(f"checkpoint {path} belongs to another configuration "
-                            f"({meta.get('identity')} != {identity}); use another --work-dir "
-                            "or delete it")
+        raise MismatchError(f"checkpoint {path} belongs to another run: "
+                            f"{identity_diff(meta.get('identity') or {}, identity)}; rerun with "
+                            "the same inputs, or delete it (or use another --work-dir) to "
+                            "count from scratch")
     return tensors, meta
+
+
+def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What changed between two run identities, in a few words (corpus shards named)."""
+    parts = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if key == "shards" and isinstance(a, list) and isinstance(b, list):
+            named_a = {s.get("name"): s for s in a if isinstance(s, dict)}
+            changed = [s["name"] for s in b if isinstance(s, dict)
+                       and s.get("name") in named_a and named_a[s["name"]] != s]
+            added = [s.get("name") for s in b if isinstance(s, dict) and s.get("name")
+                     not in named_a]
+            parts.append("corpus shards changed since it was written: "
+                         + ", ".join(changed + [f"{n} (new)" for n in added])[:300]
+                         if changed or added else "corpus shards removed")
+        else:
+            parts.append(f"{key} was {str(a)[:80]}, now {str(b)[:80]}")
+    return "; ".join(parts)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from pythia_probe.fileio import remove
 from pythia_probe.stats import checkpoint, engine
 from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
 from pythia_probe.stats.corpus_stats import CorpusStats
@@ -223,6 +224,15 @@ def _cache_path(spec: RunSpec, name: str) -> Path:
 def _bar(spec: RunSpec, desc: str, d: Dist):
     return tqdm(desc=f"{desc} (rank {d.rank})" if d.world > 1 else desc, unit="tok",
                 unit_scale=True, disable=not spec.progress or d.rank != 0)
+
+
+def remove_work(work_dir: Path) -> None:
+    """Delete what the passes wrote in ``work_dir`` (checkpoints, token caches), then the folder
+    itself if nothing else is left in it."""
+    for p in list(work_dir.glob("pass[12]-rank*-of*.safetensors")) + [work_dir / "cache"]:
+        remove(p, [work_dir])
+    if work_dir.is_dir() and not any(work_dir.iterdir()):
+        work_dir.rmdir()
 
 
 def spec_identity(**parts: Any) -> dict[str, Any]:

@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
 from pythia_probe import theory
-from pythia_probe.errors import BadInputError, MissingFileError, check_device
+from pythia_probe.errors import BadInputError, CorruptFileError, MissingFileError, check_device
+from pythia_probe.fileio import atomic_write, remove
 from pythia_probe.results import make_rows, new_run_id, read_manifest, write_manifest, write_shard
 from pythia_probe.stats import batch_stats
 from pythia_probe.toy.data import TOKENIZERS, ToyDataConfig, load_toy_data
@@ -193,15 +195,12 @@ def _norm_ratio(weight: Tensor, predicted: Tensor) -> float:
 def save_checkpoint(out: Path, model: AttnOnlyTransformer, step: int) -> Path:
     """Weights at ``step`` to out/checkpoints/step{step}.safetensors; older ones removed."""
     ckdir = out / "checkpoints"
-    ckdir.mkdir(parents=True, exist_ok=True)
     path = ckdir / f"step{step:08d}.safetensors"
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"step": str(step)})
-    tmp.replace(path)
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"step": str(step)}))
     for old in ckdir.glob("step*.safetensors"):
         if old != path:
-            old.unlink()
+            remove(old, [ckdir])
     return path
 
 
@@ -210,7 +209,11 @@ def latest_checkpoint(out: Path) -> tuple[int, dict[str, Tensor]] | None:
     paths = sorted((out / "checkpoints").glob("step*.safetensors"))
     if not paths:
         return None
-    return int(paths[-1].stem[4:]), load_file(str(paths[-1]))
+    try:
+        return int(paths[-1].stem[4:]), load_file(str(paths[-1]))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CorruptFileError(f"toy checkpoint {paths[-1]} is unreadable ({err}); delete it "
+                               "(and train again) or pass --no-resume") from err
 
 
 def theory_batch(seqs: Tensor, sched: Schedule) -> Tensor:
