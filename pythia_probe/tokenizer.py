@@ -167,13 +167,36 @@ def _encode_words(tok: PreTrainedTokenizerFast, docs: Iterable[str],
             yield ids
 
 
+FINGERPRINT_SCHEME = "ids/1"
+
+
+def canonical_form(tok: PreTrainedTokenizerFast) -> dict:
+    """Everything that decides the ids a text gets (special tokens never added): the model
+    (vocabulary, merges, unknown token, subword affixes), normalizer, pre-tokenizer and added
+    tokens with their matching flags. Post-processor, decoder, padding, truncation and the
+    "special" flag are left out, as are spellings of the same setting (None vs "" affixes,
+    merges as "a b" or ["a", "b"]) that transformers changes when it re-saves a tokenizer."""
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    model = dict(spec["model"])
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if key in model:
+            model[key] = model[key] or ""
+    if "merges" in model:
+        model["merges"] = [m.split(" ", 1) if isinstance(m, str) else list(m)
+                           for m in model["merges"]]
+    added = sorted([t["id"], t["content"], t.get("single_word"), t.get("lstrip"),
+                    t.get("rstrip"), t.get("normalized")] for t in spec.get("added_tokens") or [])
+    return {"model": model, "normalizer": spec.get("normalizer"),
+            "pre_tokenizer": spec.get("pre_tokenizer"), "added_tokens": added}
+
+
 def tokenizer_fingerprint(tok: PreTrainedTokenizerFast) -> dict:
-    """{"name", "sha256" (of its serialised tokenizer.json), "d_vocab"}: identifies statistics."""
-    text = tok.backend_tokenizer.to_str()
-    canonical = json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False)
+    """{"name", "sha256" (of :func:`canonical_form`), "d_vocab", "scheme"}: identifies
+    statistics. The same for a tokenizer.json, the model folder holding it and its hub id."""
+    canonical = json.dumps(canonical_form(tok), sort_keys=True, ensure_ascii=False)
     return {"name": tok.name_or_path or "unnamed",
             "sha256": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
-            "d_vocab": d_vocab(tok)}
+            "d_vocab": d_vocab(tok), "scheme": FINGERPRINT_SCHEME}
 
 
 def save_tokenizer(tok: PreTrainedTokenizerFast, path: str | Path) -> Path:

@@ -177,6 +177,10 @@ def check_tokenizer(meta: dict[str, Any], expect: dict[str, Any], path: Any = "s
     if not have:
         raise StatsMismatchError(f"{path} records no tokenizer, cannot check it against "
                                  f"{expect.get('name')!r}; pass expect=None to skip the check")
+    if "scheme" in expect and have.get("scheme") != expect["scheme"]:
+        raise StatsMismatchError(
+            f"{path} records its tokenizer in an older form (scheme {have.get('scheme')!r}, this "
+            f"version uses {expect['scheme']!r}); recompute it with `python -m pythia_probe.stats`")
     for key in ("sha256", "d_vocab"):
         if key in expect and have.get(key) != expect[key]:
             raise StatsMismatchError(
