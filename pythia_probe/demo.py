@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: train the demo model and save its checkpoints."""
     p = argparse.ArgumentParser(prog="python -m pythia_probe.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/demo/demo-neox", help="output folder")
+    p.add_argument("--out", default="runs/demo/demo-neox", help="output folder")
     for name, value in asdict(DemoConfig()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     a = vars(p.parse_args(argv))

@@ -81,3 +81,24 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
         out=out, cfg=cfg, work=work) or 0)
     assert sweep.main(["--demo", "--demo-max-step", "16", "--out", "o", "--work", "w"]) == 0
     assert seen == {"out": "o", "cfg": DemoConfig(max_step=16), "work": "w"}
+
+
+def test_demo_default_output_is_untracked(monkeypatch):
+    """The README's first command never rewrites committed files: --demo writes under runs/
+    (git-ignored); only an explicit `--out results/demo` regenerates the committed copy."""
+    import subprocess
+    from pathlib import Path
+
+    from pythia_probe import demo, sweep
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work: seen.update(
+        out=out, work=work) or 0)
+    assert sweep.main(["--demo"]) == 0
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    for folder in (seen["out"], seen["work"]):
+        probe = f"{folder}/run/manifest.json"
+        ignored = subprocess.run(["git", "check-ignore", "-q", probe], cwd=root)
+        assert ignored.returncode == 0, f"{probe} would be tracked by git"

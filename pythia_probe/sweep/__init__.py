@@ -76,6 +76,9 @@ from pythia_probe.sweep.sources import (
     to_weights,
 )
 
+#: --demo writes here (untracked); `--demo --out results/demo` regenerates the committed copy
+DEMO_OUT = "runs/demo"
+
 __all__ = ["SweepConfig", "main", "run", "run_step", "shard_path", "split_steps"]
 
 
@@ -333,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         from pythia_probe.demo import DemoConfig, run_demo
 
         demo_cfg = DemoConfig(**({"max_step": a.demo_max_step} if a.demo_max_step else {}))
-        return run_demo(a.out or "results/demo", demo_cfg, device=a.device, work=a.work)
+        return run_demo(a.out or DEMO_OUT, demo_cfg, device=a.device, work=a.work)
     missing = [f"--{k}" for k in ("model", "stats", "out") if getattr(a, k) is None]
     if missing:
         build_parser().error(f"{', '.join(missing)} required (or use --demo)")
