@@ -1,19 +1,105 @@
-"""One place that turns a user-facing error into a one-line message and exit code 2.
+"""The one command idiom: a frozen config dataclass whose documented fields are the flags, and
+one handler that turns user errors into a single line.
 
-A :class:`~pythia_probe.errors.UserError` (bad input, corrupt or missing file, full disk,
-unreachable hub, missing device) and an operating-system error about a named file (permission
-denied, not found, no space left) are printed as ``prog: error: ...`` on stderr with exit
-code 2. Anything else is a bug: its traceback is shown (exit 1). Set PYTHIA_PROBE_TRACEBACK=1
-to see the traceback of user errors as well.
+- :func:`config_parser` builds an ``argparse`` parser from a dataclass: ``--field-name`` per
+  field, its help from the attribute docstring under the field, its type from the annotation
+  (``int``, ``float``, ``str``, ``X | None``, ``bool`` as ``--flag/--no-flag``, ``Literal`` as
+  choices, ``tuple[str, ...]`` as a comma-separated list). A project helper rather than
+  transformers' HfArgumentParser (underscored flags, no tuples, ``--flag [FLAG]`` booleans) or
+  tyro (a new dependency for ~60 lines).
+- :func:`parse_config` parses ``argv`` into the dataclass; ``__post_init__`` validates and
+  raises :class:`~pythia_probe.errors.BadInputError` naming the flag and what is valid.
+- :func:`run_main`: a :class:`~pythia_probe.errors.UserError` (bad input, corrupt or missing
+  file, full disk, unreachable hub, missing device) and an operating-system error about a named
+  file print as ``prog: error: ...`` with exit code 2; anything else is a bug and keeps its
+  traceback (exit 1). PYTHIA_PROBE_TRACEBACK=1 shows the traceback of user errors as well.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
+import dataclasses
+import inspect
 import os
 import sys
-from collections.abc import Callable
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 from pythia_probe.errors import user_message
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (the string right under each field), base classes
+    first."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for a, b in zip(body, body[1:], strict=False):
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and \
+                    isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                out[a.target.id] = " ".join(str(b.value.value).split())
+    return out
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str | None) -> None:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in args if a is not type(None))
+        args = typing.get_args(hint)
+    kw: dict[str, Any] = {"default": default, "help": help}
+    if hint is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    elif typing.get_origin(hint) is Literal:
+        kw.update(choices=list(args), type=type(args[0]))
+    elif typing.get_origin(hint) is tuple:
+        kw.update(type=_csv, metavar="A,B,...")
+        if isinstance(default, tuple):
+            kw["help"] = f"{help or ''} (default: {','.join(default)})".strip()
+    else:
+        kw["type"] = hint
+    if required:
+        kw.pop("default")
+        kw["required"] = True
+    p.add_argument(flag(f.name), **kw)
+
+
+def config_parser(cls: type, prog: str, description: str | None = None,
+                  parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """An argparse parser with one flag per field of the dataclass ``cls`` (fields whose
+    metadata has ``cli=False`` are left out)."""
+    p = parser or argparse.ArgumentParser(
+        prog=prog, description=description or inspect.getdoc(cls),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli", True):
+            _add(p, f, hints[f.name], docs.get(f.name))
+    return p
+
+
+def parse_config(cls: type, argv: Sequence[str] | None, prog: str, **fixed: Any):
+    """``cls`` built from ``argv`` (``sys.argv[1:]`` when None); ``fixed`` fields are set by the
+    caller (e.g. ``rank``), not by flags."""
+    ns = config_parser(cls, prog).parse_args(sys.argv[1:] if argv is None else list(argv))
+    return cls(**vars(ns), **fixed)
 
 
 def run_main(main: Callable[[], int], prog: str) -> int:

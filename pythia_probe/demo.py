@@ -204,11 +204,10 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
               f"{info['loss_final']:.3f} (mean of last 20) in {info['train_seconds']:.0f} s")
     demo_stats(work / "demo-neox", work / "stats.safetensors")
     model = work / "demo-neox"
-    rc = sweep.main(["--model", str(model), "--steps", "all", "--stats",
-                     str(work / "stats.safetensors"), "--analyses",
-                     "embedding,attention,attention_lnfold,unembedding,attention_text", "--text",
-                     str(model / TOKENS_FILE), "--out", str(out / "run"), "--device", device,
-                     "--dtype", "float64"])
+    rc = sweep.run(sweep.SweepConfig(
+        model=str(model), steps="all", stats=str(work / "stats.safetensors"),
+        analyses=("embedding", "attention", "attention_lnfold", "unembedding", "attention_text"),
+        text=str(model / TOKENS_FILE), out=str(out / "run"), device=device, dtype="float64"))
     df = read_results(out / "run")
     for path in plots.plot_run(df, out / "plots"):
         print(f"wrote {path}")

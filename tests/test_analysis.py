@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pythia_probe.analysis import REGISTRY, StepTensors, get_analyses, theory_matrix
+from pythia_probe.analysis import REGISTRY, Options, StepTensors, get_analyses, theory_matrix
 from pythia_probe.analysis.attention import attention_rows
 from pythia_probe.analysis.cosine import (
     cosine,
@@ -126,14 +126,14 @@ def test_registry_runs_every_analysis_and_rejects_unknown_names():
                            enumerate(("PhiBT", "Bbar", "Qbar"))})()
     raw = {"Qbar": stats.Qbar, "Delta": _rand(8, seed=5)}
     with pytest.raises(ValueError, match="needs real text"):
-        REGISTRY["attention_text"].run(x, {}, raw=raw)
+        REGISTRY["attention_text"].run(x, {}, Options(raw=raw))
     x.text_tokens = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(0))
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     x.text_attn = [torch.softmax(_rand(2, 2, 6, 6, seed=s).masked_fill(~causal, -torch.inf), -1)
                    for s in range(3)]
     for a in get_analyses(list(REGISTRY)):
         th = {n: prepare_theory(n, theory_matrix(stats, n)) for n in a.theories}
-        rows = a.run(x, th, raw=raw)
+        rows = a.run(x, th, Options(raw=raw))
         assert rows and all(r["analysis"] == a.name and -1 <= r["value"] <= 1 for r in rows)
     with pytest.raises(ValueError, match="valid: embedding, attention"):
         get_analyses(["embedding", "atention"])
@@ -154,7 +154,7 @@ def test_attention_lnfold_equals_the_authors_materialised_procedure():
     x, V = _tiny(seed=3)
     Q = _rand(V, V, seed=11)
     th = {"Qbar": prepare_theory("Qbar", Q, chunk=5)}
-    rows = REGISTRY["attention_lnfold"].run(x, th, chunk=5, per_head=[0, 2], max_rank=40)
+    rows = REGISTRY["attention_lnfold"].run(x, th, Options(chunk=5, per_head=[0, 2], max_rank=40))
     assert len(rows) == 3 + 2 * 2 and {r["analysis"] for r in rows} == {"attention_lnfold"}
     for row in rows:
         i = row["layer"]
@@ -166,15 +166,15 @@ def test_attention_lnfold_equals_the_authors_materialised_procedure():
 def test_attention_lnfold_differs_from_raw_attention_unless_ln1_is_one():
     x, V = _tiny(seed=4)
     th = {"Qbar": prepare_theory("Qbar", _rand(V, V, seed=12))}
-    raw = [r["value"] for r in REGISTRY["attention"].run(x, th)]
-    fold = [r["value"] for r in REGISTRY["attention_lnfold"].run(x, th)]
+    raw = [r["value"] for r in REGISTRY["attention"].run(x, th, Options())]
+    fold = [r["value"] for r in REGISTRY["attention_lnfold"].run(x, th, Options())]
     assert min(abs(a - b) for a, b in zip(raw, fold, strict=True)) > 1e-4
     # ln1_w = 1 and residual rows already mean-free over d_model: the two coincide
     x.ln1_w = [torch.ones_like(w) for w in x.ln1_w]
     x.residuals["pre"] = [E - E.mean(1, keepdim=True) for E in x.residuals["pre"]]
-    raw = [r["value"] for r in REGISTRY["attention"].run(x, th)]
-    fold = [r["value"] for r in REGISTRY["attention_lnfold"].run(x, th)]
+    raw = [r["value"] for r in REGISTRY["attention"].run(x, th, Options())]
+    fold = [r["value"] for r in REGISTRY["attention_lnfold"].run(x, th, Options())]
     assert fold == pytest.approx(raw, rel=1e-10)
     x.ln1_w = []
     with pytest.raises(ValueError, match="ln1 weights"):
-        REGISTRY["attention_lnfold"].run(x, th)
+        REGISTRY["attention_lnfold"].run(x, th, Options())

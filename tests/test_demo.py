@@ -58,8 +58,9 @@ def test_training_reduces_loss_and_rerun_skips(demo_dir):
 
 def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     """--demo: corpus -> tokenizer -> checkpoints -> statistics -> sweep -> tables + plots."""
-    from pythia_probe import demo, sweep
+    from pythia_probe import demo
     from pythia_probe.results import read_manifest, read_results
+    from pythia_probe.sweep.__main__ import main as sweep_main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     small = DemoConfig(n_stories=150, seq_len=32, n_layers=2, d_model=32, d_mlp=64,
@@ -79,7 +80,7 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     seen = {}
     monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work: seen.update(
         out=out, cfg=cfg, work=work) or 0)
-    assert sweep.main(["--demo", "--demo-max-step", "16", "--out", "o", "--work", "w"]) == 0
+    assert sweep_main(["--demo", "--demo-max-step", "16", "--out", "o", "--work", "w"]) == 0
     assert seen == {"out": "o", "cfg": DemoConfig(max_step=16), "work": "w"}
 
 
@@ -89,12 +90,13 @@ def test_demo_default_output_is_untracked(monkeypatch):
     import subprocess
     from pathlib import Path
 
-    from pythia_probe import demo, sweep
+    from pythia_probe import demo
+    from pythia_probe.sweep.__main__ import main as sweep_main
 
     seen = {}
     monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work: seen.update(
         out=out, work=work) or 0)
-    assert sweep.main(["--demo"]) == 0
+    assert sweep_main(["--demo"]) == 0
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():
         pytest.skip("not a git checkout")

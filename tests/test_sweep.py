@@ -12,6 +12,8 @@ from pythia_probe import sweep
 from pythia_probe.analysis.cosine import materialised_cosine
 from pythia_probe.results import read_manifest, read_results
 from pythia_probe.stats import batch_stats
+from pythia_probe.sweep import runner
+from pythia_probe.sweep.__main__ import main as sweep_main
 from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
 STEPS = (0, 1, 2, 4, 64)
@@ -48,7 +50,7 @@ def _sorted(df):
 def clean_run(setup):
     root, repo, stats = setup
     out = root / "clean"
-    assert sweep.main(_argv(repo, stats, out)) == 0
+    assert sweep_main(_argv(repo, stats, out)) == 0
     return out, read_results(out)
 
 
@@ -88,7 +90,7 @@ def test_tables_validate_and_match_the_paper_procedure(setup, clean_run):
 def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch):
     root, repo, stats = setup
     out = root / "killed"
-    real, calls = sweep.run_step, []
+    real, calls = runner.run_step, []
 
     def dies_on_third(loaded, step, ctx, cfg):
         calls.append(step)
@@ -96,14 +98,14 @@ def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch)
             raise KeyboardInterrupt  # a kill: not an ordinary failure, stops the process
         return real(loaded, step, ctx, cfg)
 
-    monkeypatch.setattr(sweep, "run_step", dies_on_third)
+    monkeypatch.setattr(runner, "run_step", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
-        sweep.main(_argv(repo, stats, out))
+        sweep_main(_argv(repo, stats, out))
     done = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
     assert sorted(done) == ["step0.parquet", "step1.parquet"]
     calls.clear()
-    monkeypatch.setattr(sweep, "run_step", real)
-    assert sweep.main(_argv(repo, stats, out)) == 0
+    monkeypatch.setattr(runner, "run_step", real)
+    assert sweep_main(_argv(repo, stats, out)) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()
             if p.name in done} == done
     pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean_run[1]))
@@ -116,11 +118,11 @@ def test_failing_step_is_retried_reported_and_the_rest_goes_on(setup, tmp_path, 
     shutil.copytree(repo, bad)
     (bad / "step2" / "model.safetensors").write_bytes(b"not a safetensors file")
     tries = []
-    real = sweep.load_weights
-    monkeypatch.setattr(sweep, "load_weights", lambda s, rev, names: (tries.append(rev.step),
+    real = runner.load_weights
+    monkeypatch.setattr(runner, "load_weights", lambda s, rev, names: (tries.append(rev.step),
                                                                        real(s, rev, names))[1])
     out = tmp_path / "out"
-    assert sweep.main(_argv(bad, stats, out, "--retries", "2")) == 1
+    assert sweep_main(_argv(bad, stats, out, "--retries", "2")) == 1
     assert tries == [2, 2]  # the first try comes from the prefetching stream
     assert json.loads((out / "failed" / "step2.json").read_text())["tries"] == 3
     assert sorted(read_results(out)["step"].unique()) == [0, 1, 4, 64]
@@ -159,27 +161,27 @@ def test_bad_input_fails_before_any_download(setup, tmp_path, monkeypatch):
     root, repo, stats = setup
     _no_download(monkeypatch)
     with pytest.raises(ValueError, match="valid: embedding, attention, unembedding"):
-        sweep.main(_argv(repo, stats, tmp_path / "a", "--analyses", "embeding"))
+        sweep_main(_argv(repo, stats, tmp_path / "a", "--analyses", "embeding"))
     with pytest.raises(ValueError, match="attention_text needs --text"):
-        sweep.main(_argv(repo, stats, tmp_path / "a", "--analyses", "attention_text"))
+        sweep_main(_argv(repo, stats, tmp_path / "a", "--analyses", "attention_text"))
     with pytest.raises(StepError, match="3"):
-        sweep.main(_argv(repo, stats, tmp_path / "b", "--steps", "0,3"))
+        sweep_main(_argv(repo, stats, tmp_path / "b", "--steps", "0,3"))
     tok = build_word_tokenizer(["the cat sat on the mat"] * 3, 50)
     other = build_word_tokenizer(["a dog ran"] * 3, 50)
     tok.save_pretrained(str(tmp_path / "tok"))
     wrong = batch_stats(torch.randint(0, 3, (4, 9)), 3, tokenizer=tokenizer_fingerprint(other))
     wrong.save(tmp_path / "wrong.safetensors")
     with pytest.raises(StatsMismatchError, match="tokenizer"):
-        sweep.main(_argv(repo, tmp_path / "wrong.safetensors", tmp_path / "c", "--tokenizer",
+        sweep_main(_argv(repo, tmp_path / "wrong.safetensors", tmp_path / "c", "--tokenizer",
                          str(tmp_path / "tok")))
     with pytest.raises(FileNotFoundError, match="no such statistics file"):
-        sweep.main(_argv(repo, tmp_path / "none.safetensors", tmp_path / "d"))
+        sweep_main(_argv(repo, tmp_path / "none.safetensors", tmp_path / "d"))
 
 
 def test_dry_run_prints_a_plan_and_writes_nothing(setup, tmp_path, monkeypatch, capsys):
     root, repo, stats = setup
     _no_download(monkeypatch)
-    assert sweep.main(_argv(repo, stats, tmp_path / "plan", "--dry-run")) == 0
+    assert sweep_main(_argv(repo, stats, tmp_path / "plan", "--dry-run")) == 0
     text = capsys.readouterr().out
     assert "5 steps" in text and "download" in text and "peak total" in text
     assert not (tmp_path / "plan").exists()
@@ -188,7 +190,7 @@ def test_dry_run_prints_a_plan_and_writes_nothing(setup, tmp_path, monkeypatch, 
 def test_resume_into_a_different_run_is_refused(setup, clean_run):
     root, repo, stats = setup
     with pytest.raises(ValueError, match="different run"):
-        sweep.main(_argv(repo, stats, clean_run[0], "--heads", "none"))
+        sweep_main(_argv(repo, stats, clean_run[0], "--heads", "none"))
 
 
 def test_sweep_over_the_loopback_hub_matches_local_and_evicts(setup, clean_run, tmp_path,
@@ -202,7 +204,7 @@ def test_sweep_over_the_loopback_hub_matches_local_and_evicts(setup, clean_run, 
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
         out = tmp_path / "out"
         argv = _argv("org/tiny", stats, out, "--cache-dir", str(tmp_path / "cache"))
-        assert sweep.main(argv) == 0
+        assert sweep_main(argv) == 0
         weight_gets = [r for r in server.log if r["method"] == "GET" and "/cdn/" in r["path"]]
     # step1 is byte-identical to step0 (as on the real hub): its rows are copied, not downloaded
     assert len(weight_gets) == 5  # step0, step2, step4: one file each; step64: two shards
@@ -251,7 +253,7 @@ def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monk
     with HubServer(tmp_path / "hub") as server:
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
         with pytest.raises(StatsMismatchError, match="computed with tokenizer"):
-            sweep.main(_argv("org/tok", stats, tmp_path / "o", "--cache-dir",
+            sweep_main(_argv("org/tok", stats, tmp_path / "o", "--cache-dir",
                              str(tmp_path / "c")))
 
 
@@ -266,12 +268,12 @@ def test_streamed_theory_cache_matches_resident_theory(setup, clean_run, tmp_pat
                                        ("Bbar", "BbarT", "PhiBT", "Qbar")]
     assert {open_prepared(f).stats_id for f in files} == {read_meta(stats)["stats_id"]}
     out = tmp_path / "memory"
-    assert sweep.main(_argv(repo, stats, out, "--theory", "memory", "--max-rank", "1000")) == 0
+    assert sweep_main(_argv(repo, stats, out, "--theory", "memory", "--max-rank", "1000")) == 0
     a, b = _sorted(read_results(out)), _sorted(clean_run[1])
     pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
     assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
     own = tmp_path / "cache"
-    assert sweep.main(_argv(repo, stats, tmp_path / "own", "--theory-cache", str(own),
+    assert sweep_main(_argv(repo, stats, tmp_path / "own", "--theory-cache", str(own),
                             "--analyses", "embedding")) == 0
     assert [f.name for f in own.iterdir()] == ["PhiBT-float64.safetensors"]
     with pytest.raises(ValueError, match="valid: streamed, memory"):
@@ -293,13 +295,13 @@ def test_theory_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, ca
     root, repo, stats = setup
     cfg = sweep.SweepConfig(model=str(repo), steps="64", stats=str(stats), out="unused")
     assert cfg.theory == "auto"
-    src = sweep.open_source(cfg)
+    src = runner.open_source(cfg)
     rev = src.resolve([64])[0]
-    meta = sweep.check_stats(cfg, None)
-    assert sweep.resolve_theory(cfg, src, rev, meta, (1e12, "big"))[0] == "memory"
-    mode, why = sweep.resolve_theory(cfg, src, rev, meta, (1e3, "tiny"))
+    meta = runner.check_stats(cfg, None)
+    assert runner.resolve_theory(cfg, src, rev, meta, (1e12, "big"))[0] == "memory"
+    mode, why = runner.resolve_theory(cfg, src, rev, meta, (1e3, "tiny"))
     assert mode == "streamed" and "exceeds" in why and "tiny" in why
-    assert sweep.resolve_theory(replace(cfg, theory="memory"), src, rev, meta,
+    assert runner.resolve_theory(replace(cfg, theory="memory"), src, rev, meta,
                                 (1e3, "tiny"))[0] == "memory"
     budget, how = plan.memory_budget("cpu")  # the real probe: a positive number of bytes
     assert budget is None or budget > 0
@@ -314,9 +316,9 @@ def test_theory_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path
     monkeypatch.setattr(plan, "memory_budget", lambda device: (budget, "injected"))
     argv = _argv(repo, stats, tmp_path / "o", "--steps", "64", "--theory", "auto",
                  "--theory-cache", str(root / "clean_cache_auto"))
-    assert sweep.main([*argv, "--dry-run"]) == 0
+    assert sweep_main([*argv, "--dry-run"]) == 0
     assert f"theory: auto -> {mode}" in capsys.readouterr().out
-    assert sweep.main(argv) == 0
+    assert sweep_main(argv) == 0
     m = read_manifest(tmp_path / "o")
     assert m["theory_choice"]["requested"] == "auto" and m["config"]["theory"] == mode
     assert m["theory_choice"]["resolved"] == mode and "injected" in m["theory_choice"]["reason"]
@@ -341,7 +343,7 @@ def test_warm_theory_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path
     runs = [("cold", "streamed", 1), ("warm", "streamed", 0), ("mem", "memory", 1)]
     for name, mode, n_reads in runs:  # the first run builds the cache, the second reuses it
         reads.clear()
-        assert sweep.main(_argv(repo, stats, tmp_path / name, "--steps", "64", "--theory",
+        assert sweep_main(_argv(repo, stats, tmp_path / name, "--steps", "64", "--theory",
                                 mode, "--theory-cache", str(cache))) == 0, name
         assert len(reads) == n_reads, (name, reads)
         a = _sorted(read_results(tmp_path / name))
@@ -390,7 +392,7 @@ def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mo
     ids = st.token_ids
     assert len(ids) == 30 and ids.sort().values.tolist() != list(range(30))
     out = tmp_path / "o"
-    assert sweep.main(_argv(repo, path, out, "--steps", "64", "--theory", mode, "--analyses",
+    assert sweep_main(_argv(repo, path, out, "--steps", "64", "--theory", mode, "--analyses",
                             "embedding,attention,attention_lnfold,unembedding")) == 0
     got = read_results(out).set_index(["analysis", "layer", "head", "metric"])["value"]
     pre, attn, post, m = _hf_streams(repo, 64, ids)
@@ -442,7 +444,7 @@ def test_damaged_shards_are_recomputed_not_counted_done(setup, clean_run, tmp_pa
     else:
         df = read_shard(shard)
         write_shard(df[df["analysis"] != "attention"], shard)
-    assert sweep.main(_argv(repo, stats, out)) == 0
+    assert sweep_main(_argv(repo, stats, out)) == 0
     pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean_run[1]))
 
 
@@ -453,19 +455,19 @@ def test_manifest_says_failed_with_the_reason_when_the_run_dies(setup, tmp_path,
 
     def no_theory(*a, **k):
         raise RuntimeError("theory preparation broke")
-    monkeypatch.setattr(sweep, "_context", no_theory)
+    monkeypatch.setattr(runner, "_context", no_theory)
     with pytest.raises(RuntimeError):
-        sweep.main(_argv(repo, stats, tmp_path / "early"))
+        sweep_main(_argv(repo, stats, tmp_path / "early"))
     m = read_manifest(tmp_path / "early")
     assert m["status"] == "failed" and "theory preparation broke" in m["reason"]
     monkeypatch.undo()
 
     def disk_full(loaded, step, ctx, cfg):
         raise DiskFullError(f"disk full writing step{step}.parquet: 0 bytes free")
-    monkeypatch.setattr(sweep, "run_step", disk_full)
+    monkeypatch.setattr(runner, "run_step", disk_full)
     out = tmp_path / "full"
     with pytest.raises(DiskFullError):
-        sweep.main(_argv(repo, stats, out))
+        sweep_main(_argv(repo, stats, out))
     m = read_manifest(out)
     assert m["status"] == "failed" and m["reason"].startswith("disk full writing step0")
     assert not (out / "failed").exists()  # no half-written failure records
@@ -478,9 +480,45 @@ def test_failure_records_are_written_atomically_with_the_user_message(setup, tmp
     shutil.copytree(repo, bad)
     (bad / "step2" / "model.safetensors").write_bytes(b"not a safetensors file")
     out = tmp_path / "out"
-    assert sweep.main(_argv(bad, stats, out, "--retries", "0")) == 1
+    assert sweep_main(_argv(bad, stats, out, "--retries", "0")) == 1
     assert [p.name for p in (out / "failed").iterdir()] == ["step2.json"]  # no temp files left
     rec = json.loads((out / "failed" / "step2.json").read_text())
     assert rec["error"] and rec["traceback"]
     assert read_manifest(out)["status"] == "failed" and "1 steps failed" in \
         read_manifest(out)["reason"]
+
+
+def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, monkeypatch,
+                                                            capsys):
+    """The extension point: an Analysis declares what it needs; the sweep fetches those
+    weights, prepares those theories, plans its cost and writes its rows, with no other edit."""
+    from pythia_probe.analysis import Analysis, Cost, Needs, registry
+    from pythia_probe.analysis.cosine import cosines, tall
+
+    def run_norms(x, th, opts):  # W_E against Bbar^T: needs only the embedding and one theory
+        return [{"analysis": "we_vs_bbar", "layer": None, "metric": "cos",
+                 "value": cosines([tall(x.W_E, th["BbarT"].dtype)], th["BbarT"], opts.chunk)[0],
+                 "n": th["BbarT"].d_vocab}]
+
+    toy = Analysis("we_vs_bbar", Needs(weights=("embed",), theories=("BbarT",)), run_norms,
+                   lambda s: Cost(0, 1, 2 * s.V**2 * s.d_model))
+    monkeypatch.setitem(registry.REGISTRY, toy.name, toy)  # the one registry line
+    root, repo, stats = setup
+    fetched = []
+    real = runner.tensor_names
+    monkeypatch.setattr(runner, "tensor_names", lambda needs: (fetched.append(needs.weights),
+                                                               real(needs))[1])
+    argv = ["--model", str(repo), "--stats", str(stats), "--steps", "0,64", "--analyses",
+            "we_vs_bbar", "--dtype", "float64", "--theory", "streamed",
+            "--out", str(tmp_path / "o")]
+    assert sweep_main([*argv, "--dry-run"]) == 0
+    assert "flops per checkpoint" in capsys.readouterr().out
+    assert sweep_main(argv) == 0
+    df = read_results(tmp_path / "o")
+    assert set(df["analysis"]) == {"we_vs_bbar"} and sorted(df["step"]) == [0, 64]
+    assert fetched == [("embed",)]  # no attention/MLP weights fetched for it
+    from pythia_probe.analysis.cosine import materialised_cosine
+    from pythia_probe.stats import CorpusStats
+    w = load_file(repo / "step64" / "model.safetensors")["gpt_neox.embed_in.weight"][:V]
+    want = materialised_cosine(w.double(), CorpusStats.load(stats).Bbar.T)
+    assert df[df["step"] == 64]["value"].item() == pytest.approx(want, rel=1e-6)

@@ -21,11 +21,13 @@ part of either mapping.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 from torch import Tensor
 
-from pythia_probe.analysis.cosine import Factors, packed_cosines, product
+from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, Shape, StepTensors
+from pythia_probe.analysis.cosine import Factors, Theory, packed_cosines, product
 
 
 def _check(W_Q: Tensor, W_K: Tensor, E: Tensor) -> None:
@@ -89,3 +91,21 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
                   "metric": "cos_mean" if head is None else "cos_head", "value": v, "n": V}
                  for head, v in zip([None, *heads[layer]], values, strict=True)]
     return rows
+
+
+def _run(x: StepTensors, th: Mapping[str, Theory], opts: Options, folded: bool) -> list[dict]:
+    if folded and len(x.ln1_w) != len(x.W_Q):
+        raise ValueError("attention_lnfold needs every layer's ln1 weights (StepTensors.ln1_w)")
+    return attention_rows(x.residuals["pre"], x.W_Q, x.W_K, th["Qbar"], per_head=opts.per_head,
+                          chunk=opts.chunk, max_rank=opts.max_rank,
+                          ln1_w=x.ln1_w if folded else None)
+
+
+def _cost(s: Shape) -> Cost:
+    """Rank 2 d_model per layer (F, G of the head mean); V^2 d_model flops per layer and head."""
+    return Cost(2 * s.d_model, 0, (s.n_layers + s.head_layers) * 2 * s.V**2 * s.d_model)
+
+
+_NEEDS = Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True, theories=("Qbar",))
+ATTENTION = Analysis("attention", _NEEDS, partial(_run, folded=False), _cost)
+ATTENTION_LNFOLD = Analysis("attention_lnfold", _NEEDS, partial(_run, folded=True), _cost)

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
+from pythia_probe.analysis.cosine import Theory
 from pythia_probe.errors import BadInputError
 
 TINY = 1e-30
@@ -111,3 +113,15 @@ def eq13_rows(attentions: Sequence[Tensor], tokens: Tensor, Qbar: Tensor, Delta:
                       "value": float(row_correlation(logA[:, h], preds[name]))}
                      for name in ("eq13", "qbar")]
     return rows
+
+
+def _run(x: StepTensors, th: Mapping[str, Theory], opts: Options) -> list[dict]:
+    if x.text_attn is None or x.text_tokens is None:
+        raise BadInputError("attention_text needs real text: give the sweep --text TOKENS_FILE")
+    return eq13_rows(x.text_attn, x.text_tokens, opts.raw["Qbar"], opts.raw["Delta"],
+                     per_head=opts.per_head is not False)
+
+
+ATTENTION_TEXT = Analysis(
+    "attention_text", Needs(weights=("embed", "attn", "mlp", "ln", "final_ln"), text=True,
+                            raw=("Qbar", "Delta")), _run, lambda s: Cost(0, 0, 0.0))

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
 from pythia_probe.analysis.cosine import Theory, cosines, packed_cosines, product, tall
 
 KINDS = ("pre", "attn", "post")
@@ -65,3 +66,21 @@ def unembedding_rows(W_E: Tensor, W_U: Tensor, theories: Mapping[str, Theory], *
     }
     return [{"analysis": "unembedding", "layer": None, "metric": m, "value": v, "n": V}
             for m, v in vals.items()]
+
+
+def _run_embedding(x: StepTensors, th: Mapping[str, Theory], opts: Options) -> list[dict]:
+    return embedding_rows(x.residuals, th["PhiBT"], chunk=opts.chunk, max_rank=opts.max_rank)
+
+
+def _run_unembedding(x: StepTensors, th: Mapping[str, Theory], opts: Options) -> list[dict]:
+    return unembedding_rows(x.W_E, x.W_U, th, chunk=opts.chunk)
+
+
+EMBEDDING = Analysis(
+    "embedding", Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True,
+                       theories=("PhiBT",)), _run_embedding,
+    lambda s: Cost(len(KINDS) * s.d_model, 0, len(KINDS) * s.n_layers * 2 * s.V**2 * s.d_model))
+UNEMBEDDING = Analysis(
+    "unembedding", Needs(weights=("embed", "unembed"), unembedding=True,
+                         theories=("Bbar", "BbarT", "PhiBT")), _run_unembedding,
+    lambda s: Cost(0, 3, 3 * 2 * s.V**2 * s.d_model))

@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pythia_probe.analysis.base import Shape
+from pythia_probe.analysis.registry import get_analyses
+
 GB = 1e9
 
 
@@ -63,30 +66,21 @@ def memory_plan(V: int, d_model: int, n_layers: int, n_heads: int, n_params: int
     one V x chunk column block with its product (streamed: the host read buffer and its copy on
     the device; resident: two blocks for the theory-norm pass).
     """
-    from pythia_probe.analysis import get_analyses
-
     chosen = get_analyses(list(analyses))
-    names = {t for a in chosen for t in a.theories} - {"BbarT"}
-    files = {t for a in chosen for t in a.theories}
+    names = {t for a in chosen for t in a.needs.theories} - {"BbarT"}
+    files = {t for a in chosen for t in a.needs.theories}
     heads = n_layers if per_head_layers is None else per_head_layers
+    costs = [a.cost(Shape(V, d_model, n_layers, n_heads, heads)) for a in chosen]
     theories = 0 if streamed else len(names) * V * V * dtype_bytes
-    residuals = 3 * n_layers * V * d_model * dtype_bytes
+    residuals = 3 * n_layers * V * d_model * dtype_bytes * any(a.needs.residuals for a in chosen)
     weights = n_params * dtype_bytes
-    ranks = {"embedding": 3 * d_model, "attention": 2 * d_model,  # a layer: kinds / mean + heads
-             "attention_lnfold": 2 * d_model}
-    per_pass = {a: min(n_layers, max(1, max_rank // r)) for a, r in ranks.items() if a in analyses}
-    passes = sum(-(-n_layers // k) for k in per_pass.values()) + 3 * ("unembedding" in analyses)
-    r = max([ranks[a] * k for a, k in per_pass.items()] or [d_model])
+    layered = [c.rank_per_layer for c in costs if c.rank_per_layer]
+    per_pass = [(rank, min(n_layers, max(1, max_rank // rank))) for rank in layered]
+    passes = sum(-(-n_layers // k) for _, k in per_pass) + sum(c.passes for c in costs)
+    r = max([rank * k for rank, k in per_pass] or [d_model])
     factors = 2 * V * r * dtype_bytes + V * r * 8
     transient = factors + 2 * V * chunk * dtype_bytes + r * chunk * dtype_bytes
-    flops = 0.0
-    if "embedding" in analyses:
-        flops += 3 * n_layers * 2 * V * V * d_model
-    for name in ("attention", "attention_lnfold"):
-        if name in analyses:
-            flops += n_layers * 2 * V * V * d_model + heads * 2 * V * V * d_model
-    if "unembedding" in analyses:
-        flops += 3 * 2 * V * V * d_model
+    flops = float(sum(c.flops for c in costs))
     disk = len(files) * V * V * dtype_bytes if streamed else 0.0
     read = passes * V * V * dtype_bytes if streamed else 0.0
     return Plan(theories, residuals, weights, transient, flops, len(files) * 2 * V**3, disk, read)

@@ -57,8 +57,9 @@ class SweepConfig:
                                                                       self.batch_size) < 1:
             raise BadInputError("--retries, --prefetch and --max-rank must be >= 0, --chunk and "
                                 "--batch-size >= 1")
-        if "attention_text" in self.analyses and not self.text:
-            raise BadInputError("analysis attention_text needs --text (a safetensors file with "
+        text = [a.name for a in get_analyses(list(self.analyses)) if a.needs.text]
+        if text and not self.text:
+            raise BadInputError(f"analysis {text[0]} needs --text (a safetensors file with "
                                 "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
         if self.theory not in THEORY_MODES:
             raise BadInputError(f"--theory {self.theory!r}; valid: {', '.join(THEORY_MODES)}")

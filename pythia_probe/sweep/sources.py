@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from pythia_probe.analysis import theory_matrix
+from pythia_probe.analysis import Needs, theory_matrix
 from pythia_probe.analysis.cosine import Theory, prepare_theory
 from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
 from pythia_probe.results import read_manifest
@@ -146,19 +146,11 @@ def available_steps(source) -> list[int]:
     return sorted(s for f in folders if (s := steps_mod.step_of(f)) is not None)
 
 
-def tensor_names(analyses):
+def tensor_names(needs: Needs):
     """Which weights the analyses read (HF-name predicate from arch)."""
     from pythia_probe.arch import name_filter
 
-    parts = ["embed"]
-    if any(a.name in ("embedding", "attention", "attention_lnfold", "attention_text")
-           for a in analyses):
-        parts += ["attn", "mlp", "ln"]
-    if any(a.name == "attention_text" for a in analyses):
-        parts += ["final_ln"]
-    if any(a.name == "unembedding" for a in analyses):
-        parts += ["unembed"]
-    return name_filter(*parts)
+    return name_filter(*needs.weights)
 
 
 def model_config(source, rev):

@@ -1,0 +1,110 @@
+"""What an analysis is: a pure function of one checkpoint's tensors and the prepared theory, and
+a declaration of what it needs, so the sweep, the memory plan and the dry run read it instead of
+matching names.
+
+An analysis module defines one :class:`Analysis` (or more) and the registry lists it by name
+(:mod:`pythia_probe.analysis.registry`): adding an analysis touches those two files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from torch import Tensor
+
+from pythia_probe.analysis.cosine import Theory
+
+
+@dataclass
+class StepTensors:
+    """What one checkpoint contributes; rows of every [V, *] tensor are token ids.
+
+    residuals: kind ("pre", "attn", "post") -> per-layer [V, d_model] single-token streams.
+    W_Q, W_K: per-layer [n_heads, d_model, d_head]. W_E [V, d_model], W_U [d_model, V].
+    ln1_w: per-layer attention LayerNorm weights [d_model] (``attention_lnfold``).
+    text_tokens / text_attn: only for analyses that need text.
+    """
+
+    residuals: dict[str, list[Tensor]]
+    W_Q: list[Tensor] = field(default_factory=list)
+    W_K: list[Tensor] = field(default_factory=list)
+    W_E: Tensor | None = None
+    W_U: Tensor | None = None
+    ln1_w: list[Tensor] = field(default_factory=list)
+    text_tokens: Tensor | None = None  # [B, T] token ids of real text
+    text_attn: list[Tensor] | None = None  # per layer [B, n_heads, T, T] attention probabilities
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to score: vocabulary columns per block, per-head layers, layers stacked per pass over
+    the theory (0: one), and the raw statistics asked for by ``Needs.raw``."""
+
+    chunk: int = 4096
+    per_head: bool | list[int] = True
+    max_rank: int = 0
+    raw: Mapping[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an analysis reads. ``weights``: parts of :func:`pythia_probe.arch.name_filter`
+    (fetched from each checkpoint); ``residuals``: the single-token residual streams of every
+    layer; ``unembedding``: W_U; ``text``: attention probabilities on real text (``--text``);
+    ``theories``: prepared theory matrices; ``raw``: statistics used unprepared."""
+
+    weights: tuple[str, ...] = ("embed",)
+    residuals: bool = False
+    unembedding: bool = False
+    text: bool = False
+    theories: tuple[str, ...] = ()
+    raw: tuple[str, ...] = ()
+
+
+class Shape(NamedTuple):
+    """Sizes a cost depends on: statistic rows V, the model's d_model, layers, heads, and the
+    number of layers scored per head."""
+
+    V: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    head_layers: int
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One checkpoint's use of the prepared theory: factor columns of one layer's pass (0: the
+    analysis is not per layer), passes over the theory not tied to layers, and flops."""
+
+    rank_per_layer: int
+    passes: int
+    flops: float
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """A named analysis: what it needs, what it costs, and the function that scores a step."""
+
+    name: str
+    needs: Needs
+    run: Callable[[StepTensors, Mapping[str, Theory], Options], list[dict]]
+    cost: Callable[[Shape], Cost]
+
+    @property
+    def theories(self) -> tuple[str, ...]:
+        return self.needs.theories
+
+
+def combined_needs(analyses: list[Analysis]) -> Needs:
+    """What a set of analyses needs together (weights, theories and raw statistics in order)."""
+    def union(parts):
+        return tuple(dict.fromkeys(p for part in parts for p in part))
+    return Needs(weights=union(a.needs.weights for a in analyses),
+                 residuals=any(a.needs.residuals for a in analyses),
+                 unembedding=any(a.needs.unembedding for a in analyses),
+                 text=any(a.needs.text for a in analyses),
+                 theories=union(a.needs.theories for a in analyses),
+                 raw=union(a.needs.raw for a in analyses))
