@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
+from pythia_probe.linalg import positional_bias
+from pythia_probe.stats import batch_stats
 
 #: weight name -> name of the statistic that is its leading term
 LEADING_TERM = {"W_O": "Bbar", "V": "PhiBT", "W": "Qbar", "P": "Delta"}
@@ -70,8 +72,6 @@ def as_stats(source: Any) -> dict[str, Tensor]:
 
 def stats_from_batch(tokens: Tensor, d_vocab: int) -> dict[str, Tensor]:
     """Exact statistics of one batch [N, T+1] (the paper takes the first training batch)."""
-    from pythia_probe.stats import batch_stats
-
     return as_stats(batch_stats(tokens, d_vocab))
 
 
@@ -79,13 +79,6 @@ def predicted_weights(stats: Any, s: int, eta: float) -> dict[str, Tensor]:
     """Leading terms of W_O, V, W and P after s steps (one [V, V] or [T] tensor each)."""
     st = as_stats(stats)
     return {w: coefficient(w, s, eta) * st[key] for w, key in LEADING_TERM.items()}
-
-
-def frobenius_cosine(a: Tensor, b: Tensor) -> float:
-    """<A, B>_F / (|A| |B|) in float64; nan when either is zero."""
-    a, b = a.detach().double().flatten(), b.detach().double().flatten()
-    denom = float(a.norm() * b.norm())
-    return float(a @ b) / denom if denom > 0 else math.nan
 
 
 def relative_error(weight: Tensor, predicted: Tensor) -> float:
@@ -103,8 +96,6 @@ def remove_leading_term(weight: Tensor, term: Tensor) -> Tensor:
 
 
 def _attention_pattern(tokens: Tensor, Qbar: Tensor, Delta: Tensor) -> Tensor:
-    from pythia_probe.toy.model import positional_bias
-
     x = tokens.long()
     logits = Qbar[x[:, :, None], x[:, None, :]] + positional_bias(Delta, x.shape[1])
     return torch.softmax(logits, dim=-1)

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pythia_probe.linalg import frobenius_cosine
+
 DEFAULT_CHUNK = 4096
 
 
@@ -57,11 +59,6 @@ def covariance(X: Tensor) -> Tensor:
     """The paper's covariance: centre each ROW by its own mean, then C C^T / (ncols - 1)."""
     C = row_centre(X)
     return C @ C.T / (X.shape[1] - 1)
-
-
-def frobenius_cosine(A: Tensor, B: Tensor) -> float:
-    """<A, B>_F / (||A||_F ||B||_F)."""
-    return float((A * B).sum() / (torch.linalg.matrix_norm(A) * torch.linalg.matrix_norm(B)))
 
 
 def materialised_cosine(M: Tensor, T: Tensor) -> float:

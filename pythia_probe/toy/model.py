@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pythia_probe.errors import BadInputError
+from pythia_probe.linalg import positional_bias  # noqa: F401 - re-exported for the toy model users
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,6 @@ class ToyConfig:
                 raise BadInputError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.n_layers, int) or self.n_layers < 0:
             raise BadInputError(f"n_layers must be an int >= 0, got {self.n_layers!r}")
-
-
-def positional_bias(P: Tensor, T: int) -> Tensor:
-    """DM(P) plus the causal mask: [..., T, T] with P[t - s] for s <= t and -inf above."""
-    t = torch.arange(T, device=P.device)
-    offset = t[:, None] - t[None, :]
-    bias = P.index_select(-1, offset.clamp(min=0).reshape(-1)).view(*P.shape[:-1], T, T)
-    return bias.masked_fill(offset < 0, float("-inf"))
 
 
 def row_gather(M: Tensor, x: Tensor) -> Tensor:

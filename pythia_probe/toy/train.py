@@ -34,6 +34,7 @@ from tqdm import tqdm
 from pythia_probe import theory
 from pythia_probe.errors import BadInputError, CorruptFileError, MissingFileError, check_device
 from pythia_probe.fileio import atomic_write, remove
+from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.results import make_rows, new_run_id, read_manifest, write_manifest, write_shard
 from pythia_probe.stats import batch_stats
 from pythia_probe.toy.data import TOKENIZERS, ToyDataConfig, load_toy_data
@@ -179,7 +180,7 @@ def weight_rows(model: AttnOnlyTransformer, stats: dict[str, Tensor], step: int,
         term = stats[theory.LEADING_TERM[w]]
         weights = model.W_O[None] if w == "W_O" else getattr(model, w)
         for layer, weight in enumerate(weights.detach().cpu()):
-            values = {f"cos_{suffix}": theory.frobenius_cosine(weight, term),
+            values = {f"cos_{suffix}": frobenius_cosine(weight, term),
                       f"relerr_{suffix}": theory.relative_error(weight, pred[w]),
                       f"normratio_{suffix}": _norm_ratio(weight, pred[w])}
             rows += [{"layer": None if w == "W_O" else layer, "metric": m, "value": v}
