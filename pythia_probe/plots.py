@@ -16,11 +16,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import pandas as pd
+from matplotlib.figure import Figure
 
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_results  # noqa: E402
@@ -72,7 +69,6 @@ def _save(fig, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
@@ -80,7 +76,8 @@ def heatmap(df: pd.DataFrame, analysis: str, metric: str, path: str | os.PathLik
             title: str | None = None) -> Path:
     """Save a layer x step heat map of ``value`` for one (analysis, metric)."""
     table = pivot(df, analysis, metric)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.28 * table.shape[1], 1.2 + 0.22 * table.shape[0]))
+    fig = Figure(figsize=(1.2 + 0.28 * table.shape[1], 1.2 + 0.22 * table.shape[0]))
+    ax = fig.subplots()
     fig.colorbar(_draw(ax, table, "layer"), ax=ax, label=metric)
     ax.set_title(title or f"{analysis}: {metric}")
     return _save(fig, path)
@@ -92,7 +89,8 @@ def head_heatmaps(df: pd.DataFrame, analysis: str, metric: str, layers: Sequence
     tables = [pivot(df, analysis, metric, rows="head", layer=layer) for layer in layers]
     lo = min(float(t.min().min()) for t in tables)
     hi = max(float(t.max().max()) for t in tables)
-    fig, axes = plt.subplots(1, len(tables), figsize=(4 * len(tables), 3.2), squeeze=False)
+    fig = Figure(figsize=(4 * len(tables), 3.2))
+    axes = fig.subplots(1, len(tables), squeeze=False)
     for ax, layer, t in zip(axes[0], layers, tables, strict=True):
         im = _draw(ax, t, "head", lo, hi)
         ax.set_title(f"layer {layer}")
@@ -104,7 +102,8 @@ def head_heatmaps(df: pd.DataFrame, analysis: str, metric: str, layers: Sequence
 def curves(df: pd.DataFrame, analysis: str, metric: str, path: str | os.PathLike) -> Path:
     """Save value against step (symlog x axis), one line per layer."""
     table = pivot(df, analysis, metric)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     for layer, values in table.iterrows():
         ax.plot(table.columns, values.to_numpy(dtype=float), marker=".", label=f"layer {layer}")
     ax.set_xscale("symlog", linthresh=1)
