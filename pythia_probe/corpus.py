@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import glob as globlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -279,10 +278,7 @@ def _fetch_parquet(cache, ref: HubParquet):
         cache.delete(blob)
         url = hubio.resolve_url(hubio.endpoint(), ref.repo_id, ref.commit, ref.path, "dataset")
         remote = hubio.Remote(url, ref.name, f.size, f.sha256, f.git_oid)
-        part = hubio.download(remote, blob, [cache.storage / "blobs"])
-        cache.own(blob)
-        os.replace(part, blob)
-        return blob
+        return cache.put_blob(f.etag, hubio.download(remote, blob, [cache.storage / "blobs"]))
 
 
 # ---------------------------------------------------------------- shard lists

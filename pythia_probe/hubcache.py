@@ -158,12 +158,20 @@ class HubCache:
         self.delete(holder)
         return True
 
-    def place(self, commit: str, f: FileInfo, part: Path) -> Path:
-        """Move a verified download into place as the tool's blob and snapshot entry."""
-        blob = self.blob(f.etag)
+    def put_blob(self, etag: str, part: Path) -> Path:
+        """Move a verified download into place as the tool's blob (a file there that the
+        tool did not create is never overwritten)."""
+        blob = self.blob(etag)
+        if os.path.lexists(blob) and not self.delete(blob):
+            raise CorruptFileError(f"{blob} is in the way of a verified download and was not "
+                                   "created by pythia_probe; delete it or use another cache")
         self.own(blob)
         os.replace(part, blob)
-        return self.link(commit, f, blob)
+        return blob
+
+    def place(self, commit: str, f: FileInfo, part: Path) -> Path:
+        """Move a verified download into place as the tool's blob and snapshot entry."""
+        return self.link(commit, f, self.put_blob(f.etag, part))
 
     def link(self, commit: str, f: FileInfo, found: Path) -> Path:
         """The snapshot entry of ``f`` at ``commit`` for the copy at ``found``: a relative
