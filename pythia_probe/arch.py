@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, MismatchError
 
 Tensor = torch.Tensor
 LEGACY_BUFFER_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
@@ -59,6 +59,10 @@ class UnsupportedConfigError(BadInputError):
     """A GPT-NeoX config with fields or values this module does not understand."""
 
 
+class WeightShapeError(MismatchError):
+    """A tensor whose shape is not the one the config implies (names the tensor)."""
+
+
 @dataclass(frozen=True)
 class NeoXConfig:
     """The GPT-NeoX hyperparameters the analyses need, in TransformerLens names."""
@@ -81,13 +85,24 @@ class NeoXConfig:
         return self.d_model // self.n_heads
 
     @classmethod
-    def from_dict(cls, cfg: Mapping) -> NeoXConfig:
-        """From a config.json dict; raises :class:`UnsupportedConfigError` listing refusals."""
+    def from_dict(cls, cfg: Mapping, where: str = "config") -> NeoXConfig:
+        """From a config.json dict; raises :class:`UnsupportedConfigError` listing refusals
+        (``where`` names the file in the message)."""
+        if not isinstance(cfg, Mapping):
+            raise UnsupportedConfigError(f"{where}: a GPT-NeoX config is a JSON object, got "
+                                         f"{type(cfg).__name__}")
         unknown = sorted(k for k in cfg if k not in _SEMANTIC | _IGNORED)
         problems = [f"unknown fields: {', '.join(unknown)}"] if unknown else []
-        problems += _unsupported_values(cfg)
-        if problems:
-            raise UnsupportedConfigError("GPT-NeoX config refused: " + "; ".join(problems))
+        try:
+            problems += _unsupported_values(cfg)
+            if problems:
+                raise UnsupportedConfigError("; ".join(problems))
+            return cls._build(cfg)
+        except (UnsupportedConfigError, TypeError, ValueError, ZeroDivisionError) as err:
+            raise UnsupportedConfigError(f"{where}: GPT-NeoX config refused: {err}") from err
+
+    @classmethod
+    def _build(cls, cfg: Mapping) -> NeoXConfig:
         theta, pct = _rope(cfg)
         d_model, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         return cls(
@@ -136,6 +151,11 @@ def _unsupported_values(cfg: Mapping) -> list[str]:
                            "intermediate_size") if k not in cfg]
     if missing:
         bad.append(f"missing fields: {', '.join(missing)}")
+    elif not all(isinstance(cfg[k], int) and cfg[k] > 0 for k in (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size")):
+        bad.append("vocab_size, hidden_size, num_hidden_layers, num_attention_heads and "
+                   "intermediate_size must be positive integers")
     elif d % h or cfg.get("head_dim", d // h) != d // h:
         bad.append(f"head_dim must be hidden_size/num_attention_heads ({d}/{h})")
     return bad
@@ -186,6 +206,35 @@ def canonical_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def expected_shapes(c: NeoXConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every GPT-NeoX parameter that ``c`` implies, by HF name."""
+    d, v, m = c.d_model, c.d_vocab, c.d_mlp
+    out = {EMBED_IN: (v, d), **{n: (v, d) for n in EMBED_OUT},
+           FINAL_LN + "weight": (d,), FINAL_LN + "bias": (d,)}
+    per_layer = {"attention.query_key_value.weight": (3 * d, d),
+                 "attention.query_key_value.bias": (3 * d,),
+                 "attention.dense.weight": (d, d), "attention.dense.bias": (d,),
+                 "input_layernorm.weight": (d,), "input_layernorm.bias": (d,),
+                 "post_attention_layernorm.weight": (d,), "post_attention_layernorm.bias": (d,),
+                 "mlp.dense_h_to_4h.weight": (m, d), "mlp.dense_h_to_4h.bias": (m,),
+                 "mlp.dense_4h_to_h.weight": (d, m), "mlp.dense_4h_to_h.bias": (d,)}
+    for i in range(c.n_layers):
+        out.update({layer_prefix(i) + k: s for k, s in per_layer.items()})
+    return out
+
+
+def check_shapes(sd: Mapping[str, Tensor], c: NeoXConfig) -> None:
+    """Refuse tensors whose shapes differ from what the config implies, naming them."""
+    want = expected_shapes(c)
+    bad = [f"{k} is {list(v.shape)}, expected {list(want[k])}" for k, v in sd.items()
+           if k in want and tuple(v.shape) != want[k]]
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        raise WeightShapeError(
+            f"weights do not match the config (d_vocab {c.d_vocab}, d_model {c.d_model}, "
+            f"n_heads {c.n_heads}, d_mlp {c.d_mlp}): {'; '.join(bad[:3])}{more}")
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     """One layer's raw weights (views), TransformerLens shapes."""
@@ -214,6 +263,7 @@ class NeoXWeights:
     def __init__(self, state_dict: Mapping[str, Tensor], config: NeoXConfig):
         self.sd = canonical_state_dict(state_dict)
         self.cfg = config
+        check_shapes(self.sd, config)
 
     @classmethod
     def from_module(cls, model) -> NeoXWeights:

@@ -9,9 +9,16 @@ source:
   `text_field`, read with the `datasets` parquet builder, exactly as hub files are), a directory
   (every such file below it, sorted; one shard each), or a glob of such files.
 - a hub dataset id ("org/name"): its .parquet files for `split` (listed with huggingface_hub at
-  run time; option data_dir limits them to one folder, revision picks a branch), or an
-  "hf://datasets/org/name[@rev]/path/*.parquet" glob. Each file is one shard, streamed with
-  datasets.load_dataset("parquet", data_files=..., streaming=True): nothing is cached in full.
+  run time, pinned to the branch's commit; option data_dir limits them to one folder, revision
+  picks a branch), or an "hf://datasets/org/name[@rev]/path/*.parquet" glob. Each file is one
+  shard. A shard is downloaded when it is read (resumable, every hub call under the retry
+  policy of :mod:`pythia_probe.hubio`), checked against the hub's sha256 (a mismatch is fetched
+  once more, then reported naming the file), read with datasets.load_dataset("parquet",
+  streaming=True) like a local file, and deleted: the tool's dataset cache
+  (``hubio.tool_cache("datasets")``) holds at most the shards being read.
+
+Every error a user can fix is a :class:`~pythia_probe.errors.UserError` naming the file and
+what is valid (a missing text field, a field that is not text, a corrupt or unreadable file).
 
 Run `python -m pythia_probe.corpus --help` for the generate / inspect commands.
 """
@@ -25,10 +32,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
-from pythia_probe import builtin_corpus
-from pythia_probe.errors import BadInputError, HubError, MissingFileError
+from pythia_probe import builtin_corpus, hubio
+from pythia_probe.errors import (
+    BadInputError,
+    CorruptFileError,
+    HubError,
+    MissingFileError,
+    UserError,
+)
 from pythia_probe.fileio import sha256_file
 
 SEPARATOR = "<|endoftext|>"
@@ -37,6 +50,7 @@ VALID_SOURCES = ("'builtin', a .txt (<|endoftext|>-separated) / .jsonl / .parque
                  "directory or glob of those, a hub dataset id 'org/name', or an "
                  "'hf://datasets/org/name/...parquet' path or glob")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HF_PATH = re.compile(r"hf://datasets/([^/@]+/[^/@]+)(?:@([^/]+))?/(.+)")
 _SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation",
                 "valid": "validation", "val": "validation", "dev": "validation", "test": "test"}
 
@@ -55,7 +69,8 @@ class Shard:
 
     def fingerprint(self) -> dict:
         """What the shard holds, so a resumed job notices a changed input: size, mtime and
-        sha256 of a local file; the generator settings (in ``name``) of a builtin shard."""
+        sha256 of a local file; the hub's size and sha256 of a hub file; the generator settings
+        (in ``name``) of a builtin shard."""
         return {"name": self.name, **(self.content() if self.content is not None else {})}
 
 
@@ -63,6 +78,33 @@ def file_fingerprint(path: str | Path) -> dict:
     """Size, modification time and sha256 of a local file."""
     st = Path(path).stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path)}
+
+
+class MissingFieldError(BadInputError, KeyError):
+    """A record or file without the asked text field (names the fields there are)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class FieldTypeError(BadInputError, TypeError):
+    """A text field that holds something other than a string."""
+
+
+class OptionError(BadInputError, TypeError):
+    """Options that do not apply to the chosen source."""
+
+
+class CorpusFileError(CorruptFileError):
+    """A corpus file that cannot be read (not UTF-8, not JSON, not parquet)."""
+
+
+class CorpusNotFoundError(MissingFileError):
+    """A corpus path, directory, glob or hub dataset that is not there."""
+
+
+class DatasetHubError(HubError):
+    """Listing or reading a hub dataset kept failing, or the hub refused it."""
 
 
 # ---------------------------------------------------------------- readers
@@ -89,8 +131,8 @@ def _txt_docs(path: str) -> Iterator[str]:
                         yield doc
                 buf = [pieces[-1]]
         except UnicodeDecodeError as e:
-            raise BadInputError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must be "
-                                "UTF-8 with stories separated by <|endoftext|> lines") from e
+            raise CorpusFileError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must "
+                                  "be UTF-8 with stories separated by <|endoftext|> lines") from e
     doc = "".join(buf).strip()
     if doc:
         yield doc
@@ -104,78 +146,159 @@ def _jsonl_docs(path: str, text_field: str) -> Iterator[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise BadInputError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
-                                    "corpus has one JSON object per line") from e
+                raise CorpusFileError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
+                                      "corpus has one JSON object per line") from e
             yield _text_of(record, text_field, f"{path} line {lineno}")
 
 
 def _text_of(record: object, text_field: str, where: str) -> str:
     if not isinstance(record, dict) or text_field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise BadInputError(f"{where} has no text field {text_field!r}; fields present: {keys} "
-                            "(choose one with text_field=...)")
+        raise MissingFieldError(f"{where} has no text field {text_field!r}; fields present: "
+                                f"{keys} (choose one with text_field=...)")
     text = record[text_field]
     if not isinstance(text, str):
-        raise BadInputError(f"{where}: field {text_field!r} is {type(text).__name__}, not a string")
+        raise FieldTypeError(f"{where}: field {text_field!r} is {type(text).__name__}, not a "
+                             "string (choose a text column with text_field=...)")
     return text
 
 
-def _open_parquet(data_file: str, text_field: str):
+def _open_parquet(data_file: str, text_field: str, name: str):
     import datasets
     try:
         ds = datasets.load_dataset("parquet", data_files=[data_file], split="train",
                                    streaming=True)
         features = ds.features
     except FileNotFoundError as e:
-        raise MissingFileError(f"parquet file {data_file} not found ({e})") from e
-    except Exception as e:
-        _raise_if_network(e, data_file)
-        raise BadInputError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
-                            "expected a valid .parquet file with a string text column") from e
+        raise CorpusNotFoundError(f"parquet file {name} not found ({e})") from e
+    except Exception as e:  # noqa: BLE001 - pyarrow/datasets raise many kinds for bad files
+        raise CorpusFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
+                              "expected a valid .parquet file with a string text column") from e
     if features is not None and text_field not in features:
-        raise BadInputError(f"{data_file} has no text field {text_field!r}; columns present: "
-                            f"{sorted(features)} (choose one with text_field=...)")
+        raise MissingFieldError(f"{name} has no text field {text_field!r}; columns present: "
+                                f"{sorted(features)} (choose one with text_field=...)")
     return ds.select_columns([text_field])
 
 
-def _parquet_docs(data_file: str, text_field: str) -> Iterator[str]:
-    ds = _open_parquet(data_file, text_field)
-    rows = iter(ds)
+def _parquet_docs(data_file: str, text_field: str, name: str | None = None) -> Iterator[str]:
+    """Documents of a parquet file on local disk (``name``: what messages call it)."""
+    name = name or data_file
+    rows = iter(_open_parquet(data_file, text_field, name))
     while True:
         try:
             record = next(rows)
         except StopIteration:
             return
-        except Exception as e:
-            _raise_if_network(e, data_file)
-            raise BadInputError(f"cannot read {data_file} as parquet ({type(e).__name__}: {e}); "
-                                "the file is corrupt or not parquet") from e
-        yield _text_of(record, text_field, data_file)
+        except Exception as e:  # noqa: BLE001 - pyarrow/datasets raise many kinds
+            raise CorpusFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
+                                  "the file is corrupt or not parquet") from e
+        yield _text_of(record, text_field, name)
 
 
-def _raise_if_network(err: BaseException, data_file: str) -> None:
-    """Re-raise a hub/network failure (anywhere in the cause chain) as an OSError naming it,
-    so that it is not reported as a corrupt file."""
-    from huggingface_hub.errors import HfHubHTTPError
-    kinds: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, HfHubHTTPError)
+# ---------------------------------------------------------------- hub datasets
+@dataclass(frozen=True)
+class HubParquet:
+    """One parquet file of a hub dataset; size and hashes once listed (else looked up when
+    the shard is read). ``name`` is its stable hf:// name."""
+
+    repo_id: str
+    revision: str | None
+    path: str
+    name: str
+    commit: str | None = None
+    size: int | None = None
+    sha256: str | None = None
+    git_oid: str | None = None
+
+
+def _api():
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=hubio.endpoint())
+
+
+def _hub_call(fn, what: str):
+    """``fn()`` under the retry policy; failures become one-line dataset errors."""
+    return hubio.call(fn, what, fail=DatasetHubError, missing=CorpusNotFoundError)
+
+
+def _pin(repo_id: str, revision: str | None) -> str:
+    """The commit a branch, tag or commit of a dataset points to now."""
+    info = _hub_call(lambda: _api().dataset_info(repo_id, revision=revision),
+                     f"looking up the hub dataset {repo_id}")
+    return hubio.check_oid(info.sha, f"the commit of the hub dataset {repo_id}")
+
+
+def _list_dataset(repo_id: str, revision: str | None) -> tuple[str, list]:
+    """``(commit, tree entries)`` of a hub dataset at ``revision``, pinned to one commit."""
+    commit = _pin(repo_id, revision)
+    entries = _hub_call(lambda: list(_api().list_repo_tree(
+        repo_id, repo_type="dataset", revision=commit, recursive=True)),
+        f"listing the files of the hub dataset {repo_id}@{commit}")
+    return commit, [e for e in entries if hasattr(e, "size")]
+
+
+def _described(ref: HubParquet, entry) -> HubParquet:
+    """``ref`` with the size and hashes of its tree entry, validated."""
+    what = f"the hub's listing of {ref.name}"
+    sha = entry.lfs.sha256 if getattr(entry, "lfs", None) else None
+    return HubParquet(ref.repo_id, ref.revision, hubio.check_repo_path(ref.path, what), ref.name,
+                      ref.commit, int(entry.size),
+                      None if sha is None else hubio.check_sha256(sha, f"the sha256 in {what}"),
+                      hubio.check_oid(entry.blob_id, f"the git blob id in {what}"))
+
+
+def _describe(ref: HubParquet) -> HubParquet:
+    """Look up the commit, size and hashes of a shard named by an hf:// path."""
+    pinned = HubParquet(ref.repo_id, ref.revision, ref.path, ref.name,
+                        _pin(ref.repo_id, ref.revision))
+    found = _hub_call(lambda: _api().get_paths_info(ref.repo_id, [ref.path], repo_type="dataset",
+                                                    revision=pinned.commit),
+                      f"looking up {ref.name}")
+    files = [e for e in found if hasattr(e, "size")]
+    if not files:
+        raise CorpusNotFoundError(f"{ref.name}: no such file in the hub dataset {ref.repo_id}")
+    return _described(pinned, files[0])
+
+
+def _hub_fingerprint(ref: HubParquet) -> dict:
+    """The hub's hash of a parquet shard (looked up when its listing did not give it)."""
+    ref = ref if ref.size is not None else _describe(ref)
+    return {"size": ref.size, "sha256": ref.sha256, "git_oid": ref.git_oid}
+
+
+def _hub_parquet_docs(ref: HubParquet, text_field: str) -> Iterator[str]:
+    """Documents of a hub parquet shard: downloaded, verified, read, then deleted."""
+    from pythia_probe.hubcache import HubCache
+
+    ref = ref if ref.size is not None else _describe(ref)
+    cache = HubCache(hubio.tool_cache("datasets"), ref.repo_id, "dataset")
+    etag = ref.sha256 or ref.git_oid
+    cache.lease(etag)
     try:
-        import httpx2
-        kinds += (httpx2.TransportError,)
-    except ImportError:
-        pass
-    e: BaseException | None = err
-    while e is not None and not isinstance(e, kinds):
-        e = e.__cause__ or e.__context__
-    if e is None:
-        return
-    status = getattr(getattr(e, "response", None), "status_code", None)
-    what = f"reading {data_file} failed ({type(e).__name__}: {e}); "
-    if status is None or status in (408, 429) or status >= 500:
-        raise HubError(what + "the hub or network kept failing after retries; check the "
-                       "connection and HF_ENDPOINT, then retry (HF_HUB_OFFLINE=1 reads "
-                       "the local cache only)") from err
-    raise HubError(what + f"the hub refused it (HTTP {status}); check the dataset id, revision "
-                   "and access token") from err
+        path = _hub_call(lambda: _fetch_parquet(cache, ref), f"reading {ref.name}")
+        yield from _parquet_docs(str(path), text_field, ref.name)
+    finally:
+        cache.unlease(etag)
+        if not cache.others_hold(etag):
+            with cache.lock(etag):
+                if not cache.others_hold(etag):
+                    cache.delete(cache.blob(etag))
+
+
+def _fetch_parquet(cache, ref: HubParquet):
+    """The verified local copy of ``ref`` in the tool's dataset cache."""
+    from pythia_probe.weights_io import FileInfo, file_matches
+
+    f = FileInfo(ref.path, ref.size, ref.sha256, ref.git_oid)
+    blob = cache.blob(f.etag)
+    with cache.lock(f.etag):
+        if blob.is_file() and file_matches(blob, f):
+            return blob
+        cache.delete(blob)
+        url = hubio.resolve_url(hubio.endpoint(), ref.repo_id, ref.commit, ref.path, "dataset")
+        remote = hubio.Remote(url, ref.name, f.size, f.sha256, f.git_oid)
+        return cache.put_blob(f.etag, hubio.download(remote, blob, [cache.storage / "blobs"]))
 
 
 # ---------------------------------------------------------------- shard lists
@@ -200,9 +323,9 @@ def file_shard(path: str | Path, text_field: str = "text") -> Shard:
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
         raise BadInputError(f"unsupported corpus file {path}: the suffix must be one of "
-                            f"{', '.join(FILE_SUFFIXES)}")
+                         f"{', '.join(FILE_SUFFIXES)}")
     if not path.is_file():
-        raise MissingFileError(f"corpus file {path} does not exist")
+        raise CorpusNotFoundError(f"corpus file {path} does not exist")
     readers = {".txt": partial(_txt_docs, str(path)),
                ".jsonl": partial(_jsonl_docs, str(path), text_field),
                ".parquet": partial(_parquet_docs, str(path), text_field)}
@@ -213,7 +336,7 @@ def _local_files(paths: list[Path], where: str) -> list[Path]:
     files = sorted(p for p in paths if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
     if not files:
         raise BadInputError(f"no {'/'.join(FILE_SUFFIXES)} files in {where}; give a directory or "
-                            "glob containing such files")
+                         "glob containing such files")
     return files
 
 
@@ -236,49 +359,63 @@ def select_split(files: list[str], split: str) -> list[str]:
 
 
 def hub_parquet_files(repo_id: str, split: str = "train", revision: str | None = None,
-                      data_dir: str | None = None) -> list[str]:
-    """hf:// paths of a hub dataset's parquet files for `split` (listed at run time)."""
-    from huggingface_hub import list_repo_files
+                      data_dir: str | None = None) -> list[HubParquet]:
+    """The parquet files of a hub dataset for `split`, with sizes and hashes (listed at run
+    time, pinned to the commit `revision` points to now)."""
     try:
-        files = list_repo_files(repo_id, repo_type="dataset", revision=revision)
-    except Exception as e:
-        raise MissingFileError(f"{repo_id!r} is no local path, and listing it as a hub dataset "
-                               f"failed ({type(e).__name__}: {e}); check the path or id and the "
-                               "network (HF_HUB_OFFLINE=1 uses the cache only)") from e
-    files = sorted(f for f in files if f.endswith(".parquet")
+        commit, entries = _list_dataset(repo_id, revision)
+    except UserError as e:
+        cause = e.__cause__ if e.__cause__ is not None else e
+        kind = CorpusNotFoundError if isinstance(e, MissingFileError) else DatasetHubError
+        raise kind(f"{repo_id!r} is no local path, and listing it as a hub dataset failed "
+                   f"({hubio.one_line(cause)}); check the path or id and the network "
+                   "(HF_HUB_OFFLINE=1 uses the cache only)") from e
+    by_path = {e.path: e for e in entries}
+    files = sorted(f for f in by_path if f.endswith(".parquet")
                    and (data_dir is None or f.startswith(data_dir.rstrip("/") + "/")))
     chosen = select_split(files, split)
     if not chosen:
-        raise BadInputError(f"hub dataset {repo_id!r} has no .parquet files for split {split!r}"
-                            f"{'' if data_dir is None else f' under {data_dir!r}'}; parquet files "
-                            f"found: {files[:10]}{' ...' if len(files) > 10 else ''}")
+        raise BadInputError(
+            f"hub dataset {repo_id!r} has no .parquet files for split {split!r}"
+            f"{'' if data_dir is None else f' under {data_dir!r}'}; parquet files "
+            f"found: {files[:10]}{' ...' if len(files) > 10 else ''}")
     at = "" if revision is None else "@" + quote(revision, safe="")
-    return [f"hf://datasets/{repo_id}{at}/{f}" for f in chosen]
+    return [_described(HubParquet(repo_id, revision, f, f"hf://datasets/{repo_id}{at}/{f}",
+                                  commit), by_path[f]) for f in chosen]
+
+
+def parse_hf_path(path: str) -> HubParquet:
+    """``hf://datasets/ORG/NAME[@REV]/PATH`` -> a :class:`HubParquet` (nothing looked up)."""
+    m = _HF_PATH.fullmatch(path)
+    if m is None:
+        raise BadInputError(f"{path!r} is not an hf://datasets/ORG/NAME[@REVISION]/PATH path")
+    rev = unquote(m[2]) if m[2] else None
+    return HubParquet(m[1], rev, hubio.check_repo_path(m[3], f"the file of {path}"), path)
 
 
 def _hf_glob(pattern: str) -> list[str]:
     if not any(c in pattern for c in "*?["):
         return [pattern]
     from huggingface_hub import HfFileSystem
-    try:
-        found = sorted("hf://" + p for p in HfFileSystem().glob(pattern))
-    except Exception as e:
-        raise HubError(f"cannot list {pattern} ({type(e).__name__}: {e})") from e
+
+    found = sorted("hf://" + p for p in _hub_call(lambda: HfFileSystem().glob(pattern),
+                                                   f"listing {pattern}"))
     if not found:
-        raise BadInputError(f"no files match {pattern}")
+        raise CorpusNotFoundError(f"no files match {pattern}")
     return found
 
 
 def _hub_shards(source: str, text_field: str, split: str, revision: str | None,
                 data_dir: str | None) -> list[Shard]:
     if source.startswith("hf://"):
-        files = _hf_glob(source)
+        refs = [parse_hf_path(f) for f in _hf_glob(source)]
     else:
-        files = hub_parquet_files(source, split, revision, data_dir)
-    bad = [f for f in files if not f.endswith(".parquet")]
+        refs = hub_parquet_files(source, split, revision, data_dir)
+    bad = [r.name for r in refs if not r.path.endswith(".parquet")]
     if bad:
         raise BadInputError(f"hub sources are read as parquet only; not parquet: {bad[:3]}")
-    return [Shard(f, partial(_parquet_docs, f, text_field)) for f in files]
+    return [Shard(r.name, partial(_hub_parquet_docs, r, text_field),
+                  partial(_hub_fingerprint, r)) for r in refs]
 
 
 def corpus_shards(source: str = "builtin", *, text_field: str = "text", split: str = "train",
@@ -293,10 +430,10 @@ def corpus_shards(source: str = "builtin", *, text_field: str = "text", split: s
     if source == "builtin":
         if split != "train":
             raise BadInputError("the builtin corpus has one stream ('train'); use another seed "
-                                f"for held-out stories, not split={split!r}")
+                             f"for held-out stories, not split={split!r}")
         return builtin_shards(**builtin_opts)
     if builtin_opts:
-        raise BadInputError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
+        raise OptionError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
     return _source_shards(source, text_field, split, revision, data_dir)
 
 
@@ -312,14 +449,14 @@ def _source_shards(source: str, text_field: str, split: str, revision: str | Non
                              f"glob {source!r}")
     elif path.exists() or path.suffix.lower() in FILE_SUFFIXES:
         if not path.exists():
-            raise MissingFileError(f"corpus file {path} does not exist; valid sources: "
-                                   f"{VALID_SOURCES}")
+            raise CorpusNotFoundError(f"corpus file {path} does not exist; valid sources: "
+                                    f"{VALID_SOURCES}")
         files = [path]
     elif _HUB_ID.match(source):
         return _hub_shards(source, text_field, split, revision, data_dir)
     else:
-        raise MissingFileError(f"corpus source {source!r} not found; valid sources: "
-                               f"{VALID_SOURCES}")
+        raise CorpusNotFoundError(f"corpus source {source!r} not found; valid sources: "
+                                f"{VALID_SOURCES}")
     return [file_shard(f, text_field) for f in files]
 
 
@@ -347,10 +484,10 @@ def iter_documents(source: str = "builtin", *, text_field: str = "text", min_cha
                     return
     if seen == 0:
         raise BadInputError(f"empty corpus: {source!r} holds no documents (a .txt corpus needs "
-                            "non-blank text between <|endoftext|> lines)")
+                         "non-blank text between <|endoftext|> lines)")
     if kept == 0:
         raise BadInputError(f"no document of {source!r} has >= {min_chars} characters ({seen} "
-                            f"documents, longest {longest}); lower min_chars")
+                         f"documents, longest {longest}); lower min_chars")
 
 
 # ---------------------------------------------------------------- command line

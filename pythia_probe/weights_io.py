@@ -1,20 +1,22 @@
-"""Checkpoint files on local disk: hashes, verification, the hub cache layout, tensor loading.
+"""Checkpoint files on local disk: file records, hashes, checked loading, error kinds.
 
-The file-level half of :mod:`pythia_probe.checkpoints` (which resolves, downloads and evicts):
+The file-level half of :mod:`pythia_probe.checkpoints` (which resolves, downloads and evicts;
+:mod:`pythia_probe.hubcache` owns the cache layout, :mod:`pythia_probe.hubio` the transfers):
 
-- ``FileInfo`` (path, size, LFS sha256, git blob id); ``Revision`` (a step's branch, commit and
-  files; its ``layout``: bin / safetensors, single or sharded); ``verify_file`` (size + hash
-  check that deletes a bad blob so it is fetched again), ``sha256_file``, ``git_blob_oid``.
+- ``FileInfo`` (path, size, LFS sha256, git blob id; :meth:`FileInfo.from_hub` validates every
+  name and hash the tree API gives before it can become a path); ``Revision`` (a step's branch,
+  commit and files; its ``layout``: bin / safetensors, single or sharded).
+- Hashes: ``sha256_file``, ``git_blob_oid``; :func:`file_matches` checks size and hash (each
+  file hashed once per process while it stays unchanged).
 - ``load_tensors(path, want)``: one weight file, only the names ``want`` accepts; safetensors
   tensor by tensor, ``.bin`` with ``torch.load(weights_only=True, mmap=True)`` (a pickle holding
-  anything but tensors raises :class:`UnsafeCheckpointError`). ``load_weight_files`` merges
-  several files (sharded checkpoints); ``shards_for(index, names)`` picks the shards to fetch.
+  anything but tensors raises :class:`UnsafeCheckpointError`; a truncated or garbled file
+  :class:`CorruptCheckpointError` naming it). ``load_weight_files`` merges several files
+  (sharded checkpoints); ``shards_for(index, names)`` picks the shards to fetch; ``read_json``
+  reads config/index files (an unparseable one is a :class:`CorruptCheckpointError`).
 - ``name_predicate(names)``: names given as a list, a predicate or None (all but legacy buffers).
-- Hub cache layout (``models--ORG--NAME/{refs,snapshots,blobs}``): ``hub_cache_layout``,
-  ``cached_branches``, ``cached_files``; ``dir_bytes`` measures a folder.
-- ``download_resumable(url, blob, f, headers, lock)``: fetch one LFS blob through
-  ``blobs/<sha256>.partial``, a name that survives the process, so a run killed mid-file continues
-  from the bytes on disk (HTTP Range) instead of from zero; sha256-checked before the rename.
+- Errors: :class:`CheckpointError` and its kinds, each also a kind of
+  :class:`~pythia_probe.errors.UserError` (one line, exit 2 on the command line).
 """
 
 from __future__ import annotations
@@ -24,37 +26,80 @@ import json
 import os
 import pickle
 import stat
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from huggingface_hub.file_download import http_get
-from huggingface_hub.utils import WeakFileLock
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from pythia_probe.arch import is_legacy_buffer
+from pythia_probe.errors import (
+    CorruptFileError,
+    MismatchError,
+    MissingFileError,
+    ResourceError,
+    UnsafeFileError,
+    UserError,
+)
+from pythia_probe.fileio import sha256_file
+from pythia_probe.hubio import (
+    HashMismatchError,
+    HubDownloadError,
+    check_name,
+    check_oid,
+    check_repo_path,
+    check_sha256,
+    partial_path,
+)
+
+__all__ = ["INDEX_NAMES", "WEIGHT_SUFFIXES", "CheckpointDiskError", "CheckpointDownloadError",
+           "CheckpointError", "CheckpointNotCachedError", "ChecksumError",
+           "CorruptCheckpointError", "FileInfo", "MissingTensorError", "Names", "Revision",
+           "UnsafeCheckpointError", "dir_bytes", "file_matches", "git_blob_oid",
+           "hub_cache_layout", "load_tensors", "load_weight_files", "name_predicate",
+           "partial_path", "read_json", "sha256_file", "shards_for"]
 
 Names = Iterable[str] | Callable[[str], bool] | None
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-PARTIAL_SUFFIX = ".partial"
 
 
-class CheckpointError(RuntimeError):
-    """Base class for checkpoint loading errors."""
+class CheckpointError(UserError):
+    """Base class of checkpoint errors a user can act on (one line on the command line)."""
 
 
-class CheckpointNotCachedError(CheckpointError):
-    """Offline (or local cache) and the asked revision/file is not there."""
+class CheckpointNotCachedError(CheckpointError, MissingFileError):
+    """A revision, file or folder that is not there (offline cache, local folders, the hub)."""
 
 
-class ChecksumError(CheckpointError):
-    """Downloaded bytes do not match the hash the hub announced."""
+class ChecksumError(CheckpointError, HashMismatchError):
+    """Bytes that do not match the hash the hub announced (after one fresh download)."""
 
 
-class UnsafeCheckpointError(CheckpointError):
-    """A pickle that ``torch.load(weights_only=True)`` refuses (it would execute code)."""
+class CorruptCheckpointError(CheckpointError, CorruptFileError):
+    """A weight, config or index file that is truncated or cannot be parsed."""
+
+
+class UnsafeCheckpointError(CheckpointError, UnsafeFileError):
+    """A pickle that ``torch.load(weights_only=True)`` refuses (it would execute code), or a
+    name from the hub that is really a path."""
+
+
+class CheckpointDownloadError(CheckpointError, HubDownloadError):
+    """The hub refused a request or kept failing after all retries."""
+
+
+class CheckpointDiskError(CheckpointError, ResourceError):
+    """A revision that does not fit the disk budget (``max_disk``)."""
+
+
+class MissingTensorError(CheckpointError, MismatchError, KeyError):
+    """Asked tensors that the checkpoint does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -71,6 +116,32 @@ class FileInfo:
         """The hub cache's blob name for this file."""
         return self.sha256 or self.git_oid
 
+    @classmethod
+    def from_hub(cls, path: object, size: object, sha256: object, git_oid: object,
+                 where: str) -> FileInfo:
+        """A file as the tree API lists it, every name and hash validated (a path where a hash
+        should be raises :class:`UnsafeCheckpointError`)."""
+        try:
+            check_repo_path(path, f"a file name in the hub's listing of {where}")
+            what = f"the hub's {{}} of {path} in {where}"
+            sha = None if sha256 is None else check_sha256(sha256, what.format("LFS sha256"))
+            oid = None if git_oid is None else check_oid(git_oid, what.format("git blob id"))
+        except UnsafeFileError as err:
+            raise UnsafeCheckpointError(str(err)) from err
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise UnsafeCheckpointError(f"the hub lists {path} in {where} with size {size!r}")
+        if sha is None and oid is None:
+            raise UnsafeCheckpointError(f"the hub lists {path} in {where} without any hash, so "
+                                        "its bytes cannot be verified")
+        return cls(path, size, sha, oid)
+
+    def checked_name(self, where: str) -> str:
+        """The path, if it is a plain file name (model files sit at the top of a revision)."""
+        try:
+            return check_name(self.path, f"file {self.path!r} of {where}")
+        except UnsafeFileError as err:
+            raise UnsafeCheckpointError(str(err)) from err
+
 
 @dataclass(frozen=True)
 class Revision:
@@ -82,6 +153,11 @@ class Revision:
     commit: str | None
     files: tuple[FileInfo, ...]
     local_dir: str | None = None  # set for "one folder per step" sources
+
+    @property
+    def where(self) -> str:
+        """``model@branch`` for messages."""
+        return f"{self.model}@{self.branch}"
 
     def file(self, path: str) -> FileInfo | None:
         return next((f for f in self.files if f.path == path), None)
@@ -96,7 +172,9 @@ class Revision:
                 return fmt
             if index in names:
                 return fmt + "-sharded"
-        raise CheckpointError(f"{self.model}@{self.branch}: no weights among {sorted(names)}")
+        raise CheckpointNotCachedError(
+            f"{self.where}: no weight files (model.safetensors, pytorch_model.bin or a sharded "
+            f"index) among {sorted(names)}")
 
     @property
     def weight_files(self) -> tuple[FileInfo, ...]:
@@ -122,70 +200,45 @@ class Revision:
 
 
 # ---- hashes and verification -------------------------------------------------------------------
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 4 MiB chunks."""
-    h = hashlib.sha256()
+def git_blob_oid(path: Path) -> str:
+    """The git blob id (sha1 of ``blob <size>\\0<bytes>``) the hub reports for small files."""
+    h = hashlib.sha1(b"blob %d\0" % Path(path).stat().st_size)
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
 
 
-def git_blob_oid(path: Path) -> str:
-    """The git blob id (sha1 of ``blob <size>\\0<bytes>``) the hub reports for small files."""
-    data = Path(path).read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+_CHECKED: dict[tuple, str] = {}  # (dev, inode, size, mtime, ctime) -> hash already computed
+_CHECKED_LOCK = threading.Lock()
 
 
-def verify_file(p: Path, f: FileInfo) -> None:
-    """Check size and hash of ``p`` against ``f``; on mismatch delete the blob and its pointer
-    (so the next try downloads it again) and raise :class:`ChecksumError`."""
-    got = p.stat().st_size
-    ok = got == f.size
-    if ok and f.sha256:
-        ok = sha256_file(p) == f.sha256
-    elif ok and f.git_oid:
-        ok = git_blob_oid(p) == f.git_oid
-    if not ok:
-        blob = p.resolve()
-        p.unlink(missing_ok=True)
-        blob.unlink(missing_ok=True)
-        raise ChecksumError(f"{f.path}: bytes do not match the hub's hash/size "
-                            f"({got} bytes, expected {f.size}); deleted for re-download")
+def _stamp(p: Path) -> tuple:
+    st = os.stat(p)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def partial_path(blob: Path) -> Path:
-    """Where the bytes of ``blob`` accumulate until they are complete and verified."""
-    return blob.with_name(blob.name + PARTIAL_SUFFIX)
+def file_digest(p: Path, sha256: bool) -> str:
+    """sha256 (or git blob id) of ``p``, computed once per process while the file is unchanged."""
+    key = (*_stamp(p), sha256)
+    with _CHECKED_LOCK:
+        if key in _CHECKED:
+            return _CHECKED[key]
+    digest = sha256_file(p) if sha256 else git_blob_oid(p)
+    with _CHECKED_LOCK:
+        _CHECKED[key] = digest
+    return digest
 
 
-def download_resumable(url: str, blob: Path, f: FileInfo, headers: dict[str, str], lock: Path,
-                       verify: bool = True) -> Path:
-    """Download ``url`` to ``blob`` via ``blob.partial``, resuming from the bytes already there.
-
-    The partial file keeps its name across processes (huggingface_hub's own temp files are
-    per process and deleted on failure), so a killed run resumes with ``Range: bytes=<have>-``.
-    A partial longer than ``f.size`` is discarded; the finished file is checked against
-    ``f.sha256`` (when ``verify``) and, on mismatch, deleted and :class:`ChecksumError` raised,
-    so a corrupt partial costs one full re-download. ``lock`` serialises writers of one blob.
-    """
-    part = partial_path(blob)
-    blob.parent.mkdir(parents=True, exist_ok=True)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with WeakFileLock(lock):
-        if blob.exists():  # another process finished it meanwhile
-            return blob
-        if part.exists() and part.stat().st_size > f.size:
-            part.unlink()
-        with open(part, "ab") as fh:
-            http_get(url, fh, resume_size=fh.tell(), headers=headers, expected_size=f.size,
-                     displayed_filename=f.path)
-        if verify and f.sha256 and sha256_file(part) != f.sha256:
-            part.unlink(missing_ok=True)
-            raise ChecksumError(f"{f.path}: downloaded bytes do not match the hub's sha256 "
-                                f"{f.sha256}; partial file deleted for re-download")
-        os.replace(part, blob)
-    return blob
+def file_matches(p: Path, f: FileInfo) -> bool:
+    """Size and hash of ``p`` against ``f`` (size only when ``f`` has no hash)."""
+    if os.stat(p).st_size != f.size:
+        return False
+    if f.sha256:
+        return file_digest(p, True) == f.sha256
+    if f.git_oid:
+        return file_digest(p, False) == f.git_oid
+    return True
 
 
 def dir_bytes(root: Path) -> int:
@@ -201,7 +254,6 @@ def dir_bytes(root: Path) -> int:
     return total
 
 
-# ---- hub cache layout --------------------------------------------------------------------------
 def hub_cache_layout(path: Path) -> tuple[Path, str] | None:
     """``(cache_dir, model_id)`` if ``path`` is a hub-style cache or a models--ORG--NAME folder."""
     if path.name.startswith("models--") and (path / "snapshots").is_dir():
@@ -210,31 +262,6 @@ def hub_cache_layout(path: Path) -> tuple[Path, str] | None:
     if len(repos) == 1:
         return path, repos[0].name[len("models--"):].replace("--", "/")
     return None
-
-
-def cached_branches(storage: Path) -> dict[str, str]:
-    """``{branch: commit}`` of a cached repo folder, for branches whose snapshot exists."""
-    refs = storage / "refs"
-    if not refs.is_dir():
-        model = storage.name.removeprefix("models--").replace("--", "/")
-        raise CheckpointNotCachedError(
-            f"offline and {model} is not in the cache {storage.parent} (no {refs})")
-    branches = {p.name: p.read_text().strip() for p in refs.iterdir() if p.is_file()}
-    return {b: c for b, c in branches.items() if (storage / "snapshots" / c).is_dir()}
-
-
-def cached_files(storage: Path, commit: str) -> tuple[FileInfo, ...]:
-    """The files of a cached snapshot; blob names give the sha256 (LFS) or git blob id."""
-    snap = storage / "snapshots" / commit
-    if not snap.is_dir():
-        raise CheckpointNotCachedError(f"offline and commit {commit} has no snapshot in {snap}")
-    out = []
-    for p in sorted(snap.iterdir()):
-        blob = p.resolve()
-        tag = blob.name
-        sha = tag if len(tag) == 64 else None
-        out.append(FileInfo(p.name, blob.stat().st_size, sha, None if sha else tag))
-    return tuple(out)
 
 
 # ---- loading -----------------------------------------------------------------------------------
@@ -249,9 +276,28 @@ def name_predicate(names: Names) -> Callable[[str], bool]:
     return lambda n: n in wanted
 
 
-def shards_for(index_path: Path, names: Names) -> set[str]:
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; a file that is not one raises
+    :class:`CorruptCheckpointError` naming ``what`` (e.g. "config.json of org/model@step2")."""
+    try:
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError as err:
+        raise CheckpointNotCachedError(f"{what}: no file {path}") from err
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorruptCheckpointError(f"{what} ({path}) is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise CorruptCheckpointError(f"{what} ({path}) holds a {type(data).__name__}, "
+                                     "not a JSON object")
+    return data
+
+
+def shards_for(index_path: Path, names: Names, what: str = "the index") -> set[str]:
     """Shard file names of a ``*.index.json`` holding at least one tensor ``names`` asks for."""
-    weight_map = json.loads(Path(index_path).read_text())["weight_map"]
+    weight_map = read_json(index_path, what).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise CorruptCheckpointError(f"{what} ({index_path}) has no weight_map of tensor name "
+                                     "-> shard file name")
     want = name_predicate(names)
     return {v for k, v in weight_map.items() if want(k)}
 
@@ -262,29 +308,52 @@ def load_weight_files(paths: Iterable[Path], names: Names = None,
     want = name_predicate(names)
     tensors: dict[str, torch.Tensor] = {}
     for p in paths:
-        tensors.update(load_tensors(p, want))
+        tensors.update(load_tensors(p, want, where))
     if names is not None and not callable(names):
         missing = sorted(set(names) - set(tensors))
         if missing:
-            raise KeyError(f"{where} has no tensors {missing}")
+            raise MissingTensorError(f"{where} has no tensors {missing}")
     return tensors
 
 
-def load_tensors(path: Path, want: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path, want: Callable[[str], bool],
+                 where: str = "checkpoint") -> dict[str, torch.Tensor]:
     """Tensors of one weight file whose names pass ``want`` (copied out of the file mapping)."""
     path = Path(path)
-    if path.suffix == ".safetensors":
-        with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys() if want(k)}
+    what = f"{path.name} of {where} ({path})"
     try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys() if want(k)}
         sd = _torch_load(path)
+    except FileNotFoundError as err:
+        raise CheckpointNotCachedError(f"{what}: the file is gone") from err
     except pickle.UnpicklingError as err:
+        if "GLOBAL" not in str(err):  # garbage, not a forbidden object
+            raise CorruptCheckpointError(f"{what} is truncated or not a torch file: "
+                                         f"{_torch_detail(err)}") from err
         raise UnsafeCheckpointError(
-            f"{path}: refused to unpickle with torch.load(weights_only=True); the file holds "
-            f"objects other than tensors (possible code execution). Details: {err}") from err
+            f"{what}: refused to unpickle with torch.load(weights_only=True); the file holds "
+            f"objects other than tensors (possible code execution). Details: "
+            f"{_torch_detail(err)}") from err
+    except (SafetensorError, RuntimeError, OSError, EOFError, ValueError) as err:
+        raise CorruptCheckpointError(f"{what} is truncated or not a valid {path.suffix} weight "
+                                     f"file: {type(err).__name__}: {_first_line(err)}") from err
     if not isinstance(sd, dict):
-        raise UnsafeCheckpointError(f"{path}: expected a state dict, got {type(sd).__name__}")
+        raise UnsafeCheckpointError(f"{what}: expected a state dict, got {type(sd).__name__}")
     return {k: v.clone() for k, v in sd.items() if want(k)}
+
+
+def _torch_detail(err: BaseException) -> str:
+    """The line of torch's weights-only message that says what was wrong."""
+    lines = [x.strip() for x in str(err).splitlines() if x.strip()]
+    keep = [x for x in lines if "GLOBAL" in x or x.startswith("Unsupported")
+            or "truncated" in x or "EOF" in x]
+    return (keep or lines or [""])[0][:300]
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:300]
 
 
 def _torch_load(path: Path):

@@ -18,7 +18,7 @@ import torch
 from pythia_probe import builtin_corpus as bc
 from pythia_probe import corpus
 from pythia_probe.corpus import corpus_shards, iter_documents
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, UnsafeFileError, UserError
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.tokenizer import build_word_tokenizer, d_vocab, encode_documents, word_tokens
@@ -232,29 +232,35 @@ def test_local_parquet_goes_through_datasets_parquet_builder(tmp_path, monkeypat
 
 
 def test_hub_id_lists_parquet_files_per_split(monkeypatch):
-    import huggingface_hub
+    from types import SimpleNamespace as NS
+
     files = ["README.md", "openwebtext.py", "plain_text/train-00000-of-00002.parquet",
              "plain_text/train-00001-of-00002.parquet", "plain_text/test-00000-of-00001.parquet",
              "other/train-00000.parquet"]
+    entries = [NS(path=f, size=10, lfs=NS(sha256="a" * 64), blob_id="b" * 40) for f in files]
     seen = {}
 
-    def fake_list(repo_id, repo_type=None, revision=None):
-        seen.update(repo_id=repo_id, repo_type=repo_type, revision=revision)
-        return files
+    def fake_list(repo_id, revision):
+        seen.update(repo_id=repo_id, revision=revision)
+        return "c" * 40, entries
 
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", fake_list)
+    monkeypatch.setattr(corpus, "_list_dataset", fake_list)
     shards = corpus_shards("org/owt", data_dir="plain_text", revision="refs/convert/parquet")
-    assert seen == {"repo_id": "org/owt", "repo_type": "dataset",
-                    "revision": "refs/convert/parquet"}
+    assert seen == {"repo_id": "org/owt", "revision": "refs/convert/parquet"}
     at = "hf://datasets/org/owt@refs%2Fconvert%2Fparquet/plain_text/"
     assert [s.name for s in shards] == [at + "train-00000-of-00002.parquet",
                                         at + "train-00001-of-00002.parquet"]
-    assert all(s.reader.func is corpus._parquet_docs for s in shards)
+    assert all(s.reader.func is corpus._hub_parquet_docs for s in shards)
+    ref = shards[0].reader.args[0]  # pinned to the listed commit, hashes from the listing
+    assert (ref.commit, ref.sha256, ref.size) == ("c" * 40, "a" * 64, 10)
     test = corpus_shards("org/owt", split="test")
     assert [s.name for s in test] == ["hf://datasets/org/owt/plain_text/test-00000-of-00001"
                                       ".parquet"]
     with pytest.raises(ValueError, match="no .parquet files for split 'validation'"):
         corpus_shards("org/owt", split="validation")
+    entries[2] = NS(path=entries[2].path, size=10, lfs=NS(sha256="../../x"), blob_id="b" * 40)
+    with pytest.raises(UnsafeFileError, match="not a sha256"):  # a path where a hash should be
+        corpus_shards("org/owt", data_dir="plain_text")
 
 
 def test_split_conventions():
@@ -284,7 +290,15 @@ def test_hf_glob_lists_files(monkeypatch):
 def test_hf_path_without_glob_is_one_shard():
     src = "hf://datasets/Skylion007/openwebtext/plain_text/train-00000-of-00080.parquet"
     (shard,) = corpus_shards(src)
-    assert shard.name == src and shard.reader.func is corpus._parquet_docs
+    assert shard.name == src and shard.reader.func is corpus._hub_parquet_docs
+    ref = shard.reader.args[0]
+    assert (ref.repo_id, ref.revision, ref.path) == (
+        "Skylion007/openwebtext", None, "plain_text/train-00000-of-00080.parquet")
+    assert corpus.parse_hf_path("hf://datasets/a/b@refs%2Fconvert%2Fparquet/x.parquet"
+                                ).revision == "refs/convert/parquet"
+    for bad in ("hf://datasets/a/b/../../x.parquet", "hf://datasets/a/b"):
+        with pytest.raises(ValueError, match="not a plain file name|not an hf://"):
+            corpus.parse_hf_path(bad)
 
 
 # ---------------------------------------------------------------- bad input
@@ -301,15 +315,22 @@ def test_missing_file_and_unknown_source(tmp_path):
 
 
 def test_unreachable_hub_id(monkeypatch):
-    import huggingface_hub
+    from huggingface_hub import HfApi
+
+    from pythia_probe import hubio
+
+    calls = []
 
     def offline(*args, **kwargs):
+        calls.append(1)
         raise ConnectionError("network is down")
 
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", offline)
+    monkeypatch.setattr(HfApi, "dataset_info", offline)
+    monkeypatch.setattr(hubio, "DEFAULT_RETRY", hubio.RetryPolicy(3, 0.0, 0.0))
     with pytest.raises(OSError, match=r"'org/none' is no local path, and listing it as a hub "
                                       r"dataset failed \(ConnectionError: network is down\)"):
         corpus_shards("org/none")
+    assert len(calls) == 3  # the listing went through the retry policy
 
 
 def test_empty_corpus(tmp_path):
@@ -324,29 +345,37 @@ def test_empty_corpus(tmp_path):
 
 
 def test_missing_text_field(tmp_path):
+    """Wrong or non-text fields are user errors (one line, exit 2), still KeyError/TypeError."""
     (tmp_path / "d.jsonl").write_text(json.dumps({"body": "x"}) + "\n", encoding="utf-8")
-    with pytest.raises(BadInputError, match=r"line 1 has no text field 'text'; fields present: "
-                                        r"\['body'\]"):
+    with pytest.raises(KeyError, match=r"line 1 has no text field 'text'; fields present: "
+                                        r"\['body'\]") as e1:
         list(iter_documents(str(tmp_path / "d.jsonl")))
     write_parquet(tmp_path / "d.parquet", body=["x"], id=[1])
-    with pytest.raises(BadInputError, match=r"no text field 'content'; columns present: "
-                                        r"\['body', 'id'\]"):
+    with pytest.raises(KeyError, match=r"no text field 'content'; columns present: "
+                                        r"\['body', 'id'\]") as e2:
         list(iter_documents(str(tmp_path / "d.parquet"), text_field="content"))
     (tmp_path / "n.jsonl").write_text(json.dumps({"text": 3}) + "\n", encoding="utf-8")
-    with pytest.raises(BadInputError, match="field 'text' is int, not a string"):
+    with pytest.raises(TypeError, match="field 'text' is int, not a string") as e3:
         list(iter_documents(str(tmp_path / "n.jsonl")))
+    write_parquet(tmp_path / "i.parquet", text=[1, 2])
+    with pytest.raises(TypeError, match=r"i\.parquet: field 'text' is int") as e4:
+        list(iter_documents(str(tmp_path / "i.parquet")))
+    for e in (e1, e2, e3, e4):
+        assert isinstance(e.value, UserError) and "\n" not in str(e.value)
+        assert not str(e.value).startswith("\"")  # not KeyError's quoted form
 
 
 def test_corrupt_inputs(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not a parquet file" * 20)
-    with pytest.raises(ValueError, match=r"cannot read .*bad\.parquet as parquet"):
+    with pytest.raises(ValueError, match=r"cannot read .*bad\.parquet as parquet") as e1:
         list(iter_documents(str(tmp_path / "bad.parquet")))
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{not json\n', encoding="utf-8")
-    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+    with pytest.raises(ValueError, match="line 2 is not valid JSON") as e2:
         list(iter_documents(str(tmp_path / "bad.jsonl")))
     (tmp_path / "bad.txt").write_bytes(b"caf\xe9 latin-1\n")
-    with pytest.raises(ValueError, match="is not valid UTF-8"):
+    with pytest.raises(ValueError, match="is not valid UTF-8") as e3:
         list(iter_documents(str(tmp_path / "bad.txt")))
+    assert all(isinstance(e.value, UserError) for e in (e1, e2, e3))
 
 
 def test_bad_options(tmp_path):

@@ -13,6 +13,7 @@ import httpx2
 import pytest
 from huggingface_hub import HfApi, HfFileSystem, constants
 
+from pythia_probe import hubio
 from pythia_probe.corpus import corpus_shards, iter_documents
 from pythia_probe.errors import BadInputError
 from pythia_probe.testing.endpoint import use_endpoint
@@ -20,6 +21,13 @@ from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import build_dataset_repo
 
 REPO = "Skylion007/openwebtext-tiny"
+FAST = hubio.RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+
+
+def tool_files() -> list:
+    """Files left in the tool's dataset cache (shards are deleted once read)."""
+    root = hubio.tool_cache("datasets")
+    return [p for p in root.rglob("blobs/*")] if root.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +54,7 @@ def hub(server, monkeypatch):
     monkeypatch.setattr(datasets.config, "STREAMING_READ_RATE_LIMIT_RETRY_INTERVAL", 0)
     monkeypatch.setattr(datasets.config, "STREAMING_READ_RETRY_INTERVAL", 0)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    monkeypatch.setattr(hubio, "DEFAULT_RETRY", FAST)
     HfFileSystem.clear_instance_cache()
     server.faults.clear()
     server.log.clear()
@@ -66,7 +75,8 @@ def test_lists_shards_and_streams_every_document(hub, written):
     assert [s.name for s in shards] == names(main)
     for s in shards:
         assert list(s.documents()) == main[s.name.split(f"{REPO}/")[1]]
-    assert hub.requests("GET", f"/api/datasets/{REPO}/tree/main")
+    assert hub.requests("GET", f"/api/datasets/{REPO}/tree/")  # listed once, at one commit
+    assert tool_files() == []
     cdn = {r["path"].rsplit("/", 1)[1] for r in hub.requests("GET", "/cdn/datasets/")}
     assert cdn == {n.rsplit("/", 1)[1] for n in names(main)}
 
@@ -151,7 +161,7 @@ def test_recovers_from_a_transient_fault(hub, written, fault):
 def test_hub_that_keeps_failing_is_a_clear_error(hub):
     hub.add_fault(Fault("429", match="*.parquet", times=-1, retry_after=0))  # rate limit forever
     with pytest.raises(ConnectionError, match=r"reading hf://datasets/.*train-00000-of-00003"
-                                              r"\.parquet failed .*kept failing after retries"):
+                                              r"\.parquet failed: .*kept failing after 3"):
         next(iter_documents(REPO))
     assert len(hub.requests("GET", "/cdn/")) >= 2  # it retried before giving up
 
@@ -179,3 +189,43 @@ def test_use_endpoint_restores_everything():
             os.environ.get("HF_ENDPOINT")) == before
     with pytest.raises(ValueError, match="http"):
         use_endpoint("127.0.0.1:1").__enter__()
+
+
+SHARD0 = "train-00000-of-00003.parquet"
+SHARD0_GLOB = "*/" + SHARD0  # faults match the path in the repo (data/...)
+
+
+def test_bad_parquet_bytes_are_fetched_again_then_named(hub, written):
+    """The bug: one flipped bit at byte 10,000 of a streamed shard gave other statistics."""
+    from pythia_probe.errors import CorruptFileError
+
+    size = (written[0] / "datasets" / REPO / "main" / "data" / SHARD0).stat().st_size
+    assert size > 10_000
+    once = Fault("corrupt", match=SHARD0_GLOB, at_byte=10_000)
+    hub.add_fault(once)
+    assert list(iter_documents(REPO)) == docs_of(written[1])  # caught by sha256, fetched again
+    assert once.times == 0 and len(hub.requests("GET", SHARD0)) == 2
+    hub.add_fault(Fault("corrupt", match=SHARD0_GLOB, at_byte=10_000, times=-1))
+    with pytest.raises(CorruptFileError, match=rf"hf://datasets/{REPO}/data/{SHARD0}: the "
+                                               r"downloaded bytes do not match the hub's sha256"):
+        list(iter_documents(REPO))
+    assert tool_files() == []  # nothing corrupt (or half-read) stays in the tool's cache
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("500", on="api", match=f"/api/datasets/{REPO}", times=2),  # dataset_info: the commit
+    Fault("500", on="api", match="*/tree/*", times=2),  # the listing
+    Fault("429", on="head", match=SHARD0_GLOB, times=2),  # the HEAD that finds the CDN
+    Fault("500", match=SHARD0_GLOB, times=2),  # the bytes
+], ids=["info", "tree", "head", "get"])
+def test_every_dataset_hub_call_is_retried(hub, written, fault):
+    hub.add_fault(fault)
+    assert list(iter_documents(REPO, max_docs=3)) == docs_of(written[1])[:3]
+    assert fault.times == 0
+
+
+def test_hf_path_is_looked_up_verified_and_retried(hub, written):
+    hub.add_fault(Fault("500", on="api", match="*/paths-info/*", times=2))
+    path = f"hf://datasets/{REPO}/data/{SHARD0}"
+    assert list(iter_documents(path)) == written[1][f"data/{SHARD0}"]
+    assert hub.faults[0].times == 0 and tool_files() == []

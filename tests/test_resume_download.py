@@ -121,3 +121,53 @@ def test_corrupt_partial_is_detected_and_fetched_again(hub, hub_root, tmp_path, 
     assert_loaded_step2(src)
     want = ["bytes=40000-", None] if damage == "flipped" else [None]
     assert weight_ranges(hub) == want  # sha256 caught the bad bytes; one full re-download
+
+
+STREAM_CHILD = """
+import sys
+from huggingface_hub import constants
+constants.DOWNLOAD_CHUNK_SIZE = 4096
+constants.HF_HUB_DISABLE_PROGRESS_BARS = True
+from pythia_probe.checkpoints import CheckpointSource
+src = CheckpointSource(sys.argv[1], cache_dir=sys.argv[2], endpoint=sys.argv[3])
+for rev, tensors, config in src.stream(src.resolve([0, 2, 4, 64]), prefetch=1):
+    print(rev.step, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def stream_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub4")
+    build_pythia_like_repo(root, REPO, steps=(0, 2, 4, 64), with_main=False)
+    return root
+
+
+@pytest.mark.parametrize("after_step,delay", [(0, 0.05), (2, 0.4)])
+def test_kill_9_mid_stream_then_a_rerun_is_exact_and_leaves_a_clean_cache(
+        stream_root, tmp_path, after_step, delay):
+    """SIGKILL at some point of a stream (mid-download, mid-eviction, between files); the next
+    run gets exact tensors, and its evictions leave no file and a cache huggingface_hub reads."""
+    from huggingface_hub import scan_cache_dir
+
+    cache = tmp_path / "cache"
+    with HubServer(stream_root) as hub:
+        hub.bandwidth = 150_000  # ~0.5 s per checkpoint: the kill lands inside the stream
+        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+        child = subprocess.Popen([sys.executable, "-c", STREAM_CHILD, REPO, str(cache),
+                                  hub.endpoint], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+        try:
+            for line in child.stdout:
+                if int(line) == after_step:
+                    break
+            time.sleep(delay)
+        finally:
+            child.kill()
+            child.wait()
+        hub.bandwidth = None
+        src = new_source(hub, cache)
+        for rev, tensors, _ in src.stream(src.resolve([0, 2, 4, 64])):
+            ref = random_state_dict(tiny_config(), seed=rev.step)
+            assert all(torch.equal(tensors[k], ref[k]) for k in tensors), rev.step
+    assert not list(src.storage.glob("blobs/*")) and not list(src.storage.glob("snapshots/*"))
+    assert not scan_cache_dir(cache).warnings

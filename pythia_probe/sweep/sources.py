@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -127,23 +126,16 @@ def _resident_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict[st
 
 # ---- checkpoints (pythia_probe.checkpoints) ----------------------------------------------------
 def open_source(cfg: SweepConfig):
+    """The model's CheckpointSource: ``--cache-dir``, else the tool's own checkpoint cache."""
     from pythia_probe.checkpoints import CheckpointSource
 
     return CheckpointSource(cfg.model, cache_dir=cfg.cache_dir)
 
 
 def available_steps(source) -> list[int]:
-    """Steps the model has: local step folders, cached refs offline, else the hub's branches."""
-    from pythia_probe import steps as steps_mod
-
-    if source.local_dir is not None:
-        folders = [p.name for p in source.local_dir.iterdir() if p.is_dir()]
-    elif source.offline:
-        refs = source.storage / "refs"
-        folders = [p.name for p in refs.iterdir()] if refs.is_dir() else []
-    else:
-        return steps_mod.available_steps(source.model, api=source.api)
-    return sorted(s for f in folders if (s := steps_mod.step_of(f)) is not None)
+    """Steps the model has: local step folders, cached refs offline, else the hub's branches
+    (listed through the source's retry policy)."""
+    return source.steps()
 
 
 def tensor_names(needs: Needs):
@@ -154,17 +146,16 @@ def tensor_names(needs: Needs):
 
 
 def model_config(source, rev):
-    """The NeoXConfig of a revision from its config.json alone (no weights downloaded)."""
-    from huggingface_hub import hf_hub_download
-
+    """The NeoXConfig of a revision from its config.json alone (no weights downloaded; the file
+    verified against the hub's hash)."""
     from pythia_probe.arch import NeoXConfig
 
     if rev.local_dir is not None:
+        from pythia_probe.weights_io import read_json
+
         path = Path(rev.local_dir) / "config.json"
-    else:
-        path = hf_hub_download(source.model, "config.json", revision=rev.commit,
-                               cache_dir=source.cache_dir, endpoint=source.endpoint)
-    return NeoXConfig.from_dict(json.loads(Path(path).read_text()))
+        return NeoXConfig.from_dict(read_json(path, f"config.json of {rev.where}"), str(path))
+    return NeoXConfig.from_dict(source.config(rev), f"config.json of {rev.where}")
 
 
 def to_weights(loaded, cfg: SweepConfig):
@@ -202,9 +193,8 @@ def stream(source, revs, names, cfg: SweepConfig):
 # ---- checks before any download ----------------------------------------------------------------
 def model_fingerprint(cfg: SweepConfig, source, rev) -> dict | None:
     """Tokenizer fingerprint of the model: --tokenizer, else the tokenizer.json that the first
-    revision ships (local folder, or the hub at that commit); None (with a warning) if none."""
-    from huggingface_hub import hf_hub_download
-
+    revision ships (local folder, or the hub at that commit, verified); None (with a warning)
+    if none."""
     from pythia_probe.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     if cfg.tokenizer:
@@ -213,18 +203,29 @@ def model_fingerprint(cfg: SweepConfig, source, rev) -> dict | None:
         found = [d for d in (source.local_dir, Path(rev.local_dir)) if (d / TOKENIZER).is_file()]
         path = found[0] if found else None
     elif rev.file(TOKENIZER) is not None:  # the files AutoTokenizer reads, from that commit
-        for name in TOKENIZER_FILES:
-            if rev.file(name) is not None:
-                got = hf_hub_download(source.model, name, revision=rev.commit,
-                                      cache_dir=source.cache_dir, endpoint=source.endpoint)
-        path = Path(got).parent
+        paths = [source.fetch_file(rev, n) for n in TOKENIZER_FILES if rev.file(n) is not None]
+        path = paths[-1].parent
     else:
         path = None
     if path is None:
         tqdm.write(f"warning: {cfg.model} ships no tokenizer.json; the statistics' tokenizer is "
                    "not checked (pass --tokenizer to check it)")
         return None
-    return tokenizer_fingerprint(load_tokenizer(str(path)))
+    return tokenizer_fingerprint(_load_model_tokenizer(path, rev))
+
+
+def _load_model_tokenizer(path: Path, rev):
+    """The model's tokenizer folder, loaded; a file there that does not parse is named."""
+    from pythia_probe.errors import CorruptFileError, UserError
+    from pythia_probe.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(str(path))
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - tokenizers/transformers raise many kinds
+        raise CorruptFileError(f"the tokenizer files of {rev.where} in {path} cannot be "
+                               f"loaded: {type(err).__name__}: {err}") from err
 
 
 def check_stats(cfg: SweepConfig, fingerprint: dict | None) -> dict:

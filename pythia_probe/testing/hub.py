@@ -20,7 +20,14 @@ whose sha is derived from the branch name and file contents. ``{type}`` is ``mod
 
 Faults (:class:`Fault`), consumed in order per request: ``drop`` (close the connection after
 ``after_bytes``), ``500``, ``429`` (with ``Retry-After``), ``slow`` (``bandwidth`` bytes/s),
-``corrupt`` (flip a byte in the body). ``HubServer.bandwidth`` throttles every data transfer.
+``corrupt`` (flip a byte in the body: the middle one, or ``at_byte``). ``HubServer.bandwidth``
+throttles every data transfer.
+
+Malicious metadata (:class:`Tamper`, ``hub.tamper(field, value, match)``): every API answer and
+header about matching files says ``value`` instead of the truth, as a broken or hostile
+``HF_ENDPOINT`` could: ``sha256`` (LFS oid in tree / paths-info / info), ``oid`` (git blob id),
+``path`` (the file's name in listings), ``size``, ``commit`` (refs' targetCommit and info sha),
+``etag`` (``ETag`` / ``X-Linked-Etag`` headers), ``repo-commit`` (``X-Repo-Commit`` header).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ class Fault:
     after_bytes: int | None = None  # drop: bytes sent first (default half the body)
     retry_after: int = 0
     bandwidth: float = 1e6
+    at_byte: int | None = None  # corrupt: which byte to flip (default the middle one)
 
     def __post_init__(self):
         if self.kind not in ("drop", "500", "429", "slow", "corrupt"):
@@ -65,12 +73,30 @@ class Fault:
             raise ValueError(f"fault 'on' must be data, head, api or any; got {self.on!r}")
 
 
+TAMPER_FIELDS = ("sha256", "oid", "path", "size", "commit", "etag", "repo-commit")
+
+
+@dataclass
+class Tamper:
+    """Metadata that lies: ``field`` of files matching ``match`` (fnmatch on the path; the
+    commit fields ignore it) is reported as ``value``."""
+
+    field: str
+    value: object
+    match: str = "*"
+
+    def __post_init__(self):
+        if self.field not in TAMPER_FIELDS:
+            raise ValueError(f"unknown tamper field {self.field!r}; valid: {TAMPER_FIELDS}")
+
+
 class HubServer:
     """ThreadingHTTPServer on 127.0.0.1:0 serving a :class:`RepoStore`; use as a context manager."""
 
     def __init__(self, root: Path, cdn_host: str = "localhost", port: int = 0):
         self.store = RepoStore(root)
         self.faults: list[Fault] = []
+        self.tampers: list[Tamper] = []
         self.bandwidth: float | None = None  # bytes/s for every data transfer
         self.log: list[dict] = []
         self.bytes_sent = 0
@@ -106,6 +132,30 @@ class HubServer:
     def add_fault(self, *faults: Fault) -> None:
         with self._lock:
             self.faults.extend(faults)
+
+    def tamper(self, field: str, value: object, match: str = "*") -> None:
+        """From now on, report ``field`` of files matching ``match`` as ``value``."""
+        with self._lock:
+            self.tampers.append(Tamper(field, value, match))
+
+    def lie(self, field: str, path: str, truth: object) -> object:
+        """What the hub says for ``field`` of ``path`` (the truth unless tampered)."""
+        for t in self.tampers:
+            if t.field == field and (field in ("commit", "repo-commit")
+                                     or fnmatch.fnmatch(path, t.match)):
+                return t.value
+        return truth
+
+    def entry_json(self, f: FileEntry) -> dict:
+        """A tree / paths-info entry, tampered as asked."""
+        d = f.tree_json()
+        d["oid"] = self.lie("oid", f.path, d["oid"])
+        d["size"] = self.lie("size", f.path, d["size"])
+        if "lfs" in d:
+            d["lfs"] = {**d["lfs"], "oid": self.lie("sha256", f.path, d["lfs"]["oid"]),
+                        "size": d["size"]}
+        d["path"] = self.lie("path", f.path, d["path"])
+        return d
 
     def take_fault(self, on: str, name: str) -> Fault | None:
         """The first live fault matching this request (its count is consumed)."""
@@ -150,6 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         self.query = parse_qs(url.query)
         rng = self.headers.get("Range")
+        n = int(self.headers.get("Content-Length") or 0)
+        self.body = self.rfile.read(n) if method == "POST" and n else b""  # even if a fault answers
         self.hub.log.append({"method": method, "path": url.path, "range": rng, "t": time.time()})
         route = _parse_route(parts)
         try:
@@ -215,7 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._tree(files, "/".join(rest[2:]).strip("/"), commit)
         if rest[0] == "paths-info" and method == "POST":
             wanted = self._posted_paths()
-            found = [f.tree_json() for f in files if f.path in wanted]
+            found = [self.hub.entry_json(f) for f in files if f.path in wanted]
             return self._json(found + [folder_json(d, files) for d in folders_of(files)
                                        if d in wanted])
         self._error(404, None, f"unknown api route {path}")
@@ -232,11 +284,11 @@ class _Handler(BaseHTTPRequestHandler):
             return p.startswith(prefix) and (recursive or "/" not in p[len(prefix):])
 
         out = [folder_json(d, files) for d in dirs if keep(d)]
-        self._json(out + [f.tree_json() for f in files if keep(f.path)])
+        self._json(out + [self.hub.entry_json(f) for f in files if keep(f.path)])
 
     def _refs(self, rtype: str, repo: str, branches: dict) -> dict:
-        heads = [{"name": b, "ref": f"refs/heads/{b}",
-                  "targetCommit": self.hub.store.commit(repo, b, rtype)} for b in branches]
+        heads = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": self.hub.lie(
+                  "commit", "", self.hub.store.commit(repo, b, rtype))} for b in branches]
         return {"branches": heads, "converts": [], "tags": []}
 
     def _info(self, rtype: str, repo: str, commit: str, files: list[FileEntry]) -> dict:
@@ -245,16 +297,17 @@ class _Handler(BaseHTTPRequestHandler):
         for f in files:
             s = {"rfilename": f.path}
             if blobs:
-                s.update(size=f.size, blobId=f.git_oid)
+                e = self.hub.entry_json(f)
+                s.update(rfilename=e["path"], size=e["size"], blobId=e["oid"])
                 if f.lfs:
-                    s["lfs"] = {"size": f.size, "sha256": f.sha256, "pointerSize": 134}
+                    s["lfs"] = {"size": e["size"], "sha256": e["lfs"]["oid"], "pointerSize": 134}
             sib.append(s)
-        info = {"id": repo, "sha": commit, "private": False, "siblings": sib}
+        info = {"id": repo, "sha": self.hub.lie("commit", "", commit), "private": False,
+                "siblings": sib}
         return {**info, "modelId": repo} if rtype == "model" else info
 
     def _posted_paths(self) -> set[str]:
-        n = int(self.headers.get("Content-Length") or 0)
-        return set(parse_qs(self.rfile.read(n).decode()).get("paths", []))
+        return set(parse_qs(self.body.decode()).get("paths", []))
 
     # -- files ----------------------------------------------------------------------------------
     def _lookup(self, rtype: str, repo: str, rev: str, name: str) -> tuple[str, FileEntry] | None:
@@ -278,12 +331,15 @@ class _Handler(BaseHTTPRequestHandler):
         if found is None:
             return
         commit, e = found
-        h = {"X-Repo-Commit": commit, "ETag": f'"{e.git_oid}"'}
+        lie = self.hub.lie
+        h = {"X-Repo-Commit": str(lie("repo-commit", name, commit)),
+             "ETag": f'"{lie("etag", name, e.git_oid)}"'}
         if not e.lfs:
             return self._body(method, e, h, name)
         kind = "datasets/" if rtype == "dataset" else ""
         cdn = f"http://{self.hub.cdn_host}:{self.hub.port}/cdn/{kind}{repo}/{commit}/{quote(name)}"
-        h.update({"Location": cdn, "X-Linked-Etag": f'"{e.sha256}"', "X-Linked-Size": str(e.size)})
+        h.update({"Location": cdn, "X-Linked-Etag": f'"{lie("etag", name, e.sha256)}"',
+                  "X-Linked-Size": str(e.size)})
         self._send(302, h, b"", method)
 
     def _cdn(self, method: str, rtype: str, repo: str, commit: str, name: str) -> None:
@@ -317,7 +373,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, body: bytes, fault: Fault | None) -> None:
         if fault is not None and fault.kind == "corrupt":
-            i = len(body) // 2
+            i = len(body) // 2 if fault.at_byte is None else min(fault.at_byte, len(body) - 1)
             body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1 :]
         stop = len(body)
         if fault is not None and fault.kind == "drop":
