@@ -21,6 +21,7 @@ import bisect
 import re
 from collections.abc import Sequence
 
+from pythia_probe import hubio
 from pythia_probe.errors import BadInputError, HubError
 
 PYTHIA_STEPS: tuple[int, ...] = (0, *(2**k for k in range(10)), *range(1000, 143_001, 1000))
@@ -124,14 +125,15 @@ def available_steps(model_id: str, api=None) -> list[int]:
     if api is None:
         from huggingface_hub import HfApi
 
-        api = HfApi()
+        api = HfApi(endpoint=hubio.endpoint())
+    where = getattr(api, "endpoint", "the hub")
     try:
-        refs = api.list_repo_refs(model_id)
-    except Exception as e:  # network, auth or a missing repo: say which model and which hub
-        raise HubError(
-            f"cannot list the branches of {model_id} on {getattr(api, 'endpoint', 'the hub')}: "
-            f"{type(e).__name__}: {e}. Offline? Pass a local folder of step*/ checkpoints, or "
-            "set HF_HUB_OFFLINE=1 with a populated cache") from e
+        refs = hubio.call(lambda: api.list_repo_refs(model_id),
+                          f"listing the branches of {model_id} on {where}")
+    except (HubError, OSError) as e:  # OSError: a resolver or socket failure outside httpx
+        raise HubError(f"cannot list the branches of {model_id} on {where} ({hubio.one_line(e)}). "
+                       "Offline? Pass a local folder of step*/ checkpoints, or set "
+                       "HF_HUB_OFFLINE=1 with a populated cache") from e
     steps = sorted({s for b in refs.branches if (s := step_of(b.name)) is not None})
     if not steps:
         names = ", ".join(sorted(b.name for b in refs.branches)) or "none"

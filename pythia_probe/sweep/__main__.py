@@ -32,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="vocab columns per block")
     p.add_argument("--batch-size", type=int, default=4096, help="tokens per residual batch")
     p.add_argument("--tokenizer", help="tokenizer to check the statistics against")
-    p.add_argument("--cache-dir", help="hub download cache (default: the Hugging Face cache)")
+    p.add_argument("--cache-dir", help="checkpoint download cache (default: the tool's own, "
+                                        "$HF_HOME/pythia_probe/checkpoints; an existing Hugging "
+                                        "Face cache may be given: only files the tool downloaded "
+                                        "are ever deleted)")
     p.add_argument("--prefetch", type=int, default=1, help="checkpoints downloaded ahead")
     p.add_argument("--text", help="attention_text: safetensors file with 'tokens' [N, T+1]")
     p.add_argument("--text-rows", type=int, default=32, help="attention_text: sequences used")

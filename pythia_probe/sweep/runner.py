@@ -235,8 +235,15 @@ def _end_manifest(cfg: SweepConfig, config: dict, argv, started, run_id: str, st
 
 def run(cfg: SweepConfig, argv: list[str] | None = None) -> int:
     """Validate everything, then sweep this rank's steps; 0 if every step succeeded, else 1."""
-    analyses = get_analyses(list(cfg.analyses))
     source = open_source(cfg)
+    try:
+        return _run(cfg, source, argv)
+    finally:
+        source.close()  # leases of planning fetches (config, tokenizer) released
+
+
+def _run(cfg: SweepConfig, source, argv: list[str] | None) -> int:
+    analyses = get_analyses(list(cfg.analyses))
     steps = select_steps(cfg, source)
     first = source.resolve(steps[:1])[0]  # file list only, nothing downloaded
     meta = check_stats(cfg, model_fingerprint(cfg, source, first))

@@ -163,7 +163,8 @@ def to_weights(loaded, cfg: SweepConfig):
     from pythia_probe.arch import NeoXConfig, NeoXWeights
 
     tensors = {k: v.to(cfg.device, cfg.torch_dtype) for k, v in loaded.tensors.items()}
-    return NeoXWeights(tensors, NeoXConfig.from_dict(loaded.config))
+    where = f"config.json of {loaded.revision.model}@{loaded.revision.branch}"
+    return NeoXWeights(tensors, NeoXConfig.from_dict(loaded.config, where))
 
 
 def load_weights(source, rev, names):
