@@ -58,8 +58,9 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str | None) -> None:
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    default = None if required else (
+        f.default if f.default is not dataclasses.MISSING else f.default_factory())
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hint = next(a for a in args if a is not type(None))
@@ -100,6 +101,22 @@ def parse_config(cls: type, argv: Sequence[str] | None, prog: str, **fixed: Any)
     caller (e.g. ``rank``), not by flags."""
     ns = config_parser(cls, prog).parse_args(sys.argv[1:] if argv is None else list(argv))
     return cls(**vars(ns), **fixed)
+
+
+def parse_subcommand(commands: dict[str, type], argv: Sequence[str] | None, prog: str,
+                     description: str | None = None) -> tuple[str, Any]:
+    """``(name, config)`` for ``prog NAME --flags...``, each subcommand a config dataclass."""
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="_command", required=True)
+    for name, cls in commands.items():
+        doc = inspect.getdoc(cls)
+        config_parser(cls, f"{prog} {name}", parser=sub.add_parser(
+            name, help=(doc or "").split("\n")[0], description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter))
+    ns = vars(p.parse_args(sys.argv[1:] if argv is None else list(argv)))
+    name = ns.pop("_command")
+    return name, commands[name](**ns)
 
 
 def run_main(main: Callable[[], int], prog: str) -> int:

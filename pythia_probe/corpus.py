@@ -35,6 +35,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from pythia_probe import builtin_corpus, hubio
+from pythia_probe.cli import parse_subcommand, run_main
 from pythia_probe.errors import (
     BadInputError,
     CorruptFileError,
@@ -496,16 +497,22 @@ class GenerateConfig:
     """Write built-in stories to a TinyStories-format .txt file."""
 
     out: str
-    n_stories: int = 20000
+    """Output .txt file (TinyStories format: stories separated by <|endoftext|> lines)."""
+    stories: int = 20000
+    """Number of stories."""
     seed: int = 0
+    """Seed of the story stream (the same seed always gives the same bytes)."""
     length: int = 24
+    """Mean body sentences per story."""
     min_tokens: int = 0
+    """Extend stories to at least this many word-level tokens (201 for T = 200)."""
     p_topic: float = 0.9
+    """Probability that a habitat/action word comes from the story's own topic."""
 
     def __post_init__(self):
         if not self.out.endswith(".txt"):
             raise BadInputError(f"--out must name a .txt file, got {self.out!r}")
-        builtin_corpus._check_args(self.n_stories, self.seed, self.length, self.min_tokens,
+        builtin_corpus._check_args(self.stories, self.seed, self.length, self.min_tokens,
                                    self.p_topic)
 
 
@@ -513,16 +520,22 @@ class GenerateConfig:
 class InspectConfig:
     """Summarise a corpus: counts, lengths, top words, a sample, planted groups (builtin)."""
 
-    source: str = "builtin"
-    max_docs: int = 2000
+    dataset: str = "builtin"
+    """Corpus: 'builtin', a .txt/.jsonl/.parquet path or folder, a hub dataset id, hf:// glob."""
+    docs: int = 2000
+    """Read at most this many documents."""
     min_chars: int = 0
+    """Minimum document length in characters."""
     text_field: str = "text"
+    """Text column of jsonl/parquet/hub corpora."""
     split: str = "train"
+    """Hub dataset split."""
     top: int = 20
+    """How many top words to list."""
 
     def __post_init__(self):
-        if self.max_docs < 1 or self.top < 1 or self.min_chars < 0:
-            raise BadInputError("need --max-docs >= 1, --top >= 1 and --min-chars >= 0")
+        if self.docs < 1 or self.top < 1 or self.min_chars < 0:
+            raise BadInputError("need --docs >= 1, --top >= 1 and --min-chars >= 0")
 
 
 def generate(cfg: GenerateConfig) -> int:
@@ -531,7 +544,7 @@ def generate(cfg: GenerateConfig) -> int:
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     n_tokens = 0
     with open(cfg.out, "w", encoding="utf-8") as f:
-        for i in tqdm(range(cfg.n_stories), desc="stories", unit="story", mininterval=1):
+        for i in tqdm(range(cfg.stories), desc="stories", unit="story", mininterval=1):
             text = builtin_corpus.story(i, cfg.seed, length=cfg.length,
                                         min_tokens=cfg.min_tokens, p_topic=cfg.p_topic)
             n_tokens += builtin_corpus.count_tokens(text)
@@ -544,8 +557,8 @@ def summarise(cfg: InspectConfig) -> str:
     import numpy as np
 
     from pythia_probe.tokenizer import word_tokens
-    docs = list(iter_documents(cfg.source, text_field=cfg.text_field, min_chars=cfg.min_chars,
-                               max_docs=cfg.max_docs, split=cfg.split))
+    docs = list(iter_documents(cfg.dataset, text_field=cfg.text_field, min_chars=cfg.min_chars,
+                               max_docs=cfg.docs, split=cfg.split))
     toks = [word_tokens(d) for d in docs]
     chars, ntok = np.array([len(d) for d in docs]), np.array([len(t) for t in toks])
     counts: dict[str, int] = {}
@@ -553,7 +566,7 @@ def summarise(cfg: InspectConfig) -> str:
         for w in t:
             counts[w] = counts.get(w, 0) + 1
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: cfg.top]
-    lines = [f"source: {cfg.source}", f"documents read: {len(docs)} (max_docs={cfg.max_docs})",
+    lines = [f"dataset: {cfg.dataset}", f"documents read: {len(docs)} (--docs {cfg.docs})",
              f"characters/doc: mean {chars.mean():.1f}, median {np.median(chars):.0f}, "
              f"min {chars.min()}, max {chars.max()}",
              f"word-level tokens/doc: mean {ntok.mean():.1f}, median {np.median(ntok):.0f}, "
@@ -561,7 +574,7 @@ def summarise(cfg: InspectConfig) -> str:
              f"{(ntok >= 201).mean():.1%}",
              f"tokens: {ntok.sum()}, distinct: {len(counts)}",
              "top words: " + ", ".join(f"{w} {c}" for w, c in top), "sample document:", docs[0]]
-    if cfg.source == "builtin":
+    if cfg.dataset == "builtin":
         lines.append("planted groups (kind: words -> partners):")
         for name, g in builtin_corpus.PLANTED.items():
             lines.append(f"  {name} ({g.kind}): {' '.join(g.words[:8])}"
@@ -570,44 +583,19 @@ def summarise(cfg: InspectConfig) -> str:
     return "\n".join(lines)
 
 
-def _parser():
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m pythia_probe.corpus", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help=GenerateConfig.__doc__)
-    g.add_argument("--out", required=True, help="output .txt (TinyStories format)")
-    g.add_argument("--n-stories", type=int, default=20000)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--length", type=int, default=24, help="mean body sentences per story")
-    g.add_argument("--min-tokens", type=int, default=0,
-                   help="extend stories to at least this many word-level tokens (201 for T=200)")
-    g.add_argument("--p-topic", type=float, default=0.9,
-                   help="probability a habitat/action word comes from the story's own topic")
-    i = sub.add_parser("inspect", help=InspectConfig.__doc__)
-    i.add_argument("source", nargs="?", default="builtin", help=VALID_SOURCES)
-    i.add_argument("--max-docs", type=int, default=2000)
-    i.add_argument("--min-chars", type=int, default=0)
-    i.add_argument("--text-field", default="text")
-    i.add_argument("--split", default="train")
-    i.add_argument("--top", type=int, default=20, help="how many top words to list")
-    return p
+COMMANDS = {"generate": GenerateConfig, "inspect": InspectConfig}
 
 
 def main(argv: list[str] | None = None) -> int:
     """`generate` or `inspect` (see --help)."""
-    args = vars(_parser().parse_args(argv))
-    command = args.pop("command")
+    command, cfg = parse_subcommand(COMMANDS, argv, "python -m pythia_probe.corpus", __doc__)
     if command == "generate":
-        cfg = GenerateConfig(**args)
         n_tokens = generate(cfg)
-        print(f"wrote {cfg.n_stories} stories, {n_tokens} word-level tokens to {cfg.out}")
+        print(f"wrote {cfg.stories} stories, {n_tokens} word-level tokens to {cfg.out}")
     else:
-        print(summarise(InspectConfig(**args)))
+        print(summarise(cfg))
     return 0
 
 
 if __name__ == "__main__":
-    from pythia_probe.cli import run_main
-
     raise SystemExit(run_main(main, "python -m pythia_probe.corpus"))

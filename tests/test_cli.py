@@ -70,7 +70,7 @@ def test_traceback_on_request_and_bugs_are_not_hidden(monkeypatch):
 
 
 def test_module_entry_point_prints_no_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pythia_probe.corpus", "inspect",
+    out = subprocess.run([sys.executable, "-m", "pythia_probe.corpus", "inspect", "--dataset",
                           str(tmp_path / "missing.txt")], capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and "missing.txt does not exist" in out.stderr

@@ -395,7 +395,7 @@ def test_bad_options(tmp_path):
 # ---------------------------------------------------------------- command line
 def test_cli_generate_then_read_back(tmp_path, capsys):
     out = tmp_path / "stories.txt"
-    assert corpus.main(["generate", "--out", str(out), "--n-stories", "40", "--seed", "5",
+    assert corpus.main(["generate", "--out", str(out), "--stories", "40", "--seed", "5",
                         "--min-tokens", "201"]) == 0
     expected = bc.generate_stories(40, seed=5, min_tokens=201)
     assert list(iter_documents(str(out))) == expected
@@ -405,13 +405,13 @@ def test_cli_generate_then_read_back(tmp_path, capsys):
 
 
 def test_cli_inspect(tmp_path, capsys):
-    assert corpus.main(["inspect", "--max-docs", "30", "--top", "5"]) == 0
+    assert corpus.main(["inspect", "--docs", "30", "--top", "5"]) == 0
     text = capsys.readouterr().out
     assert "documents read: 30" in text and "planted groups" in text
     assert "topic:pond (topical): fish frog duck turtle -> pond" in text
     assert bc.generate_stories(1)[0] in text
     (tmp_path / "d.jsonl").write_text(json.dumps({"text": "A b, a!"}), encoding="utf-8")
-    assert corpus.main(["inspect", str(tmp_path / "d.jsonl")]) == 0
+    assert corpus.main(["inspect", "--dataset", str(tmp_path / "d.jsonl")]) == 0
     text = capsys.readouterr().out
     assert "tokens: 5, distinct: 4" in text and "top words: a 2, !" in text
     assert "planted" not in text
@@ -424,5 +424,5 @@ def test_cli_help_and_config_validation(capsys):
     assert "generate" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--out must name a .txt"):
         corpus.GenerateConfig(out="x.csv")
-    with pytest.raises(ValueError, match="max-docs"):
-        corpus.InspectConfig(max_docs=0)
+    with pytest.raises(ValueError, match="--docs >= 1"):
+        corpus.InspectConfig(docs=0)
