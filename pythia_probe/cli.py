@@ -53,8 +53,11 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+def _csv(kind: type):
+    def parse(text: str) -> tuple:
+        return tuple(kind(p.strip()) for p in text.split(",") if p.strip())
+    parse.__name__ = f"comma-separated {kind.__name__}"  # argparse names it in errors
+    return parse
 
 
 def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str | None) -> None:
@@ -71,9 +74,9 @@ def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str 
     elif typing.get_origin(hint) is Literal:
         kw.update(choices=list(args), type=type(args[0]))
     elif typing.get_origin(hint) is tuple:
-        kw.update(type=_csv, metavar="A,B,...")
+        kw.update(type=_csv(args[0]), metavar="A,B,...")
         if isinstance(default, tuple):
-            kw["help"] = f"{help or ''} (default: {','.join(default)})".strip()
+            kw["help"] = f"{help or ''} (default: {','.join(map(str, default))})".strip()
     else:
         kw["type"] = hint
     if required:

@@ -11,14 +11,15 @@ Pythia schedule (0, 1, 2, 4, ..., 512, 1000, 2000, ...) is neither linear nor lo
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
 
+from pythia_probe.cli import parse_config, run_main
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_results  # noqa: E402
 
@@ -137,22 +138,27 @@ def plot_run(df: pd.DataFrame, out_dir: str | os.PathLike,
     return paths
 
 
+@dataclass(frozen=True)
+class PlotsConfig:
+    """Draw every figure of a results folder: layer x step heat maps and curves per (analysis,
+    metric), head x step maps for per-head metrics."""
+
+    results: str
+    """Folder of Parquet result shards (a sweep's --out)."""
+    out: str | None = None
+    """Where the PNGs go (default: RESULTS/plots)."""
+    head_layers: tuple[int, ...] = ()
+    """Layers for the per-head maps, e.g. 1,12,23 (default: first, middle and last)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw every figure for a results folder."""
-    p = argparse.ArgumentParser(prog="python -m pythia_probe.plots", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", help="folder of Parquet result shards")
-    p.add_argument("--out", help="where PNGs go (default RUN_DIR/plots)")
-    p.add_argument("--head-layers", type=lambda s: [int(x) for x in s.split(",")],
-                   help="layers for per-head maps, e.g. 1,12,23")
-    a = p.parse_args(argv)
-    for path in plot_run(read_results(a.run_dir), a.out or Path(a.run_dir) / "plots",
-                         a.head_layers):
+    cfg = parse_config(PlotsConfig, argv, "python -m pythia_probe.plots")
+    for path in plot_run(read_results(cfg.results), cfg.out or Path(cfg.results) / "plots",
+                         list(cfg.head_layers) or None):
         print(path)
     return 0
 
 
 if __name__ == "__main__":
-    from pythia_probe.cli import run_main
-
     raise SystemExit(run_main(main, "python -m pythia_probe.plots"))

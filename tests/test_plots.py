@@ -63,7 +63,7 @@ def test_plot_run_from_shards_makes_each_figure(tmp_path):
     df = _table()
     for s in STEPS:
         write_shard(df[df["step"] == s], tmp_path / "run" / f"step{s}.parquet")
-    assert plots.main([str(tmp_path / "run"), "--head-layers", "0,2"]) == 0
+    assert plots.main(["--results", str(tmp_path / "run"), "--head-layers", "0,2"]) == 0
     names = sorted(p.name for p in (tmp_path / "run" / "plots").iterdir())
     assert names == ["attention_cos_head_heads.png", "embedding_cos_post.png",
                      "embedding_cos_post_curve.png"]
