@@ -24,9 +24,9 @@ import pandas as pd  # noqa: E402
 from pythia_probe.results import read_manifest, read_results  # noqa: E402
 from pythia_probe.toy.train import TrainConfig, make_schedule, run  # noqa: E402
 
-CPU = dict(data="builtin", builtin_stories=800, vocab=3000, seq_len=64, n_seqs=512,
+CPU = dict(dataset="builtin", stories=800, tokenizer="word:3000", seq_len=64, n_seqs=512,
            batch_size=128, epochs=25, lr=0.3, layers=3, log_every=4)
-PAPER = dict(data="roneneldan/TinyStories", vocab=3000, seq_len=200, n_seqs=65536,
+PAPER = dict(dataset="roneneldan/TinyStories", tokenizer="word:3000", seq_len=200, n_seqs=65536,
              batch_size=2048, micro_batch=512, epochs=100, lr=0.05, layers=3)
 CURVES = {"cos_W_Qbar": "W (attention) vs Qbar", "cos_V_PhiBT": "V (value) vs PhiBT",
           "cos_W_O_Bbar": "W_O (output) vs Bbar", "cos_P_Delta": "P (positional) vs Delta"}
@@ -45,9 +45,9 @@ def parse(argv: list[str] | None, name: str) -> argparse.Namespace:
 def settings_line(cfg: TrainConfig, run_dir: str) -> str:
     """One line naming the run's settings, with the effective |V| from its manifest."""
     d_vocab = read_manifest(run_dir)["config"]["d_vocab"]
-    return (f"settings: data={cfg.data} tokenizer={cfg.tokenizer} |V|={d_vocab} T={cfg.seq_len} "
-            f"N={cfg.n_seqs} batch={cfg.batch_size} epochs={cfg.epochs} lr={cfg.lr} "
-            f"L={cfg.layers} (SGD, zero init; theory from the first batch)")
+    return (f"settings: dataset={cfg.dataset} tokenizer={cfg.tokenizer} |V|={d_vocab} "
+            f"T={cfg.seq_len} N={cfg.n_seqs} batch={cfg.batch_size} epochs={cfg.epochs} "
+            f"lr={cfg.lr} L={cfg.layers} (SGD, zero init; theory from the first batch)")
 
 
 def curves_by_epoch(df: pd.DataFrame, steps_per_epoch: int) -> pd.DataFrame:

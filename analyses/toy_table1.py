@@ -20,9 +20,9 @@ from pythia_probe import theory
 from pythia_probe.results import read_results
 from pythia_probe.toy.train import TrainConfig, make_schedule, run
 
-CPU = dict(data="builtin", builtin_stories=800, vocab=3000, seq_len=64, n_seqs=512,
+CPU = dict(dataset="builtin", stories=800, tokenizer="word:3000", seq_len=64, n_seqs=512,
            batch_size=128, epochs=25, lr=0.03, layers=3, log_every=4)
-PAPER = dict(data="roneneldan/TinyStories", vocab=3000, seq_len=200, n_seqs=65536,
+PAPER = dict(dataset="roneneldan/TinyStories", tokenizer="word:3000", seq_len=200, n_seqs=65536,
              batch_size=2048, micro_batch=512, epochs=100, lr=0.005, layers=3)
 #: row label -> (metric, the paper's Table 1 value or None where the paper has none)
 ROWS = {"attention (W vs Qbar)": ("cos_W_Qbar", 0.999496),

@@ -18,9 +18,9 @@ from toy_table1 import ROWS, min_cosines, report
 from pythia_probe.results import read_results
 from pythia_probe.toy.train import TrainConfig, run
 
-CPU = dict(data="builtin", builtin_stories=400, tokenizer="bpe", vocab=1000, seq_len=64,
+CPU = dict(dataset="builtin", stories=400, tokenizer="bpe:1000", seq_len=64,
            n_seqs=128, batch_size=64, epochs=10, lr=0.03, layers=3, log_every=1)
-PAPER = dict(data="roneneldan/TinyStories", tokenizer="bpe", vocab=10000, seq_len=200,
+PAPER = dict(dataset="roneneldan/TinyStories", tokenizer="bpe:10000", seq_len=200,
              n_seqs=65536, batch_size=2048, micro_batch=256, epochs=10, lr=0.005, layers=3)
 PAPER_TABLE2 = {"cos_W_Qbar": 0.999914, "cos_V_PhiBT": 0.998800, "cos_W_O_Bbar": 0.997891}
 

@@ -75,7 +75,7 @@ def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str 
         kw.update(choices=list(args), type=type(args[0]))
     elif typing.get_origin(hint) is tuple:
         kw.update(type=_csv(args[0]), metavar="A,B,...")
-        if isinstance(default, tuple):
+        if default:
             kw["help"] = f"{help or ''} (default: {','.join(map(str, default))})".strip()
     else:
         kw["type"] = hint

@@ -62,6 +62,6 @@ def test_paper_settings_are_valid_configs(scripts):
     from pythia_probe.toy.train import TrainConfig
 
     t1 = TrainConfig(**scripts["toy_table1"].PAPER)
-    assert (t1.vocab, t1.seq_len, t1.n_seqs, t1.batch_size, t1.epochs, t1.lr) == (
-        3000, 200, 65536, 2048, 100, 0.005)
-    assert t1.data == "roneneldan/TinyStories" and t1.layers == 3
+    assert (t1.tokenizer, t1.seq_len, t1.n_seqs, t1.batch_size, t1.epochs, t1.lr) == (
+        "word:3000", 200, 65536, 2048, 100, 0.005)
+    assert t1.dataset == "roneneldan/TinyStories" and t1.layers == 3

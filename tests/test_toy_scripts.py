@@ -13,7 +13,7 @@ import pytest
 from pythia_probe.results import read_manifest, read_results
 
 ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
-TINY = dict(builtin_stories=300, seq_len=32, n_seqs=64, batch_size=32)  # ~0.5-1.5 s per run
+TINY = dict(stories=300, seq_len=32, n_seqs=64, batch_size=32)  # ~0.5-1.5 s per run
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,12 @@ def scripts():
 
 def test_table2_min_cosines_beside_paper(scripts, tmp_path, monkeypatch, capsys):
     t2 = scripts["toy_table2"]
-    monkeypatch.setattr(t2, "CPU", {**t2.CPU, **TINY, "vocab": 300, "epochs": 2})
+    monkeypatch.setattr(t2, "CPU", {**t2.CPU, **TINY, "tokenizer": "bpe:300", "epochs": 2})
     run_dir, out = tmp_path / "run", tmp_path / "out"
     assert t2.main(["--run-dir", str(run_dir), "--results", str(out)]) == 0
     df = read_results(run_dir)  # validates every shard
     cfg = read_manifest(run_dir)["config"]
-    assert cfg["tokenizer"] == "bpe" and cfg["d_vocab"] <= 300
+    assert cfg["tokenizer"] == "bpe:300" and cfg["d_vocab"] <= 300
     table = pd.read_csv(out / "table2.csv").set_index("weight")
     assert table["ours_min_cosine"].abs().max() <= 1 + 1e-9
     for metric, paper in t2.PAPER_TABLE2.items():

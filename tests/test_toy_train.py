@@ -21,7 +21,7 @@ def corpus() -> torch.Tensor:
 
 
 def config(out: Path, epochs: int, **kw) -> tt.TrainConfig:
-    base = dict(layers=2, vocab=D_VOCAB, seq_len=T, n_seqs=N, lr=0.5, epochs=epochs,
+    base = dict(layers=2, tokenizer=f"word:{D_VOCAB}", seq_len=T, n_seqs=N, lr=0.5, epochs=epochs,
                 batch_size=4, log_every=2, checkpoint_every=2, out=str(out))
     return tt.TrainConfig(**{**base, **kw})
 
@@ -102,15 +102,17 @@ def test_config_errors():
         tt.TrainConfig(tokenizer="spm")
     with pytest.raises(ValueError, match="lr"):
         tt.TrainConfig(lr=-1.0)
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="--batch-size 10 exceeds --n-seqs 5"):
         tt.TrainConfig(batch_size=10, n_seqs=5)
+    with pytest.raises(ValueError, match="word:K or bpe:K"):
+        tt.TrainConfig(tokenizer="word")
     with pytest.raises(ValueError, match="multiple of log_every"):
         tt.make_schedule(tt.TrainConfig(n_seqs=8, batch_size=2, log_every=3,
                                         checkpoint_every=4), 8)
 
 
 def cli_args(out: Path, epochs: int, *extra: str) -> list[str]:
-    return ["--data", "builtin", "--builtin-stories", "40", "--n-seqs", "16", "--seq-len", "24",
+    return ["--dataset", "builtin", "--stories", "40", "--n-seqs", "16", "--seq-len", "24",
             "--layers", "2", "--batch-size", "8", "--epochs", str(epochs), "--lr", "0.3",
             "--log-every", "2", "--out", str(out), *extra]
 
@@ -183,3 +185,15 @@ def test_zero_layers_and_a_truncated_checkpoint_are_one_line_errors(tmp_path, ca
     ckpt.write_bytes(ckpt.read_bytes()[:50])
     with pytest.raises(CorruptFileError, match=f"{ckpt.name} is unreadable"):
         tt.main(cli_args(out, 2))
+
+
+def test_runs_saved_under_the_old_field_names_still_load():
+    """Manifests written before the flag vocabulary was unified (data, vocab, builtin_stories,
+    max_docs) translate to today's fields, so committed runs resume and reload unchanged."""
+    old = {"data": "builtin", "tokenizer": "bpe", "vocab": 1000, "builtin_stories": 400,
+           "max_docs": None, "seq_len": 64, "lr": 0.03, "d_vocab": 1000}
+    cfg = tt.TrainConfig(**tt.saved_config(old))
+    assert (cfg.dataset, cfg.tokenizer, cfg.stories, cfg.docs) == ("builtin", "bpe:1000", 400,
+                                                                   None)
+    assert cfg.data_config().tokenizer == "bpe" and cfg.data_config().d_vocab == 1000
+    assert tt.saved_config({"tokenizer": "word:50", "dataset": "x"})["tokenizer"] == "word:50"

@@ -9,21 +9,20 @@ training batch (as in the paper). Checkpoints (safetensors) allow an exact resum
 Multi-GPU: ``accelerate launch -m pythia_probe.toy.train ...`` (data parallel; only main()
 knows about ranks).
 
-Paper scale (Table 1):  python -m pythia_probe.toy.train --data roneneldan/TinyStories
-  --layers 3 --vocab 3000 --seq-len 200 --n-seqs 65536 --batch-size 2048 --micro-batch 512
+Paper scale (Table 1):  python -m pythia_probe.toy.train --dataset roneneldan/TinyStories
+  --layers 3 --tokenizer word:3000 --seq-len 200 --n-seqs 65536 --batch-size 2048 --micro-batch 512
   --epochs 100 --lr 0.005 --out results/toy/runs/paper
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError
@@ -32,6 +31,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from pythia_probe import theory
+from pythia_probe.cli import flag, parse_config, run_main
 from pythia_probe.errors import BadInputError, CorruptFileError, MissingFileError, check_device
 from pythia_probe.fileio import atomic_write, remove
 from pythia_probe.linalg import frobenius_cosine
@@ -52,49 +52,92 @@ class TrainConfig:
     """Toy training run. batch_size 0 = full batch; micro_batch 0 = no gradient accumulation;
     log_every 0 = once per epoch; checkpoint_every must be a multiple of log_every."""
 
-    data: str = "builtin"
-    tokenizer: str = "word"
+    dataset: str = "builtin"
+    """Corpus: 'builtin', a local .txt/.jsonl/.parquet file, or a hub dataset id."""
+    tokenizer: str = "word:3000"
+    """'word:K' (the paper's word rule, top-K words; stories with other words dropped) or
+    'bpe:K' (a byte-level BPE with K ids trained on the data)."""
     layers: int = 3
-    vocab: int = 3000
+    """Number of layers L."""
     seq_len: int = 200
+    """T, predicted positions per sequence (stories keep T+1 tokens)."""
     n_seqs: int = 65536
-    max_docs: int | None = None
-    builtin_stories: int = 20000
+    """Number of training sequences N."""
+    docs: int | None = None
+    """Read at most this many documents."""
+    stories: int = 20000
+    """Stories generated for --dataset builtin."""
     lr: float = 0.005
+    """SGD learning rate."""
     epochs: int = 100
+    """Epochs."""
     batch_size: int = 2048
+    """SGD batch (0 = full batch)."""
     micro_batch: int = 0
+    """Gradient-accumulation chunk (0 = the whole batch)."""
     log_every: int = 0
+    """Steps between result rows (0 = once per epoch)."""
     checkpoint_every: int = 0
+    """Steps between checkpoints (0 = once per epoch; a multiple of log_every)."""
     seed: int = 0
-    dtype: str = "float32"
+    """Shuffling seed."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Parameter dtype."""
     device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
     out: str = "results/toy/run"
+    """Run folder (rows/, checkpoints/, manifest.json)."""
     resume: bool = True
+    """Continue from the newest checkpoint in --out (--no-resume: start from zero)."""
 
     def __post_init__(self) -> None:
-        if self.tokenizer not in TOKENIZERS:
-            raise BadInputError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        kind, size = parse_tokenizer(self.tokenizer)
+        if kind not in TOKENIZERS:
+            raise BadInputError(f"--tokenizer {self.tokenizer!r}: valid: word:K or bpe:K")
         if self.dtype not in DTYPES:
-            raise BadInputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise BadInputError(f"--dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("batch_size", "micro_batch", "log_every", "checkpoint_every"):
             if getattr(self, name) < 0:
-                raise BadInputError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("layers", "vocab", "seq_len", "n_seqs", "epochs", "builtin_stories"):
+                raise BadInputError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        for name in ("layers", "seq_len", "n_seqs", "epochs", "stories"):
             if getattr(self, name) < 1:
-                raise BadInputError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise BadInputError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        if size < 1:
+            raise BadInputError(f"--tokenizer {self.tokenizer!r}: K must be >= 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise BadInputError(f"lr must be a positive finite number, got {self.lr}")
+            raise BadInputError(f"--lr must be a positive finite number, got {self.lr}")
         if self.batch_size > self.n_seqs:
-            raise BadInputError(f"batch_size {self.batch_size} exceeds n_seqs {self.n_seqs}")
+            raise BadInputError(f"--batch-size {self.batch_size} exceeds --n-seqs {self.n_seqs}")
         if self.device != "auto":
             check_device(self.device)
 
     def data_config(self) -> ToyDataConfig:
-        return ToyDataConfig(source=self.data, tokenizer=self.tokenizer, d_vocab=self.vocab,
-                             seq_len=self.seq_len, n_seqs=self.n_seqs, max_docs=self.max_docs,
-                             corpus_opts=({"n_stories": self.builtin_stories}
-                                          if self.data == "builtin" else {}))
+        kind, size = parse_tokenizer(self.tokenizer)
+        return ToyDataConfig(source=self.dataset, tokenizer=kind, d_vocab=size,
+                             seq_len=self.seq_len, n_seqs=self.n_seqs, max_docs=self.docs,
+                             corpus_opts=({"n_stories": self.stories}
+                                          if self.dataset == "builtin" else {}))
+
+
+def parse_tokenizer(spec: str) -> tuple[str, int]:
+    """'word:3000' -> ("word", 3000); refused (one line) unless KIND:INTEGER."""
+    kind, _, size = spec.partition(":")
+    if not size.isdigit():
+        raise BadInputError(f"--tokenizer {spec!r}: valid: word:K or bpe:K (K an integer)")
+    return kind, int(size)
+
+
+#: field names of runs saved before the flag vocabulary was unified -> today's
+LEGACY_FIELDS = {"data": "dataset", "builtin_stories": "stories", "max_docs": "docs"}
+
+
+def saved_config(saved: dict) -> dict:
+    """A run manifest's config in today's field names (older runs wrote data, vocab, ...)."""
+    cfg = {LEGACY_FIELDS.get(k, k): v for k, v in saved.items()}
+    if "vocab" in cfg and ":" not in str(cfg.get("tokenizer", "")):
+        cfg["tokenizer"] = f"{cfg.get('tokenizer', 'word')}:{cfg.pop('vocab')}"
+    names = {f.name for f in fields(TrainConfig)}
+    return {k: v for k, v in cfg.items() if k in names}
 
 
 @dataclass(frozen=True)
@@ -259,34 +302,6 @@ def _write_rows(model, stats, step, cfg, interval, out, common) -> None:
     write_shard(make_rows(rows, step=step, **common), out / "rows" / f"step{step:08d}.parquet")
 
 
-HELP = {"layers": "number of layers L", "vocab": "vocabulary size |V| (word: top-k words; "
-        "bpe: BPE ids)", "seq_len": "T, predicted positions per sequence (stories keep T+1 "
-        "tokens)", "n_seqs": "number of training sequences N", "max_docs": "read at most this "
-        "many documents", "builtin_stories": "stories generated for --data builtin",
-        "epochs": "epochs", "batch_size": "SGD batch (0 = full batch)", "micro_batch":
-        "gradient-accumulation chunk (0 = whole batch)", "log_every": "steps between result "
-        "rows (0 = once per epoch)", "checkpoint_every": "steps between checkpoints (0 = per "
-        "epoch; a multiple of log_every)", "seed": "shuffling seed"}
-
-
-def _parse(argv: list[str] | None) -> TrainConfig:
-    p = argparse.ArgumentParser(prog="python -m pythia_probe.toy.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = TrainConfig()
-    p.add_argument("--data", default=d.data, help="builtin | a local file | a hub dataset id")
-    p.add_argument("--tokenizer", default=d.tokenizer, choices=TOKENIZERS)
-    for name, text in HELP.items():
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
-                       help=f"{text} (default {getattr(d, name)})")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--dtype", default=d.dtype, choices=sorted(DTYPES))
-    p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--out", default=d.out)
-    p.add_argument("--no-resume", dest="resume", action="store_false",
-                   help="start from zero even if out/ holds a checkpoint")
-    return TrainConfig(**vars(p.parse_args(argv)))
-
-
 def _device(cfg: TrainConfig, accelerator: Any) -> torch.device:
     if accelerator is not None:
         return accelerator.device
@@ -354,7 +369,7 @@ def _restore(model: AttnOnlyTransformer, out: Path, cfg: TrainConfig) -> int:
     found = latest_checkpoint(out)
     if found is None:
         return 0
-    old = read_manifest(out)["config"]
+    old = saved_config(read_manifest(out)["config"])
     diff = [k for k, v in asdict(cfg).items() if k not in RESUMABLE and old.get(k) != v]
     if diff:
         raise BadInputError(f"{out} holds a run with different settings {diff}; pass the same "
@@ -368,8 +383,7 @@ def _restore(model: AttnOnlyTransformer, out: Path, cfg: TrainConfig) -> int:
 def load_run(out: str | Path) -> tuple[TrainConfig, AttnOnlyTransformer, dict[str, Tensor], Any]:
     """(config, model at its last checkpoint, theory statistics, ToyData) of a finished run."""
     out = Path(out)
-    saved = read_manifest(out)["config"]
-    cfg = TrainConfig(**{f.name: saved[f.name] for f in fields(TrainConfig) if f.name in saved})
+    cfg = TrainConfig(**saved_config(read_manifest(out)["config"]))
     found = latest_checkpoint(out)
     if found is None:
         raise MissingFileError(f"no checkpoint under {out}/checkpoints; train the run first")
@@ -382,12 +396,10 @@ def load_run(out: str | Path) -> tuple[TrainConfig, AttnOnlyTransformer, dict[st
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns a process exit code."""
-    cfg = _parse(argv)
+    cfg = parse_config(TrainConfig, argv, "python -m pythia_probe.toy.train")
     run(cfg, argv=argv, accelerator=_accelerator())
     return 0
 
 
 if __name__ == "__main__":
-    from pythia_probe.cli import run_main
-
     raise SystemExit(run_main(main, "python -m pythia_probe.toy.train"))
