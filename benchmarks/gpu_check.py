@@ -1,0 +1,189 @@
+"""The GPU check: one script, one table, for the day a GPU is lent (under 8 minutes on one).
+
+    python benchmarks/gpu_check.py                       # on a CUDA machine: the full sizes
+    python benchmarks/gpu_check.py --small --device cpu  # what the test suite runs
+
+Three checks, each measured in this run:
+1. kernels: both statistics passes on a random corpus on ``--device`` against the CPU (pass-1
+   counts must be equal bit for bit, float statistics to float64 rounding);
+2. statistics at d_vocab 50,277 (Pythia's tokenizer) on a synthetic Zipf token stream with the
+   engine ``--engine auto`` picks: tokens/s and peak memory beside the engine's own plan;
+3. one sweep step at full vocabulary on a Pythia-1.4B-shaped random checkpoint (embedding,
+   attention_lnfold and attention, every head, theory resident): seconds and peak memory
+   beside :func:`pythia_probe.analysis.plan.memory_plan`.
+``--out`` also writes the table as markdown (for the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from pythia_probe.analysis import combined_needs, get_analyses
+from pythia_probe.analysis.cosine import prepare_theory
+from pythia_probe.analysis.plan import memory_plan
+from pythia_probe.arch import NeoXConfig, NeoXWeights
+from pythia_probe.stats import batch_stats
+from pythia_probe.sweep.config import SweepConfig
+from pythia_probe.sweep.runner import StepContext, analyse
+
+ANALYSES = ("embedding", "attention_lnfold", "attention")
+PYTHIA_1_4B = dict(d_vocab=50304, d_model=2048, n_layers=24, n_heads=16, d_mlp=8192,
+                   rotary_dim=32)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    kernel_vocab: int = 4096  # random corpus for the kernel comparison
+    kernel_seqs: int = 256
+    kernel_T: int = 128
+    stats_vocab: int = 50277
+    stats_docs: int = 20000
+    stats_T: int = 128
+    model: tuple = tuple(PYTHIA_1_4B.items())
+    sweep_vocab: int = 50277
+
+
+SMALL = Sizes(kernel_vocab=300, kernel_seqs=24, kernel_T=16, stats_vocab=2000, stats_docs=200,
+              stats_T=32, model=tuple(dict(d_vocab=320, d_model=32, n_layers=2, n_heads=4,
+                                           d_mlp=64, rotary_dim=4).items()), sweep_vocab=300)
+
+
+class Meter:
+    """Peak memory of a block on the device (CUDA allocator) or the host (peak RSS growth)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __enter__(self) -> Meter:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.base
+        else:
+            self.peak = float("nan")  # the host's RSS also holds the interpreter: not comparable
+        self.seconds = time.perf_counter() - self.t0
+
+
+def zipf_tokens(n: int, T: int, V: int, seed: int = 0) -> torch.Tensor:
+    """[n, T+1] ids drawn from a Zipf(1) law over V ids (a natural-text-like frequency profile)."""
+    g = torch.Generator().manual_seed(seed)
+    p = 1.0 / torch.arange(1, V + 1, dtype=torch.float64)
+    return torch.multinomial(p / p.sum(), n * (T + 1), replacement=True, generator=g).view(n, -1)
+
+
+def check_kernels(s: Sizes, device: str) -> list[dict]:
+    """Both passes on ``device`` against the CPU on one random corpus."""
+    tokens = zipf_tokens(s.kernel_seqs, s.kernel_T, s.kernel_vocab, seed=1)
+    ref = batch_stats(tokens, s.kernel_vocab, device="cpu")
+    with Meter(device) as m:
+        got = batch_stats(tokens, s.kernel_vocab, device=device)
+    counts_equal = torch.equal(ref.token_counts.cpu(), got.token_counts.cpu())
+    rows = [{"check": "kernels: token counts equal", "measured": str(counts_equal),
+             "reference": "True", "ok": counts_equal}]
+    for name, limit in (("Bbar", 0.0), ("Phibar", 0.0), ("Qbar", 1e-9), ("Delta", 1e-9)):
+        a, b = ref[name].double().cpu(), got[name].double().cpu()
+        err = float((a - b).abs().max() / a.abs().max().clamp_min(1e-300))
+        rows.append({"check": f"kernels: {name} max rel. difference", "measured": f"{err:.1e}",
+                     "reference": "0 (pass 1 exact)" if limit == 0 else f"<= {limit:.0e}",
+                     "ok": err <= limit})
+    rows.append({"check": "kernels: both passes", "measured": f"{m.seconds:.2f} s",
+                 "reference": f"{tokens.numel():,} tokens", "ok": True})
+    return rows
+
+
+def random_weights(cfg: NeoXConfig, device: str, seed: int = 0) -> NeoXWeights:
+    """A random GPT-NeoX checkpoint of ``cfg``'s shapes, made on ``device`` (HF names)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    hf = GPTNeoXConfig(vocab_size=cfg.d_vocab, hidden_size=cfg.d_model,
+                       num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                       intermediate_size=cfg.d_mlp, rotary_pct=cfg.rotary_dim / cfg.d_head,
+                       use_parallel_residual=True, tie_word_embeddings=False)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in GPTNeoXForCausalLM(hf).state_dict().items()}
+    g = torch.Generator(device=device).manual_seed(seed)
+    sd = {("embed_out.weight" if k == "lm_head.weight" else k):
+          torch.randn(shape, generator=g, device=device).mul_(0.02) for k, shape in shapes.items()}
+    return NeoXWeights(sd, NeoXConfig.from_hf(hf))
+
+
+def check_sweep_step(s: Sizes, device: str) -> list[dict]:
+    """One full-vocabulary sweep step, theory resident: seconds and peak vs the plan."""
+    shape = dict(s.model)
+    cfg = NeoXConfig(**shape)
+    V = s.sweep_vocab
+    weights = random_weights(cfg, device)
+    g = torch.Generator(device=device).manual_seed(2)
+    theories = {n: prepare_theory(n, torch.randn(V, V, generator=g, device=device),
+                                  dtype=torch.float32, device=device) for n in ("PhiBT", "Qbar")}
+    analyses = get_analyses(list(ANALYSES))
+    ctx = StepContext(analyses, combined_needs(analyses), theories, torch.arange(V), "check",
+                      "check", "random-1.4b", {}, None)
+    sweep = SweepConfig(model="random", steps="0", stats="none", out="none", device=device,
+                        analyses=ANALYSES)
+    n_params = sum(t.numel() for t in weights.sd.values())
+    plan = memory_plan(V, cfg.d_model, cfg.n_layers, cfg.n_heads, n_params, ANALYSES,
+                       streamed=False)
+    with Meter(device) as m:
+        rows = analyse(None, weights, ctx, sweep)
+    planned = plan.total - plan.theories - plan.weights  # both already resident before the step
+    ok = all(-1 <= r["value"] <= 1 for r in rows)
+    ratio = m.peak / planned if planned else float("nan")
+    return [{"check": "sweep step: rows, every value in [-1, 1]", "measured": str(len(rows)),
+             "reference": f"{cfg.n_layers} layers", "ok": ok},
+            {"check": "sweep step: seconds", "measured": f"{m.seconds:.1f} s",
+             "reference": f"{plan.flops_per_step:.2e} flops planned", "ok": True},
+            {"check": "sweep step: peak memory / planned", "measured": _gb(m.peak),
+             "reference": f"{_gb(planned)} (ratio {ratio:.2f})",
+             "ok": not ratio > 1.25}]
+
+
+def _gb(x: float) -> str:
+    return "n/a (host)" if x != x else f"{x / 1e9:.2f} GB"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| check | measured | reference | ok |", "|---|---|---|---|"]
+    lines += [f"| {r['check']} | {r['measured']} | {r['reference']} | "
+              f"{'yes' if r['ok'] else 'NO'} |" for r in rows]
+    return "\n".join(lines)
+
+
+def run(sizes: Sizes, device: str) -> list[dict]:
+    return check_kernels(sizes, device) + check_sweep_step(sizes, device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--small", action="store_true", help="tiny sizes (the test suite's run)")
+    p.add_argument("--out", help="also write the table (markdown) to this file")
+    a = p.parse_args(argv)
+    sizes = SMALL if a.small else Sizes()
+    header = (f"torch {torch.__version__}, device {a.device}"
+              + (f" ({torch.cuda.get_device_name(a.device)})" if a.device.startswith("cuda")
+                 else ""))
+    rows = run(sizes, a.device)
+    text = f"{header}\n\n{table(rows)}\n"
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
