@@ -28,7 +28,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from pythia_probe import plots, sweep
+from pythia_probe.builtin_corpus import generate_stories
 from pythia_probe.errors import BadInputError
+from pythia_probe.results import read_results
+from pythia_probe.stats import batch_stats
+from pythia_probe.tokenizer import (
+    build_word_tokenizer,
+    d_vocab,
+    encode_documents,
+    load_tokenizer,
+    tokenizer_fingerprint,
+)
 
 TOKENS_FILE = "tokens.safetensors"
 
@@ -70,8 +81,6 @@ def checkpoint_steps(max_step: int, save_every: int) -> list[int]:
 
 def build_data(cfg: DemoConfig):
     """Built-in stories -> word tokenizer -> [N, T+1] LongTensor windows (OOV stories dropped)."""
-    from pythia_probe.builtin_corpus import generate_stories
-    from pythia_probe.tokenizer import build_word_tokenizer, encode_documents
 
     docs = generate_stories(cfg.n_stories, seed=cfg.seed)
     tok = build_word_tokenizer(docs, cfg.vocab_size)
@@ -158,8 +167,6 @@ def build_demo_model(cfg: DemoConfig, out: str | Path) -> dict:
 
 def demo_stats(model_dir: str | Path, out: str | Path):
     """Statistics of the demo's training windows (both passes, exact), saved to ``out``."""
-    from pythia_probe.stats import batch_stats
-    from pythia_probe.tokenizer import d_vocab, load_tokenizer, tokenizer_fingerprint
 
     tok = load_tokenizer(str(model_dir))
     stats = batch_stats(load_tokens(model_dir), d_vocab(tok), tokenizer=tokenizer_fingerprint(tok))
@@ -192,8 +199,6 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
 
     Checkpoints and statistics go to ``work`` (default ``out/work``). Returns the sweep's code.
     """
-    from pythia_probe import plots, sweep
-    from pythia_probe.results import read_results
 
     out, cfg = Path(out), cfg or DemoConfig()
     work = Path(work) if work is not None else out / "work"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import errno
 
+import torch
+
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -74,7 +76,6 @@ def user_message(err: BaseException) -> str | None:
 
 def check_device(device: str, flag: str = "--device") -> None:
     """Refuse a device this torch build or machine does not have (one line, exit 2)."""
-    import torch
 
     kind = device.split(":")[0]
     if kind == "cpu":

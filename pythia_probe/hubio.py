@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import constants, get_hf_file_metadata, get_session
+from huggingface_hub import constants, get_hf_file_metadata, get_session, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -314,7 +314,6 @@ def _write_body(response, part: Path, mode: str, have: int, hasher) -> int:
 def resolve_url(endpoint: str, repo_id: str, revision: str, path: str,
                 repo_type: str = "model") -> str:
     """The hub's resolve URL of a file (``hf_hub_url`` with an explicit endpoint)."""
-    from huggingface_hub import hf_hub_url
 
     return hf_hub_url(repo_id, path, revision=revision, repo_type=repo_type, endpoint=endpoint)
 

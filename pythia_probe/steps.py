@@ -21,6 +21,8 @@ import bisect
 import re
 from collections.abc import Sequence
 
+from huggingface_hub import HfApi
+
 from pythia_probe import hubio
 from pythia_probe.errors import BadInputError, HubError
 
@@ -123,7 +125,6 @@ def available_steps(model_id: str, api=None) -> list[int]:
     if is_pythia(model_id) and api is None:
         return list(PYTHIA_STEPS)
     if api is None:
-        from huggingface_hub import HfApi
 
         api = HfApi(endpoint=hubio.endpoint())
     where = getattr(api, "endpoint", "the hub")

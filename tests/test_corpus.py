@@ -17,6 +17,7 @@ import torch
 
 from pythia_probe import builtin_corpus as bc
 from pythia_probe import corpus
+from pythia_probe.corpus import __main__ as corpus_cli
 from pythia_probe.corpus import corpus_shards, iter_documents
 from pythia_probe.errors import BadInputError, UnsafeFileError, UserError
 from pythia_probe.stats import batch_stats
@@ -244,13 +245,13 @@ def test_hub_id_lists_parquet_files_per_split(monkeypatch):
         seen.update(repo_id=repo_id, revision=revision)
         return "c" * 40, entries
 
-    monkeypatch.setattr(corpus, "_list_dataset", fake_list)
+    monkeypatch.setattr(corpus.sources, "_list_dataset", fake_list)
     shards = corpus_shards("org/owt", data_dir="plain_text", revision="refs/convert/parquet")
     assert seen == {"repo_id": "org/owt", "revision": "refs/convert/parquet"}
     at = "hf://datasets/org/owt@refs%2Fconvert%2Fparquet/plain_text/"
     assert [s.name for s in shards] == [at + "train-00000-of-00002.parquet",
                                         at + "train-00001-of-00002.parquet"]
-    assert all(s.reader.func is corpus._hub_parquet_docs for s in shards)
+    assert all(s.reader.func is corpus.sources._hub_parquet_docs for s in shards)
     ref = shards[0].reader.args[0]  # pinned to the listed commit, hashes from the listing
     assert (ref.commit, ref.sha256, ref.size) == ("c" * 40, "a" * 64, 10)
     test = corpus_shards("org/owt", split="test")
@@ -274,14 +275,13 @@ def test_split_conventions():
 
 
 def test_hf_glob_lists_files(monkeypatch):
-    import huggingface_hub
 
     class FakeFS:
         def glob(self, pattern):
             assert pattern == "hf://datasets/org/owt/data/train-*.parquet"
             return [f"datasets/org/owt/data/train-{i}.parquet" for i in (1, 0)]
 
-    monkeypatch.setattr(huggingface_hub, "HfFileSystem", FakeFS)
+    monkeypatch.setattr(corpus.sources, "HfFileSystem", FakeFS)
     shards = corpus_shards("hf://datasets/org/owt/data/train-*.parquet")
     assert [s.name for s in shards] == ["hf://datasets/org/owt/data/train-0.parquet",
                                         "hf://datasets/org/owt/data/train-1.parquet"]
@@ -290,7 +290,7 @@ def test_hf_glob_lists_files(monkeypatch):
 def test_hf_path_without_glob_is_one_shard():
     src = "hf://datasets/Skylion007/openwebtext/plain_text/train-00000-of-00080.parquet"
     (shard,) = corpus_shards(src)
-    assert shard.name == src and shard.reader.func is corpus._hub_parquet_docs
+    assert shard.name == src and shard.reader.func is corpus.sources._hub_parquet_docs
     ref = shard.reader.args[0]
     assert (ref.repo_id, ref.revision, ref.path) == (
         "Skylion007/openwebtext", None, "plain_text/train-00000-of-00080.parquet")
@@ -395,7 +395,7 @@ def test_bad_options(tmp_path):
 # ---------------------------------------------------------------- command line
 def test_cli_generate_then_read_back(tmp_path, capsys):
     out = tmp_path / "stories.txt"
-    assert corpus.main(["generate", "--out", str(out), "--stories", "40", "--seed", "5",
+    assert corpus_cli.main(["generate", "--out", str(out), "--stories", "40", "--seed", "5",
                         "--min-tokens", "201"]) == 0
     expected = bc.generate_stories(40, seed=5, min_tokens=201)
     assert list(iter_documents(str(out))) == expected
@@ -405,13 +405,13 @@ def test_cli_generate_then_read_back(tmp_path, capsys):
 
 
 def test_cli_inspect(tmp_path, capsys):
-    assert corpus.main(["inspect", "--docs", "30", "--top", "5"]) == 0
+    assert corpus_cli.main(["inspect", "--docs", "30", "--top", "5"]) == 0
     text = capsys.readouterr().out
     assert "documents read: 30" in text and "planted groups" in text
     assert "topic:pond (topical): fish frog duck turtle -> pond" in text
     assert bc.generate_stories(1)[0] in text
     (tmp_path / "d.jsonl").write_text(json.dumps({"text": "A b, a!"}), encoding="utf-8")
-    assert corpus.main(["inspect", "--dataset", str(tmp_path / "d.jsonl")]) == 0
+    assert corpus_cli.main(["inspect", "--dataset", str(tmp_path / "d.jsonl")]) == 0
     text = capsys.readouterr().out
     assert "tokens: 5, distinct: 4" in text and "top words: a 2, !" in text
     assert "planted" not in text
@@ -419,10 +419,10 @@ def test_cli_inspect(tmp_path, capsys):
 
 def test_cli_help_and_config_validation(capsys):
     with pytest.raises(SystemExit) as e:
-        corpus.main(["--help"])
+        corpus_cli.main(["--help"])
     assert e.value.code == 0
     assert "generate" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--out must name a .txt"):
-        corpus.GenerateConfig(out="x.csv")
+        corpus_cli.GenerateConfig(out="x.csv")
     with pytest.raises(ValueError, match="--docs >= 1"):
-        corpus.InspectConfig(docs=0)
+        corpus_cli.InspectConfig(docs=0)

@@ -12,7 +12,7 @@ from pythia_probe import sweep
 from pythia_probe.analysis.cosine import materialised_cosine
 from pythia_probe.results import read_manifest, read_results
 from pythia_probe.stats import batch_stats
-from pythia_probe.sweep import runner
+from pythia_probe.sweep import runner, sources
 from pythia_probe.sweep.__main__ import main as sweep_main
 from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
@@ -313,7 +313,7 @@ def test_theory_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path
     from pythia_probe.analysis import plan
 
     root, repo, stats = setup
-    monkeypatch.setattr(plan, "memory_budget", lambda device: (budget, "injected"))
+    monkeypatch.setattr(sources, "memory_budget", lambda device: (budget, "injected"))
     argv = _argv(repo, stats, tmp_path / "o", "--steps", "64", "--theory", "auto",
                  "--theory-cache", str(root / "clean_cache_auto"))
     assert sweep_main([*argv, "--dry-run"]) == 0

@@ -84,7 +84,7 @@ def test_config_errors():
 
 
 def test_hub_source_goes_through_corpus_iter_documents(monkeypatch):
-    import pythia_probe.corpus as corpus
+    import pythia_probe.toy.data as corpus  # toy.data reads documents through iter_documents
 
     stories = generate_stories(20, seed=2)
     calls = []

@@ -14,6 +14,7 @@ Probabilities are clamped at 1e-30 before the log. Needs full-vocabulary statist
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -56,7 +57,6 @@ _MODELS: dict[str, object] = {}
 
 def _skeleton(config: Mapping, device: str):
     """One float32 GPTNeoXForCausalLM per config, built once and refilled every step."""
-    import json
 
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 

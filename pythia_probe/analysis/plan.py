@@ -12,8 +12,11 @@ See benchmarks/bench_analysis.py for measurements against the materialised compu
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
 
 from pythia_probe.analysis.base import Shape
 from pythia_probe.analysis.registry import get_analyses
@@ -94,7 +97,6 @@ CPU_SAFETY = 0.8  # of MemAvailable (the page cache and other processes keep the
 def memory_budget(device: str) -> tuple[float | None, str]:
     """(usable bytes, how measured) on ``device``: free CUDA memory x GPU_SAFETY, or the host's
     available RAM x CPU_SAFETY; (None, why) when it cannot be measured."""
-    import torch
 
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -109,7 +111,6 @@ def memory_budget(device: str) -> tuple[float | None, str]:
 
 def _available_ram() -> float | None:
     """MemAvailable from /proc/meminfo, else free pages x page size; None if neither exists."""
-    import os
 
     try:
         with open("/proc/meminfo") as f:

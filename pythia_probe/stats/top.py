@@ -14,6 +14,7 @@ import torch
 
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats.corpus_stats import MATRICES, CorpusStats
+from pythia_probe.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,6 @@ def load_names(stats: CorpusStats, stats_path: str, tokenizer: str | None) -> li
     src = tokenizer or _saved_tokenizer(stats, stats_path)
     if src is None:
         return [str(i) for i in ids]
-    from pythia_probe.tokenizer import load_tokenizer
 
     tok = load_tokenizer(src)
     return [tok.decode([i]).strip() or repr(tok.decode([i])) for i in ids]

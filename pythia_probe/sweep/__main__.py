@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from pythia_probe import demo
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 from pythia_probe.cli import run_main
 from pythia_probe.sweep.config import DTYPES, THEORY_MODES, SweepConfig
@@ -62,10 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point; the only place that knows about process ranks."""
     a = build_parser().parse_args(argv)
     if a.demo:
-        from pythia_probe.demo import DemoConfig, run_demo
 
-        demo_cfg = DemoConfig(**({"max_step": a.demo_max_step} if a.demo_max_step else {}))
-        return run_demo(a.out or DEMO_OUT, demo_cfg, device=a.device, work=a.work)
+        demo_cfg = demo.DemoConfig(**({"max_step": a.demo_max_step} if a.demo_max_step else {}))
+        return demo.run_demo(a.out or DEMO_OUT, demo_cfg, device=a.device, work=a.work)
     missing = [f"--{k}" for k in ("model", "stats", "out") if getattr(a, k) is None]
     if missing:
         build_parser().error(f"{', '.join(missing)} required (or use --demo)")

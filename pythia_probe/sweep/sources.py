@@ -8,13 +8,30 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from pythia_probe.analysis import Needs, theory_matrix
 from pythia_probe.analysis.cosine import Theory, prepare_theory
-from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
+from pythia_probe.analysis.plan import choose_theory, memory_budget, memory_plan
+from pythia_probe.analysis.prepared import prepared_theory
+from pythia_probe.arch import NeoXConfig, NeoXWeights, name_filter
+from pythia_probe.checkpoints import CheckpointSource
+from pythia_probe.errors import (
+    BadInputError,
+    CorruptFileError,
+    MismatchError,
+    MissingFileError,
+    UserError,
+)
 from pythia_probe.results import read_manifest
+from pythia_probe.stats import CorpusStats, compose, read_meta
+from pythia_probe.stats.corpus_stats import check_tokenizer
+from pythia_probe.steps import parse_steps
 from pythia_probe.sweep.config import SweepConfig, shard_done
+from pythia_probe.tokenizer import load_tokenizer, tokenizer_fingerprint
+from pythia_probe.weights_io import read_json
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", TOKENIZER)
@@ -22,7 +39,6 @@ TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", TOKENIZER
 
 def load_stats(cfg: SweepConfig, fingerprint: dict | None):
     """The CorpusStats of ``--stats``, refused if computed with another tokenizer."""
-    from pythia_probe.stats import CorpusStats
 
     path = Path(cfg.stats)
     if not path.is_file():
@@ -57,7 +73,6 @@ class LazyStats:
 
 def load_text(cfg: SweepConfig, stats) -> torch.Tensor:
     """First ``text_rows`` windows of ``--text``, inputs only, at most the statistics' T long."""
-    from safetensors.torch import load_file
 
     if stats.restricted:
         raise BadInputError("attention_text needs full-vocabulary statistics (these are top-k)")
@@ -70,9 +85,7 @@ def load_text(cfg: SweepConfig, stats) -> torch.Tensor:
 
 def _theory_source(lazy: LazyStats, name: str, cfg: SweepConfig) -> torch.Tensor:
     """A theory matrix; PhiBT not stored in the file is composed on the sweep's device."""
-    from safetensors import safe_open
 
-    from pythia_probe.stats import compose
 
     stats = lazy.load()
     if name == "PhiBT" and cfg.device != "cpu":
@@ -93,7 +106,6 @@ def prepare_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict:
     """
     if cfg.theory == "memory":
         return _resident_theories(stats, names, cfg)
-    from pythia_probe.analysis.prepared import prepared_theory
 
     cache = theory_cache_dir(cfg)
     return {n: prepared_theory(n, lambda n=n: _theory_source(stats, n, cfg), cache,
@@ -127,7 +139,6 @@ def _resident_theories(stats, names: Sequence[str], cfg: SweepConfig) -> dict[st
 # ---- checkpoints (pythia_probe.checkpoints) ----------------------------------------------------
 def open_source(cfg: SweepConfig):
     """The model's CheckpointSource: ``--cache-dir``, else the tool's own checkpoint cache."""
-    from pythia_probe.checkpoints import CheckpointSource
 
     return CheckpointSource(cfg.model, cache_dir=cfg.cache_dir)
 
@@ -140,7 +151,6 @@ def available_steps(source) -> list[int]:
 
 def tensor_names(needs: Needs):
     """Which weights the analyses read (HF-name predicate from arch)."""
-    from pythia_probe.arch import name_filter
 
     return name_filter(*needs.weights)
 
@@ -148,10 +158,8 @@ def tensor_names(needs: Needs):
 def model_config(source, rev):
     """The NeoXConfig of a revision from its config.json alone (no weights downloaded; the file
     verified against the hub's hash)."""
-    from pythia_probe.arch import NeoXConfig
 
     if rev.local_dir is not None:
-        from pythia_probe.weights_io import read_json
 
         path = Path(rev.local_dir) / "config.json"
         return NeoXConfig.from_dict(read_json(path, f"config.json of {rev.where}"), str(path))
@@ -160,7 +168,6 @@ def model_config(source, rev):
 
 def to_weights(loaded, cfg: SweepConfig):
     """NeoXWeights on the sweep's device and dtype (so residual streams are computed there)."""
-    from pythia_probe.arch import NeoXConfig, NeoXWeights
 
     tensors = {k: v.to(cfg.device, cfg.torch_dtype) for k, v in loaded.tensors.items()}
     where = f"config.json of {loaded.revision.model}@{loaded.revision.branch}"
@@ -196,7 +203,6 @@ def model_fingerprint(cfg: SweepConfig, source, rev) -> dict | None:
     """Tokenizer fingerprint of the model: --tokenizer, else the tokenizer.json that the first
     revision ships (local folder, or the hub at that commit, verified); None (with a warning)
     if none."""
-    from pythia_probe.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     if cfg.tokenizer:
         return tokenizer_fingerprint(load_tokenizer(cfg.tokenizer))
@@ -217,8 +223,6 @@ def model_fingerprint(cfg: SweepConfig, source, rev) -> dict | None:
 
 def _load_model_tokenizer(path: Path, rev):
     """The model's tokenizer folder, loaded; a file there that does not parse is named."""
-    from pythia_probe.errors import CorruptFileError, UserError
-    from pythia_probe.tokenizer import load_tokenizer
 
     try:
         return load_tokenizer(str(path))
@@ -231,8 +235,6 @@ def _load_model_tokenizer(path: Path, rev):
 
 def check_stats(cfg: SweepConfig, fingerprint: dict | None) -> dict:
     """The statistics file's metadata, refused if it was built with another tokenizer."""
-    from pythia_probe.stats import read_meta
-    from pythia_probe.stats.corpus_stats import check_tokenizer
 
     if not Path(cfg.stats).is_file():
         raise MissingFileError(f"--stats {cfg.stats}: no such statistics file; compute one with "
@@ -259,14 +261,12 @@ def check_resume(cfg: SweepConfig, stats_id: str) -> str | None:
 
 def select_steps(cfg: SweepConfig, source) -> list[int]:
     """Parse --steps against the steps the model has (StepError names the nearest valid ones)."""
-    from pythia_probe.steps import parse_steps
 
     return parse_steps(cfg.steps, available_steps(source))
 
 
 def checkpoint_plan(cfg: SweepConfig, c, d_vocab: int, streamed: bool):
     """The memory plan of one checkpoint of model config ``c`` in the given theory mode."""
-    from pythia_probe.analysis.plan import memory_plan
 
     n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
         4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
@@ -288,7 +288,6 @@ def resolve_theory(cfg: SweepConfig, source, rev, meta: dict,
                    budget: tuple[float | None, str] | None = None) -> tuple[str, str]:
     """(theory mode, why): ``--theory`` itself unless auto; auto picks memory when its peak fits
     the device's budget (:func:`~pythia_probe.analysis.plan.memory_budget`), else streamed."""
-    from pythia_probe.analysis.plan import choose_theory, memory_budget
 
     if cfg.theory != "auto":
         return cfg.theory, f"--theory {cfg.theory} given"

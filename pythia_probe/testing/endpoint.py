@@ -19,10 +19,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from huggingface_hub import HfFileSystem, constants, hf_api
+
 
 def _targets(endpoint: str) -> list[tuple[object, str, object]]:
     """``(object, attribute, new value)`` for every import-time copy of the endpoint."""
-    from huggingface_hub import constants, hf_api
 
     out = [(constants, "ENDPOINT", endpoint),
            (constants, "HUGGINGFACE_CO_URL_TEMPLATE",
@@ -55,7 +56,6 @@ def use_endpoint(endpoint: str) -> Iterator[str]:
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
-        from huggingface_hub import HfFileSystem
 
         HfFileSystem.clear_instance_cache()  # cached listings of this endpoint (port reuse)
         if old_env is None:

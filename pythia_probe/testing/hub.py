@@ -32,6 +32,7 @@ header about matching files says ``value`` instead of the truth, as a broken or 
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import json
 import socket
@@ -427,7 +428,6 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a folder of repos until killed: ``python -m pythia_probe.testing.hub ROOT``."""
-    import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("root", type=Path, help="folder holding ORG/NAME/<branch>/ model repos and "

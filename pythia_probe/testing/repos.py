@@ -16,11 +16,14 @@ Dataset repos (``build_dataset_repo``, OpenWebText-like: parquet shards with a "
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from safetensors.torch import save_file
 
@@ -138,7 +141,6 @@ def write_malicious_bin(path: Path, marker: Path) -> None:
 
     class Payload:
         def __reduce__(self):
-            import os
 
             return (os.system, (f"touch {marker}",))
 
@@ -174,8 +176,6 @@ def build_dataset_repo(
     ``.parquet`` shards (one "text" column, several row groups each) and a README.md, under
     ``root/datasets/repo_id/branch``. ``splits``: shards per split (default ``{"train": 3}``).
     Returns ``{path in repo: documents written}`` in path order."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     splits = dict(splits or {"train": 3})
     folder = Path(root) / "datasets" / repo_id / branch

@@ -17,9 +17,17 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
+from pythia_probe.corpus import iter_documents
 from pythia_probe.errors import BadInputError
+from pythia_probe.tokenizer import (
+    build_word_tokenizer,
+    d_vocab,
+    encode_documents,
+    tokenizer_fingerprint,
+)
 
 TOKENIZERS = ("word", "bpe")
 
@@ -57,7 +65,6 @@ class ToyData:
 
 
 def _documents(cfg: ToyDataConfig) -> Callable[[], Iterator[str]]:
-    from pythia_probe.corpus import iter_documents
 
     def docs() -> Iterator[str]:
         return iter_documents(cfg.source, max_docs=cfg.max_docs, **cfg.corpus_opts)
@@ -82,12 +89,6 @@ def collect_sequences(encoded: Iterable[list[int]], seq_len: int, n_seqs: int,
 
 def word_data(cfg: ToyDataConfig) -> ToyData:
     """The paper's word-level pipeline (top-d_vocab words, OOV stories dropped)."""
-    from pythia_probe.tokenizer import (
-        build_word_tokenizer,
-        d_vocab,
-        encode_documents,
-        tokenizer_fingerprint,
-    )
 
     docs = _documents(cfg)
     tok = build_word_tokenizer(docs(), cfg.d_vocab)
@@ -100,7 +101,6 @@ def word_data(cfg: ToyDataConfig) -> ToyData:
 
 def build_bpe_tokenizer(docs: Iterable[str], vocab_size: int):
     """A byte-level BPE ``tokenizers.Tokenizer`` with vocab_size ids trained on docs (App. B)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

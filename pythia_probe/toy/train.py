@@ -17,6 +17,7 @@ Paper scale (Table 1):  python -m pythia_probe.toy.train --dataset roneneldan/Ti
 from __future__ import annotations
 
 import math
+import os
 import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -312,7 +313,6 @@ def _device(cfg: TrainConfig, accelerator: Any) -> torch.device:
 
 def _accelerator() -> Any:
     """An Accelerator only when launched with several processes (accelerate launch)."""
-    import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None

@@ -20,7 +20,6 @@ source:
 Every error a user can fix is a :class:`~pythia_probe.errors.UserError` naming the file and
 what is valid (a missing text field, a field that is not text, a corrupt or unreadable file).
 
-Run `python -m pythia_probe.corpus --help` for the generate / inspect commands.
 """
 
 from __future__ import annotations
@@ -34,8 +33,9 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from huggingface_hub import HfApi, HfFileSystem
+
 from pythia_probe import builtin_corpus, hubio
-from pythia_probe.cli import parse_subcommand, run_main
 from pythia_probe.errors import (
     BadInputError,
     CorruptFileError,
@@ -44,6 +44,8 @@ from pythia_probe.errors import (
     UserError,
 )
 from pythia_probe.fileio import sha256_file
+from pythia_probe.hubcache import HubCache
+from pythia_probe.weights_io import FileInfo, file_matches
 
 SEPARATOR = "<|endoftext|>"
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -213,7 +215,6 @@ class HubParquet:
 
 
 def _api():
-    from huggingface_hub import HfApi
 
     return HfApi(endpoint=hubio.endpoint())
 
@@ -270,7 +271,6 @@ def _hub_fingerprint(ref: HubParquet) -> dict:
 
 def _hub_parquet_docs(ref: HubParquet, text_field: str) -> Iterator[str]:
     """Documents of a hub parquet shard: downloaded, verified, read, then deleted."""
-    from pythia_probe.hubcache import HubCache
 
     ref = ref if ref.size is not None else _describe(ref)
     cache = HubCache(hubio.tool_cache("datasets"), ref.repo_id, "dataset")
@@ -289,7 +289,6 @@ def _hub_parquet_docs(ref: HubParquet, text_field: str) -> Iterator[str]:
 
 def _fetch_parquet(cache, ref: HubParquet):
     """The verified local copy of ``ref`` in the tool's dataset cache."""
-    from pythia_probe.weights_io import FileInfo, file_matches
 
     f = FileInfo(ref.path, ref.size, ref.sha256, ref.git_oid)
     blob = cache.blob(f.etag)
@@ -397,7 +396,6 @@ def parse_hf_path(path: str) -> HubParquet:
 def _hf_glob(pattern: str) -> list[str]:
     if not any(c in pattern for c in "*?["):
         return [pattern]
-    from huggingface_hub import HfFileSystem
 
     found = sorted("hf://" + p for p in _hub_call(lambda: HfFileSystem().glob(pattern),
                                                    f"listing {pattern}"))
@@ -489,113 +487,3 @@ def iter_documents(source: str = "builtin", *, text_field: str = "text", min_cha
     if kept == 0:
         raise BadInputError(f"no document of {source!r} has >= {min_chars} characters ({seen} "
                          f"documents, longest {longest}); lower min_chars")
-
-
-# ---------------------------------------------------------------- command line
-@dataclass(frozen=True)
-class GenerateConfig:
-    """Write built-in stories to a TinyStories-format .txt file."""
-
-    out: str
-    """Output .txt file (TinyStories format: stories separated by <|endoftext|> lines)."""
-    stories: int = 20000
-    """Number of stories."""
-    seed: int = 0
-    """Seed of the story stream (the same seed always gives the same bytes)."""
-    length: int = 24
-    """Mean body sentences per story."""
-    min_tokens: int = 0
-    """Extend stories to at least this many word-level tokens (201 for T = 200)."""
-    p_topic: float = 0.9
-    """Probability that a habitat/action word comes from the story's own topic."""
-
-    def __post_init__(self):
-        if not self.out.endswith(".txt"):
-            raise BadInputError(f"--out must name a .txt file, got {self.out!r}")
-        builtin_corpus._check_args(self.stories, self.seed, self.length, self.min_tokens,
-                                   self.p_topic)
-
-
-@dataclass(frozen=True)
-class InspectConfig:
-    """Summarise a corpus: counts, lengths, top words, a sample, planted groups (builtin)."""
-
-    dataset: str = "builtin"
-    """Corpus: 'builtin', a .txt/.jsonl/.parquet path or folder, a hub dataset id, hf:// glob."""
-    docs: int = 2000
-    """Read at most this many documents."""
-    min_chars: int = 0
-    """Minimum document length in characters."""
-    text_field: str = "text"
-    """Text column of jsonl/parquet/hub corpora."""
-    split: str = "train"
-    """Hub dataset split."""
-    top: int = 20
-    """How many top words to list."""
-
-    def __post_init__(self):
-        if self.docs < 1 or self.top < 1 or self.min_chars < 0:
-            raise BadInputError("need --docs >= 1, --top >= 1 and --min-chars >= 0")
-
-
-def generate(cfg: GenerateConfig) -> int:
-    """Write the stories, each followed by a "<|endoftext|>" line; returns the token count."""
-    from tqdm import tqdm
-    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-    n_tokens = 0
-    with open(cfg.out, "w", encoding="utf-8") as f:
-        for i in tqdm(range(cfg.stories), desc="stories", unit="story", mininterval=1):
-            text = builtin_corpus.story(i, cfg.seed, length=cfg.length,
-                                        min_tokens=cfg.min_tokens, p_topic=cfg.p_topic)
-            n_tokens += builtin_corpus.count_tokens(text)
-            f.write(f"{text}\n{SEPARATOR}\n")
-    return n_tokens
-
-
-def summarise(cfg: InspectConfig) -> str:
-    """The report `inspect` prints (every number computed from the documents read)."""
-    import numpy as np
-
-    from pythia_probe.tokenizer import word_tokens
-    docs = list(iter_documents(cfg.dataset, text_field=cfg.text_field, min_chars=cfg.min_chars,
-                               max_docs=cfg.docs, split=cfg.split))
-    toks = [word_tokens(d) for d in docs]
-    chars, ntok = np.array([len(d) for d in docs]), np.array([len(t) for t in toks])
-    counts: dict[str, int] = {}
-    for t in toks:
-        for w in t:
-            counts[w] = counts.get(w, 0) + 1
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: cfg.top]
-    lines = [f"dataset: {cfg.dataset}", f"documents read: {len(docs)} (--docs {cfg.docs})",
-             f"characters/doc: mean {chars.mean():.1f}, median {np.median(chars):.0f}, "
-             f"min {chars.min()}, max {chars.max()}",
-             f"word-level tokens/doc: mean {ntok.mean():.1f}, median {np.median(ntok):.0f}, "
-             f"min {ntok.min()}, max {ntok.max()}; docs with >= 201 tokens: "
-             f"{(ntok >= 201).mean():.1%}",
-             f"tokens: {ntok.sum()}, distinct: {len(counts)}",
-             "top words: " + ", ".join(f"{w} {c}" for w, c in top), "sample document:", docs[0]]
-    if cfg.dataset == "builtin":
-        lines.append("planted groups (kind: words -> partners):")
-        for name, g in builtin_corpus.PLANTED.items():
-            lines.append(f"  {name} ({g.kind}): {' '.join(g.words[:8])}"
-                         f"{' ...' if len(g.words) > 8 else ''} -> {' '.join(g.partners[:8])}"
-                         f"{' ...' if len(g.partners) > 8 else ''}")
-    return "\n".join(lines)
-
-
-COMMANDS = {"generate": GenerateConfig, "inspect": InspectConfig}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`generate` or `inspect` (see --help)."""
-    command, cfg = parse_subcommand(COMMANDS, argv, "python -m pythia_probe.corpus", __doc__)
-    if command == "generate":
-        n_tokens = generate(cfg)
-        print(f"wrote {cfg.stories} stories, {n_tokens} word-level tokens to {cfg.out}")
-    else:
-        print(summarise(cfg))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(run_main(main, "python -m pythia_probe.corpus"))

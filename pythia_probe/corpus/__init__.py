@@ -1,0 +1,32 @@
+"""Document sources behind one interface: a list of :class:`Shard` s, each yielding document
+strings (see :mod:`pythia_probe.corpus.sources`). ``python -m pythia_probe.corpus`` generates
+and inspects corpora (:mod:`pythia_probe.corpus.__main__`)."""
+
+from pythia_probe.corpus.sources import (
+    FILE_SUFFIXES,
+    SEPARATOR,
+    VALID_SOURCES,
+    CorpusFileError,
+    CorpusNotFoundError,
+    DatasetHubError,
+    FieldTypeError,
+    HubParquet,
+    MissingFieldError,
+    OptionError,
+    Shard,
+    builtin_shards,
+    corpus_shards,
+    file_fingerprint,
+    file_shard,
+    file_split,
+    hub_parquet_files,
+    iter_documents,
+    parse_hf_path,
+    select_split,
+)
+
+__all__ = ["CorpusFileError", "CorpusNotFoundError", "DatasetHubError", "FILE_SUFFIXES",
+           "FieldTypeError", "HubParquet", "MissingFieldError", "OptionError", "SEPARATOR",
+           "Shard", "VALID_SOURCES", "builtin_shards", "corpus_shards", "file_fingerprint",
+           "file_shard", "file_split", "hub_parquet_files", "iter_documents", "parse_hf_path",
+           "select_split"]
