@@ -3,7 +3,7 @@ one handler that turns user errors into a single line.
 
 - :func:`config_parser` builds an ``argparse`` parser from a dataclass: ``--field-name`` per
   field, its help from the attribute docstring under the field, its type from the annotation
-  (``int``, ``float``, ``str``, ``X | None``, ``bool`` as ``--flag/--no-flag``, ``Literal`` as
+  (``int``, ``float``, ``str``, ``X | None``, ``bool`` as ``--flag`` or ``--no-flag``, ``Literal`` as
   choices, ``tuple[str, ...]`` as a comma-separated list). A project helper rather than
   transformers' HfArgumentParser (underscored flags, no tuples, ``--flag [FLAG]`` booleans) or
   tyro (a new dependency for ~60 lines).
@@ -69,8 +69,8 @@ def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str 
         hint = next(a for a in args if a is not type(None))
         args = typing.get_args(hint)
     kw: dict[str, Any] = {"default": default, "help": help}
-    if hint is bool:
-        kw["action"] = argparse.BooleanOptionalAction
+    if hint is bool:  # --flag for a default-off switch, --flag/--no-flag for a default-on one
+        kw["action"] = argparse.BooleanOptionalAction if default else "store_true"
     elif typing.get_origin(hint) is Literal:
         kw.update(choices=list(args), type=type(args[0]))
     elif typing.get_origin(hint) is tuple:
@@ -104,6 +104,19 @@ def parse_config(cls: type, argv: Sequence[str] | None, prog: str, **fixed: Any)
     caller (e.g. ``rank``), not by flags."""
     ns = config_parser(cls, prog).parse_args(sys.argv[1:] if argv is None else list(argv))
     return cls(**vars(ns), **fixed)
+
+
+def parse_configs(classes: Sequence[type], argv: Sequence[str] | None, prog: str,
+                  description: str | None = None) -> list[dict[str, Any]]:
+    """The flags of several dataclasses on one command line; one dict of field values per class
+    (the caller builds each, e.g. after resolving ranks)."""
+    p = argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(classes[0]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for cls in classes:
+        config_parser(cls, prog, parser=p)
+    ns = vars(p.parse_args(sys.argv[1:] if argv is None else list(argv)))
+    return [{f.name: ns[f.name] for f in dataclasses.fields(cls) if f.name in ns}
+            for cls in classes]
 
 
 def parse_subcommand(commands: dict[str, type], argv: Sequence[str] | None, prog: str,

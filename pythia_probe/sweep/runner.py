@@ -29,6 +29,7 @@ from pythia_probe.analysis.cosine import Theory
 from pythia_probe.arch import single_token_residuals
 from pythia_probe.errors import BadInputError, DiskFullError, ResourceError, user_message
 from pythia_probe.fileio import write_json
+from pythia_probe.ranks import Ranks
 from pythia_probe.results import (
     make_rows,
     new_run_id,
@@ -179,13 +180,8 @@ def duplicates(source, revs, steps) -> dict[int, int]:
     return {s: same for s, same in source.duplicates(revs).items() if same in steps}
 
 
-def _barrier(cfg: SweepConfig) -> None:
-    if cfg.world_size > 1 and torch.distributed.is_available() and \
-            torch.distributed.is_initialized():
-        torch.distributed.barrier()
-
-
-def _context(cfg: SweepConfig, analyses, run_id: str, meta: dict) -> StepContext:
+def _context(cfg: SweepConfig, analyses, run_id: str, meta: dict,
+             ranks: Ranks) -> StepContext:
     """Theory matrices prepared once (cached on disk unless ``--theory memory``) and shared by
     every step. Token ids and stats_id come from the statistics file's metadata; its tensors
     are loaded only when a cache must be (re)built, for ``--theory memory``, or for raw
@@ -197,7 +193,7 @@ def _context(cfg: SweepConfig, analyses, run_id: str, meta: dict) -> StepContext
     raw = {n: stats.load()[n] for n in needs.raw}
     if cfg.rank == 0:  # rank 0 builds the theory cache; the others then reuse it
         theories = prepare_theories(stats, names, cfg)
-    _barrier(cfg)
+    ranks.barrier()
     if cfg.rank != 0:
         theories = prepare_theories(stats, names, cfg)
     return StepContext(analyses, needs, theories, stats.token_ids, stats.stats_id, run_id,
@@ -206,7 +202,7 @@ def _context(cfg: SweepConfig, analyses, run_id: str, meta: dict) -> StepContext
 
 
 def _run_id(cfg: SweepConfig, stats_id: str, config: dict, steps, source, argv,
-            choice: dict) -> str:
+            choice: dict, ranks: Ranks) -> str:
     """Rank 0 picks the run id (reusing a compatible earlier run's) and writes the manifest."""
     if cfg.rank == 0:
         run_id = check_resume(cfg, stats_id) or new_run_id()
@@ -214,7 +210,7 @@ def _run_id(cfg: SweepConfig, stats_id: str, config: dict, steps, source, argv,
         write_manifest(cfg.out, config, argv=argv, run_id=run_id,
                        extra={"steps": steps, "status": "running", "checkpoints": hub,
                               "theory_choice": choice})
-    _barrier(cfg)
+    ranks.barrier()
     if cfg.rank != 0:
         manifest = Path(cfg.out) / "manifest.json"
         return read_manifest(cfg.out)["run_id"] if manifest.exists() else new_run_id()
@@ -233,16 +229,19 @@ def _end_manifest(cfg: SweepConfig, config: dict, argv, started, run_id: str, st
                           "theory_choice": choice})
 
 
-def run(cfg: SweepConfig, argv: list[str] | None = None) -> int:
-    """Validate everything, then sweep this rank's steps; 0 if every step succeeded, else 1."""
+def run(cfg: SweepConfig, argv: list[str] | None = None, ranks: Ranks | None = None) -> int:
+    """Validate everything, then sweep this rank's steps; 0 if every step succeeded, else 1.
+
+    ``ranks``: the process group of a multi-process launch (the entry point builds it); steps
+    are split by ``cfg.rank`` / ``cfg.world_size``."""
     source = open_source(cfg)
     try:
-        return _run(cfg, source, argv)
+        return _run(cfg, source, argv, ranks or Ranks(device=cfg.device))
     finally:
         source.close()  # leases of planning fetches (config, tokenizer) released
 
 
-def _run(cfg: SweepConfig, source, argv: list[str] | None) -> int:
+def _run(cfg: SweepConfig, source, argv: list[str] | None, ranks: Ranks) -> int:
     analyses = get_analyses(list(cfg.analyses))
     steps = select_steps(cfg, source)
     first = source.resolve(steps[:1])[0]  # file list only, nothing downloaded
@@ -255,15 +254,15 @@ def _run(cfg: SweepConfig, source, argv: list[str] | None) -> int:
     cfg = replace(cfg, theory=mode)
     tqdm.write(f"theory: {choice['requested']} -> {mode} ({why})")
     config = {**asdict(cfg), "analyses": list(cfg.analyses), "stats_id": meta["stats_id"]}
-    run_id = _run_id(cfg, meta["stats_id"], config, steps, source, argv, choice)
+    run_id = _run_id(cfg, meta["stats_id"], config, steps, source, argv, choice, ranks)
     end = partial(_end_manifest, cfg, config, argv, started, run_id, steps, choice)
     try:
         outcome = sweep_steps(source, split_steps(steps, cfg.rank, cfg.world_size),
-                              _context(cfg, analyses, run_id, meta), cfg)
+                              _context(cfg, analyses, run_id, meta, ranks), cfg)
     except BaseException as err:
         end("failed", user_message(err) or f"{type(err).__name__}: {err}")
         raise
-    _barrier(cfg)
+    ranks.barrier()
     failed = sorted(int(p.stem[4:]) for p in (Path(cfg.out) / FAILED).glob("step*.json"))
     end("failed" if failed else "complete",
         f"{len(failed)} steps failed (see {FAILED}/)" if failed else None, failed)
