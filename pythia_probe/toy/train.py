@@ -17,7 +17,6 @@ Paper scale (Table 1):  python -m pythia_probe.toy.train --dataset roneneldan/Ti
 from __future__ import annotations
 
 import math
-import os
 import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -36,6 +35,7 @@ from pythia_probe.cli import flag, parse_config, run_main
 from pythia_probe.errors import BadInputError, CorruptFileError, MissingFileError, check_device
 from pythia_probe.fileio import atomic_write, remove
 from pythia_probe.linalg import frobenius_cosine
+from pythia_probe.ranks import world_size
 from pythia_probe.results import make_rows, new_run_id, read_manifest, write_manifest, write_shard
 from pythia_probe.stats import batch_stats
 from pythia_probe.toy.data import TOKENIZERS, ToyDataConfig, load_toy_data
@@ -312,11 +312,11 @@ def _device(cfg: TrainConfig, accelerator: Any) -> torch.device:
 
 
 def _accelerator() -> Any:
-    """An Accelerator only when launched with several processes (accelerate launch)."""
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    """An Accelerator (data-parallel gradients on accelerate's PartialState) only when launched
+    with several processes (accelerate launch); ranks are read from it, nowhere else."""
+    if world_size() <= 1:
         return None
-    from accelerate import Accelerator
+    from accelerate import Accelerator  # seconds to import: only for multi-process runs
 
     return Accelerator()
 
