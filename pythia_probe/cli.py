@@ -3,8 +3,8 @@ one handler that turns user errors into a single line.
 
 - :func:`config_parser` builds an ``argparse`` parser from a dataclass: ``--field-name`` per
   field, its help from the attribute docstring under the field, its type from the annotation
-  (``int``, ``float``, ``str``, ``X | None``, ``bool`` as ``--flag`` or ``--no-flag``, ``Literal`` as
-  choices, ``tuple[str, ...]`` as a comma-separated list). A project helper rather than
+  (``int``, ``float``, ``str``, ``X | None``, ``bool`` as ``--flag`` or ``--no-flag``,
+  ``Literal`` as choices, ``tuple[T, ...]`` as a comma-separated list). A project helper rather than
   transformers' HfArgumentParser (underscored flags, no tuples, ``--flag [FLAG]`` booleans) or
   tyro (a new dependency for ~60 lines).
 - :func:`parse_config` parses ``argv`` into the dataclass; ``__post_init__`` validates and
