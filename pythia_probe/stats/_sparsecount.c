@@ -7,11 +7,12 @@
  *
  * Pass 1 (exact integers):
  *   sc_pairs   every context pair (target y_t, context x_m), m <= t, as one int64
- *              ((x_m * V + y_t) << tbits) | t  (context-major key, position in the low bits);
+ *              ((x_m * V + y_t) << tbits) | t  (context-major key, position in the low bits),
+ *              except pairs of two head tokens, summed into a dense block (sc_drain);
  *   sc_reduce  a sorted run of such codes -> unique keys and the sum of w[t] per key;
  *   sc_merge   two sorted tables of fixed-point sums (hi, lo) -> one, carried to 0 <= lo < 2^F.
- * Compositions: sc_spmm, out = A X for a CSR matrix A and a dense row-major X (row blocks of
- *   32 columns stay in registers; each output entry is summed in the order of A's entries).
+ * Compositions: sc_spmm, out = A X for a CSR matrix A and a dense row-major X (blocks of 32
+ *   columns packed, kept in registers; each output entry summed in the order of A's entries).
  * Pass 2 by column tiles of Gbar (context tokens a of one tile, Gc^T [w, V] row-major):
  *   sc_sweep   for every context occurrence (s, k) of a tile token and every t >= k:
  *              M = Gc[y_t, x_k]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
@@ -51,9 +52,13 @@ static int check_batch(const int64_t *tokens, int64_t n, int64_t L, const int64_
 }
 
 /* Codes of every context pair of the batch, in (sequence, t, m) order; returns their number
- * (or a negative error). `out` holds at least sum_i (len_i - 1) len_i / 2 entries. */
+ * (or a negative error). `out` holds at least sum_i (len_i - 1) len_i / 2 entries.
+ * With a head set (head_of[v] = its index among the H head tokens, or -1; NULL: none), a pair
+ * whose target and context are both head tokens adds w[t] to block[head_of[y] * H +
+ * head_of[a]] instead (a dense int64 block: the most frequent pairs skip the sort). */
 int64_t sc_pairs(const int64_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
-                 int64_t V, int64_t tbits, int64_t *out) {
+                 int64_t V, int64_t tbits, const int64_t *head_of, int64_t H,
+                 const int64_t *w, int64_t *block, int64_t *out) {
     const int rc = check_batch(tokens, n, L, lengths, V);
     if (rc != SC_OK) return rc;
     int64_t c = 0;
@@ -61,9 +66,37 @@ int64_t sc_pairs(const int64_t *tokens, int64_t n, int64_t L, const int64_t *len
         const int64_t *x = tokens + i * L;
         for (int64_t t = 0; t < lengths[i] - 1; ++t) {
             const int64_t y = x[t + 1];
-            for (int64_t m = 0; m <= t; ++m) out[c++] = ((x[m] * V + y) << tbits) | t;
+            const int64_t hy = head_of ? head_of[y] : -1;
+            if (hy < 0) {
+                for (int64_t m = 0; m <= t; ++m) out[c++] = ((x[m] * V + y) << tbits) | t;
+                continue;
+            }
+            uint64_t *row = (uint64_t *)(block + hy * H);  /* wraps like int64 sums in torch */
+            const uint64_t wt = (uint64_t)w[t];
+            for (int64_t m = 0; m <= t; ++m) {
+                const int64_t ha = head_of[x[m]];
+                if (ha >= 0) row[ha] += wt;
+                else out[c++] = ((x[m] * V + y) << tbits) | t;
+            }
         }
     }
+    return c;
+}
+
+/* Non-zero entries of the head block in key order (context-major; head_ids ascending), as
+ * keys a * V + y and raw sums lo; the block is zeroed. Returns their number. */
+int64_t sc_drain(int64_t *block, int64_t H, const int64_t *head_ids, int64_t V,
+                 int64_t *keys, int64_t *lo) {
+    int64_t c = 0;
+    for (int64_t ha = 0; ha < H; ++ha)
+        for (int64_t hy = 0; hy < H; ++hy) {
+            int64_t *b = block + hy * H + ha;
+            if (*b) {
+                keys[c] = head_ids[ha] * V + head_ids[hy];
+                lo[c++] = *b;
+                *b = 0;
+            }
+        }
     return c;
 }
 
@@ -88,7 +121,7 @@ int64_t sc_reduce(const int64_t *codes, int64_t n, int64_t tbits, const int64_t 
 }
 
 /* Merge two tables sorted by unique key; fixed-point values hi + lo 2^-F summed exactly and
- * carried so that 0 <= lo < 2^F (inputs need lo >= 0 and lo_a + lo_b < 2^63). */
+ * carried so that 0 <= lo < 2^F (inputs need lo >= 0 and lo_a + lo_b < 2^63; hb NULL: 0). */
 int64_t sc_merge(const int64_t *ka, const int64_t *ha, const int64_t *la, int64_t na,
                  const int64_t *kb, const int64_t *hb, const int64_t *lb, int64_t nb,
                  int64_t frac_bits, int64_t *ko, int64_t *ho, int64_t *lo) {
@@ -99,9 +132,9 @@ int64_t sc_merge(const int64_t *ka, const int64_t *ha, const int64_t *la, int64_
         if (j >= nb || (i < na && ka[i] < kb[j])) {
             k = ka[i]; h = ha[i]; l = la[i]; ++i;
         } else if (i >= na || kb[j] < ka[i]) {
-            k = kb[j]; h = hb[j]; l = lb[j]; ++j;
+            k = kb[j]; h = hb ? hb[j] : 0; l = lb[j]; ++j;
         } else {
-            k = ka[i]; h = ha[i] + hb[j]; l = la[i] + lb[j]; ++i; ++j;
+            k = ka[i]; h = ha[i] + (hb ? hb[j] : 0); l = la[i] + lb[j]; ++i; ++j;
         }
         ko[o] = k;
         ho[o] = h + (l >> frac_bits);
@@ -112,30 +145,32 @@ int64_t sc_merge(const int64_t *ka, const int64_t *ha, const int64_t *la, int64_
 }
 
 /* out[r, :] = sum_p val[p] X[col[p], :] for rows r0 <= r < r1 of a CSR matrix (indptr, col,
- * val); X is [*, w] and out [*, w], both row-major and contiguous. */
+ * val); X is [nx, w] row-major. Each block of 32 columns of X is first copied into `pack`
+ * ([nx, 32], contiguous: the random row reads then stay within a few MB). out is [*, w]
+ * row-major, or [w, *] (transposed, row length ld) when `transposed`. */
 SC_CLONES
 void sc_spmm(int64_t r0, int64_t r1, const int64_t *indptr, const int64_t *col,
-             const double *val, const double *X, int64_t w, double *out) {
+             const double *val, const double *X, int64_t nx, int64_t w, double *pack,
+             double *out, int64_t transposed, int64_t ld) {
     enum { B = 32 };
     for (int64_t c0 = 0; c0 < w; c0 += B) {
         const int64_t cw = w - c0 < B ? w - c0 : B;
+        for (int64_t j = 0; j < nx; ++j) {
+            for (int64_t k = 0; k < cw; ++k) pack[j * B + k] = X[j * w + c0 + k];
+            for (int64_t k = cw; k < B; ++k) pack[j * B + k] = 0.0;
+        }
         for (int64_t r = r0; r < r1; ++r) {
             double acc[B];
             for (int k = 0; k < B; ++k) acc[k] = 0.0;
-            if (cw == B) {
-                for (int64_t p = indptr[r]; p < indptr[r + 1]; ++p) {
-                    const double v = val[p];
-                    const double *x = X + col[p] * w + c0;
-                    for (int k = 0; k < B; ++k) acc[k] += v * x[k];
-                }
-            } else {
-                for (int64_t p = indptr[r]; p < indptr[r + 1]; ++p) {
-                    const double v = val[p];
-                    const double *x = X + col[p] * w + c0;
-                    for (int64_t k = 0; k < cw; ++k) acc[k] += v * x[k];
-                }
+            for (int64_t p = indptr[r]; p < indptr[r + 1]; ++p) {
+                const double v = val[p];
+                const double *x = pack + col[p] * B;
+                for (int k = 0; k < B; ++k) acc[k] += v * x[k];
             }
-            memcpy(out + r * w + c0, acc, (size_t)cw * sizeof(double));
+            if (transposed)
+                for (int64_t k = 0; k < cw; ++k) out[(c0 + k) * ld + r] = acc[k];
+            else
+                memcpy(out + r * w + c0, acc, (size_t)cw * sizeof(double));
         }
     }
 }
@@ -210,4 +245,4 @@ int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
 }
 
 /* Version of this ABI (checked by the binding). */
-int64_t sc_abi_version(void) { return 1; }
+int64_t sc_abi_version(void) { return 2; }

@@ -27,7 +27,13 @@ from torch import Tensor
 
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats import kernels, sparsefast
-from pythia_probe.stats.sparse import F, FixedTable, SparseCountAccumulator, reduce_equal
+from pythia_probe.stats.sparse import (
+    F,
+    FixedTable,
+    SparseCountAccumulator,
+    ranges,
+    reduce_equal,
+)
 
 OCC_PAIRS = 1 << 22
 """Pairs per vectorised step of the numpy pass-2 sweep (the C kernel needs no chunks)."""
@@ -53,13 +59,23 @@ class Csr:
     def nbytes(self) -> int:
         return self.indptr.nbytes + self.col.nbytes + self.val.nbytes
 
-    def matmul(self, X: np.ndarray) -> np.ndarray:
-        """self @ X for a dense X [V, w] (compiled kernel, else scipy)."""
+    def matmul(self, X: np.ndarray, transposed: bool = False) -> np.ndarray:
+        """self @ X for a dense X [V, w] (compiled kernel, else scipy); ``transposed``:
+        (self @ X)^T as a contiguous [w, rows] array."""
         if sparsefast.use_c():
-            return sparsefast.spmm(self.indptr, self.col, self.val, X, torch.get_num_threads())
-        V = self.indptr.size - 1
-        A = scipy.sparse.csr_matrix((self.val, self.col, self.indptr), shape=(V, X.shape[0]))
-        return np.asarray(A @ X)
+            return sparsefast.spmm(self.indptr, self.col, self.val, X,
+                                   torch.get_num_threads(), transposed)
+        A = scipy.sparse.csr_matrix((self.val, self.col, self.indptr),
+                                    shape=(self.indptr.size - 1, X.shape[0]))
+        out = np.asarray(A @ X)
+        return np.ascontiguousarray(out.T) if transposed else out
+
+    def take_rows(self, rows: np.ndarray) -> Csr:
+        """The rows ``rows`` (in that order) as a new CSR matrix."""
+        starts, counts = self.indptr[rows], np.diff(self.indptr)[rows]
+        idx = ranges(starts, counts)
+        indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        return Csr(indptr, self.col[idx], self.val[idx])
 
 
 @dataclass
@@ -93,21 +109,31 @@ class SparseFirstPass:
     def nbytes(self) -> int:
         return self.C.nbytes + self.CT.nbytes + self.context.nbytes + 24 * self.d_vocab
 
-    def b_mul(self, X: np.ndarray) -> np.ndarray:
-        """Bbar @ X = (C X) / P - n (1^T X) / (P V)."""
+    def bt_mul(self, X: np.ndarray, CT: Csr | None = None) -> np.ndarray:
+        """Bbar^T @ X = (C^T X) / P - 1 (n^T X) / (P V); rows of ``CT`` (default all of C^T)."""
         P, V = self.n_positions, self.d_vocab
-        out = self.C.matmul(X)
-        out /= P
-        out -= np.outer(self.n, X.sum(0)) / (P * V)
-        return out
-
-    def bt_mul(self, X: np.ndarray) -> np.ndarray:
-        """Bbar^T @ X = (C^T X) / P - 1 (n^T X) / (P V)."""
-        P, V = self.n_positions, self.d_vocab
-        out = self.CT.matmul(X)
+        out = (self.CT if CT is None else CT).matmul(X)
         out /= P
         out -= (self.n @ X) / (P * V)
         return out
+
+    def w_columns(self, cols: np.ndarray) -> np.ndarray:
+        """W[:, cols] as a dense float64 [V, len(cols)] array (hi + lo 2^-F per entry)."""
+        V = self.d_vocab
+        keys, hi, lo = self.context.columns(cols, V)
+        pos = np.full(V, -1, dtype=np.int64)
+        pos[cols] = np.arange(cols.size)
+        out = np.zeros((V, cols.size))
+        out.reshape(-1)[(keys % V) * cols.size + pos[keys // V]] = hi + lo * 2.0 ** -F
+        return out
+
+    def bphi(self, cols: np.ndarray) -> np.ndarray:
+        """P^2 Bbar Phibar[:, cols] = C W[:, cols] - n w[cols]^T / V (Phibar's columns sum to 0
+        and C 1 = n, so the rank-one terms collapse to one), [V, len(cols)]."""
+        Y = self.C.matmul(self.w_columns(cols))
+        w = self.colsum[torch.from_numpy(cols)]
+        torch.from_numpy(Y).addr_(torch.from_numpy(self.n), w, alpha=-1.0 / self.d_vocab)
+        return Y
 
 
 def first_pass(acc: SparseCountAccumulator) -> SparseFirstPass:
@@ -191,26 +217,36 @@ def phibar_block(fp: SparseFirstPass, rows=None, cols=None) -> Tensor:
 
 # -- compositions restricted to ids ----------------------------------------------------------
 def compositions(fp: SparseFirstPass, ids: Tensor, width: int) -> dict[str, Tensor]:
-    """SigmaB, PhiBT and Gbar restricted to ids x ids, by column tiles of ``width``."""
+    """SigmaB, PhiBT and Gbar restricted to ids x ids, by column tiles of ``width``.
+
+    Only the rows ``ids`` of C^T are multiplied for SigmaB and Gbar; Bbar Phibar needs all
+    rows (Gbar sums over them)."""
     ids_np = np.asarray(ids, dtype=np.int64)
-    k = ids_np.size
+    k, P, V = ids_np.size, fp.n_positions, fp.d_vocab
+    CT = fp.CT.take_rows(ids_np)
     out = {name: torch.empty(k, k, dtype=torch.float64) for name in ("SigmaB", "PhiBT", "Gbar")}
     for j0 in range(0, k, width):
         J = ids_np[j0:j0 + width]
-        Bc = bbar_block(fp, None, J).numpy()
-        out["SigmaB"][:, j0:j0 + J.size] = torch.from_numpy(fp.bt_mul(Bc)[ids_np])
-        del Bc
-        Y = fp.b_mul(phibar_block(fp, None, J).numpy())
-        out["PhiBT"][j0:j0 + J.size] = torch.from_numpy(Y[ids_np].T)
-        out["Gbar"][:, j0:j0 + J.size] = torch.from_numpy(fp.bt_mul(Y)[ids_np])
+        out["SigmaB"][:, j0:j0 + J.size] = torch.from_numpy(
+            fp.bt_mul(bbar_block(fp, None, J).numpy(), CT))
+        Y = fp.bphi(J)
+        out["PhiBT"][j0:j0 + J.size] = torch.from_numpy(Y[ids_np].T / (P * P))
+        G = CT.matmul(Y)
+        G -= (fp.n @ Y) / V
+        out["Gbar"][:, j0:j0 + J.size] = torch.from_numpy(G / (P * P * P))
     return out
 
 
 def gc_tile(fp: SparseFirstPass, cols: np.ndarray) -> np.ndarray:
-    """Gc[:, cols]^T = (Gbar - 1 colsum(Gbar)^T / V)[:, cols]^T, contiguous [len(cols), V]."""
-    G = fp.bt_mul(fp.b_mul(phibar_block(fp, None, cols).numpy()))
-    G -= G.sum(0) / fp.d_vocab
-    return np.ascontiguousarray(G.T)
+    """Gbar[:, cols]^T, contiguous [len(cols), V]: (C^T Y - 1 (n^T Y) / V) / P^3 with
+    Y = P^2 Bbar Phibar[:, cols]. Gbar's columns sum to 0 (Bbar's rows do), so the column
+    centring of M (Eq. 15's U term) leaves it unchanged: this is pass 2's Gc."""
+    P, V = fp.n_positions, fp.d_vocab
+    Y = fp.bphi(cols)
+    GT = fp.CT.matmul(Y, transposed=True)
+    GT -= ((fp.n @ Y) / V)[:, None]
+    GT /= float(P) ** 3
+    return GT
 
 
 # -- pass 2 ------------------------------------------------------------------------------------

@@ -100,11 +100,11 @@ def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu") -> int:
 
 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
-    """Columns per Gbar tile: TILE_ARRAYS arrays of V x width float64 within the tile budget,
-    a multiple of 32 (the C kernel's register block), at least 32 and at most 4096."""
+    """Columns per Gbar tile: TILE_ARRAYS arrays of V x width float64 within the tile budget;
+    a multiple of 32 (the C kernel's register block) when it reaches 32, at most 4096."""
     budget = compose.DEFAULT_CPU_BUDGET if budget_bytes is None else budget_bytes
     width = budget // (TILE_ARRAYS * 8 * d_vocab)
-    return int(min(4096, max(32, width // 32 * 32)))
+    return int(min(4096, width // 32 * 32 if width >= 32 else max(1, width)))
 
 
 def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | None = None,

@@ -20,7 +20,7 @@ import numpy as np
 
 from pythia_probe.stats import kernels
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position past it)",
            -2: "a token id is outside the vocabulary or the tile",
            -3: "out of memory for the kernel's scratch buffers"}
@@ -53,13 +53,15 @@ def _lib() -> ctypes.CDLL | None:
     lib.sc_abi_version.restype = i64
     if lib.sc_abi_version() != ABI_VERSION:
         return None
-    lib.sc_pairs.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr]
+    lib.sc_pairs.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, ptr, ptr, ptr]
     lib.sc_pairs.restype = i64
+    lib.sc_drain.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
+    lib.sc_drain.restype = i64
     lib.sc_reduce.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.sc_reduce.restype = i64
     lib.sc_merge.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr]
     lib.sc_merge.restype = i64
-    lib.sc_spmm.argtypes = [i64, i64, ptr, ptr, ptr, ptr, i64, ptr]
+    lib.sc_spmm.argtypes = [i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64]
     lib.sc_spmm.restype = None
     lib.sc_sweep.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64,
                              ptr, ptr, ptr]
@@ -114,39 +116,70 @@ def _need(name: str, a: np.ndarray | None, dtype, size: int | None = None) -> No
 
 
 def pairs(tokens: np.ndarray, lengths: np.ndarray, d_vocab: int, tbits: int,
-          out: np.ndarray) -> int:
-    """Fill ``out`` with the batch's context-pair codes; returns how many."""
+          out: np.ndarray, head: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+          ) -> int:
+    """Fill ``out`` with the batch's context-pair codes; returns how many. ``head`` =
+    (head_of [V], weights w [T], block [H * H]): pairs of two head tokens go to the block."""
     tokens, lengths = _contig(tokens, np.int64), _contig(lengths, np.int64)
     n, L = tokens.shape
     need = int(((lengths - 1) * lengths // 2).sum())
     if out.size < need or out.dtype != np.int64 or not out.flags.c_contiguous:
         raise SparseKernelError(f"pair buffer holds {out.size} int64, need {need}")
-    return _check(_lib().sc_pairs(_p(tokens), n, L, _p(lengths), d_vocab, tbits, _p(out)))
+    head_of, w, block = head if head is not None else (None, None, None)
+    H = 0
+    if head is not None:
+        H = int(round(block.size ** 0.5))
+        _need("head_of", head_of, np.int64, d_vocab)
+        _need("w", w, np.int64, L - 1)
+        _need("block", block, np.int64, H * H)
+    return _check(_lib().sc_pairs(_p(tokens), n, L, _p(lengths), d_vocab, tbits, _p(head_of),
+                                  H, _p(w), _p(block), _p(out)))
 
 
-def reduce_sorted(codes: np.ndarray, tbits: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unique keys, summed weights) of sorted codes; the keys reuse ``codes``' memory."""
-    lo = np.empty(codes.size, dtype=np.int64)
+def drain(block: np.ndarray, head_ids: np.ndarray, d_vocab: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, raw sums) of the head block's non-zero entries in key order; zeroes the block."""
+    H = head_ids.size
+    _need("block", block, np.int64, H * H)
+    _need("head_ids", head_ids, np.int64, H)
+    keys, lo = np.empty(H * H, dtype=np.int64), np.empty(H * H, dtype=np.int64)
+    c = _lib().sc_drain(_p(block), H, _p(head_ids), d_vocab, _p(keys), _p(lo))
+    return _shrink(keys, c), _shrink(lo, c)
+
+
+def _shrink(a: np.ndarray, n: int) -> np.ndarray:
+    """``a[:n]`` owning its memory, without a copy (realloc shrinks in place)."""
+    a.resize(n, refcheck=False)
+    return a
+
+
+def reduce_sorted(codes: np.ndarray, tbits: int, w: np.ndarray, lo: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(unique keys, summed weights) of sorted codes, written into ``codes`` and ``lo``
+    (views of their first entries are returned)."""
+    _need("lo", lo, np.int64, codes.size)
     w = _contig(w, np.int64)
     u = _lib().sc_reduce(_p(codes), codes.size, tbits, _p(w), _p(codes), _p(lo))
-    return codes[:u], lo[:u].copy()
+    return codes[:u], lo[:u]
 
 
-def merge(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...], frac_bits: int
+def merge(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...], frac_bits: int
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Merge two sorted fixed-point tables (keys, hi, lo); exact, carried."""
+    """Merge two sorted fixed-point tables (keys, hi, lo); exact, carried. b's hi may be
+    None (zeros: a raw run of sums)."""
     a = tuple(_contig(x, np.int64) for x in a)
-    b = tuple(_contig(x, np.int64) for x in b)
+    b = tuple(None if x is None else _contig(x, np.int64) for x in b)
     n = a[0].size + b[0].size
     out = tuple(np.empty(n, dtype=np.int64) for _ in range(3))
     o = _lib().sc_merge(*map(_p, a), a[0].size, *map(_p, b), b[0].size, frac_bits,
                         *map(_p, out))
-    return tuple(x[:o] if o == n else x[:o].copy() for x in out)
+    return tuple(_shrink(x, o) for x in out)
 
 
 def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
-         threads: int = 1) -> np.ndarray:
-    """A @ X for a CSR matrix A (int64 indptr/col, float64 val) and dense X [*, w].
+         threads: int = 1, transposed: bool = False) -> np.ndarray:
+    """A @ X for a CSR matrix A (int64 indptr/col, float64 val) and dense X [*, w];
+    ``transposed``: (A @ X)^T, [w, rows] contiguous.
 
     The caller guarantees 0 <= col < X.shape[0] (checked once where the CSR is built)."""
     X = _contig(X, np.float64)
@@ -154,16 +187,17 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
     _need("indptr", indptr, np.int64)
     _need("col", col, np.int64, int(indptr[-1]))
     _need("val", val, np.float64, int(indptr[-1]))
-
-    out = np.empty((rows, w), dtype=np.float64)
+    out = np.empty((w, rows) if transposed else (rows, w), dtype=np.float64)
     lib = _lib()
-    cuts = np.linspace(0, rows, max(1, threads) + 1).astype(np.int64)
+    threads = max(1, min(threads, rows))
+    cuts = np.linspace(0, rows, threads + 1).astype(np.int64)
 
     def part(i: int) -> None:  # ctypes releases the GIL: row blocks run in parallel
-        lib.sc_spmm(int(cuts[i]), int(cuts[i + 1]), _p(indptr), _p(col), _p(val), _p(X), w,
-                    _p(out))
+        pack = np.empty(X.shape[0] * 32, dtype=np.float64)
+        lib.sc_spmm(int(cuts[i]), int(cuts[i + 1]), _p(indptr), _p(col), _p(val), _p(X),
+                    X.shape[0], w, _p(pack), _p(out), int(transposed), rows)
 
-    if threads <= 1:
+    if threads == 1:
         part(0)
     else:
         with ThreadPoolExecutor(threads) as ex:
