@@ -184,11 +184,20 @@ def test_compiled_kernels_equal_their_numpy_twins():
     X = g.standard_normal((23, 45))
     ip, col = A.indptr.astype(np.int64), A.indices.astype(np.int64)
     want = A @ X
+    u, v = g.standard_normal(37), g.standard_normal(45)
     for threads in (1, 3):
         got = sparsefast.spmm(ip, col, A.data, X, threads)
         np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
         np.testing.assert_allclose(sparsefast.spmm(ip, col, A.data, X, threads, True), want.T,
                                    rtol=1e-15, atol=1e-15)
+        fused = sparsefast.spmm(ip, col, A.data, X, threads, True, u, v, 0.5)
+        np.testing.assert_allclose(fused, ((want - np.outer(u, v)) * 0.5).T, rtol=1e-14,
+                                   atol=1e-14)
+        ones = sparsefast.spmm(ip, col, A.data, X, threads, False, None, v)
+        np.testing.assert_allclose(ones, want - v[None, :], rtol=1e-14, atol=1e-14)
+    for n, block in ((7, 3), (9, 9), (10, 4)):
+        a = g.standard_normal((n, n))
+        np.testing.assert_array_equal(outofcore.transpose_inplace(a.copy(), block), a.T)
     tokens = torch.randint(0, 11, (9, 8), generator=torch.Generator().manual_seed(2))
     lengths = torch.tensor([8, 2, 5, 8, 3, 8, 7, 6, 4])
     for head in (0, 4, 11):

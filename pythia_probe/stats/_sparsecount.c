@@ -11,8 +11,9 @@
  *              except pairs of two head tokens, summed into a dense block (sc_drain);
  *   sc_reduce  a sorted run of such codes -> unique keys and the sum of w[t] per key;
  *   sc_merge   two sorted tables of fixed-point sums (hi, lo) -> one, carried to 0 <= lo < 2^F.
- * Compositions: sc_spmm, out = A X for a CSR matrix A and a dense row-major X (blocks of 32
- *   columns packed, kept in registers; each output entry summed in the order of A's entries).
+ * Compositions: sc_spmm, out = (A X - u v^T) * scale for a CSR matrix A and a dense row-major
+ *   X (blocks of 32 columns packed, kept in registers; each output entry summed in the order
+ *   of A's entries, then corrected: the sparse-minus-rank-one products in one pass).
  * Pass 2 by column tiles of Gbar (context tokens a of one tile, Gc^T [w, V] row-major):
  *   sc_sweep   for every context occurrence (s, k) of a tile token and every t >= k:
  *              M = Gc[y_t, x_k]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
@@ -144,33 +145,42 @@ int64_t sc_merge(const int64_t *ka, const int64_t *ha, const int64_t *la, int64_
     return o;
 }
 
-/* out[r, :] = sum_p val[p] X[col[p], :] for rows r0 <= r < r1 of a CSR matrix (indptr, col,
- * val); X is [nx, w] row-major. Each block of 32 columns of X is first copied into `pack`
- * ([nx, 32], contiguous: the random row reads then stay within a few MB). out is [*, w]
- * row-major, or [w, *] (transposed, row length ld) when `transposed`. */
+/* out = (A X - u v^T) * scale for a CSR matrix A (rows, indptr, col, val) and X [nx, w]
+ * row-major; u NULL counts as all ones, v NULL as no correction. Only the columns
+ * c0 <= c < c1 (c0 a multiple of 32) are computed, so threads can split the columns. Each
+ * block of 32 columns of X is first copied into `pack` ([nx, 32], contiguous: the random row
+ * reads then stay within a few MB). out is [rows, w] row-major, or [w, rows] when
+ * `transposed`. Per entry: the sum in A's order, then (sum - u[r] * v[c]) * scale. */
 SC_CLONES
-void sc_spmm(int64_t r0, int64_t r1, const int64_t *indptr, const int64_t *col,
-             const double *val, const double *X, int64_t nx, int64_t w, double *pack,
-             double *out, int64_t transposed, int64_t ld) {
+void sc_spmm(int64_t rows, const int64_t *indptr, const int64_t *col, const double *val,
+             const double *X, int64_t nx, int64_t w, int64_t c0, int64_t c1, double *pack,
+             double *out, int64_t transposed, const double *u, const double *v,
+             double scale) {
     enum { B = 32 };
-    for (int64_t c0 = 0; c0 < w; c0 += B) {
-        const int64_t cw = w - c0 < B ? w - c0 : B;
+    for (int64_t b0 = c0; b0 < c1; b0 += B) {
+        const int64_t cw = c1 - b0 < B ? c1 - b0 : B;
         for (int64_t j = 0; j < nx; ++j) {
-            for (int64_t k = 0; k < cw; ++k) pack[j * B + k] = X[j * w + c0 + k];
+            for (int64_t k = 0; k < cw; ++k) pack[j * B + k] = X[j * w + b0 + k];
             for (int64_t k = cw; k < B; ++k) pack[j * B + k] = 0.0;
         }
-        for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t r = 0; r < rows; ++r) {
             double acc[B];
             for (int k = 0; k < B; ++k) acc[k] = 0.0;
             for (int64_t p = indptr[r]; p < indptr[r + 1]; ++p) {
-                const double v = val[p];
+                const double a = val[p];
                 const double *x = pack + col[p] * B;
-                for (int k = 0; k < B; ++k) acc[k] += v * x[k];
+                for (int k = 0; k < B; ++k) acc[k] += a * x[k];
             }
+            if (v) {
+                const double ur = u ? u[r] : 1.0;
+                for (int64_t k = 0; k < cw; ++k) acc[k] = acc[k] - ur * v[b0 + k];
+            }
+            if (scale != 1.0)
+                for (int64_t k = 0; k < cw; ++k) acc[k] *= scale;
             if (transposed)
-                for (int64_t k = 0; k < cw; ++k) out[(c0 + k) * ld + r] = acc[k];
+                for (int64_t k = 0; k < cw; ++k) out[(b0 + k) * rows + r] = acc[k];
             else
-                memcpy(out + r * w + c0, acc, (size_t)cw * sizeof(double));
+                memcpy(out + r * w + b0, acc, (size_t)cw * sizeof(double));
         }
     }
 }
@@ -245,4 +255,4 @@ int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
 }
 
 /* Version of this ABI (checked by the binding). */
-int64_t sc_abi_version(void) { return 2; }
+int64_t sc_abi_version(void) { return 3; }

@@ -59,15 +59,21 @@ class Csr:
     def nbytes(self) -> int:
         return self.indptr.nbytes + self.col.nbytes + self.val.nbytes
 
-    def matmul(self, X: np.ndarray, transposed: bool = False) -> np.ndarray:
-        """self @ X for a dense X [V, w] (compiled kernel, else scipy); ``transposed``:
-        (self @ X)^T as a contiguous [w, rows] array."""
+    def matmul(self, X: np.ndarray, transposed: bool = False, u: np.ndarray | None = None,
+               v: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+        """(self @ X - u v^T) * scale for a dense X [V, w] (u None: ones; v None: no rank-one
+        term), by the compiled kernel in one pass, else scipy; ``transposed``: the result's
+        transpose as a contiguous [w, rows] array."""
         if sparsefast.use_c():
             return sparsefast.spmm(self.indptr, self.col, self.val, X,
-                                   torch.get_num_threads(), transposed)
+                                   torch.get_num_threads(), transposed, u, v, scale)
         A = scipy.sparse.csr_matrix((self.val, self.col, self.indptr),
                                     shape=(self.indptr.size - 1, X.shape[0]))
         out = np.asarray(A @ X)
+        if v is not None:
+            out -= np.outer(np.ones(out.shape[0]) if u is None else u, v)
+        if scale != 1.0:
+            out *= scale
         return np.ascontiguousarray(out.T) if transposed else out
 
     def take_rows(self, rows: np.ndarray) -> Csr:
@@ -130,10 +136,8 @@ class SparseFirstPass:
     def bphi(self, cols: np.ndarray) -> np.ndarray:
         """P^2 Bbar Phibar[:, cols] = C W[:, cols] - n w[cols]^T / V (Phibar's columns sum to 0
         and C 1 = n, so the rank-one terms collapse to one), [V, len(cols)]."""
-        Y = self.C.matmul(self.w_columns(cols))
-        w = self.colsum[torch.from_numpy(cols)]
-        torch.from_numpy(Y).addr_(torch.from_numpy(self.n), w, alpha=-1.0 / self.d_vocab)
-        return Y
+        w = self.colsum[torch.from_numpy(cols)].numpy() / self.d_vocab
+        return self.C.matmul(self.w_columns(cols), u=self.n, v=w)
 
 
 def first_pass(acc: SparseCountAccumulator) -> SparseFirstPass:
@@ -231,9 +235,8 @@ def compositions(fp: SparseFirstPass, ids: Tensor, width: int) -> dict[str, Tens
             fp.bt_mul(bbar_block(fp, None, J).numpy(), CT))
         Y = fp.bphi(J)
         out["PhiBT"][j0:j0 + J.size] = torch.from_numpy(Y[ids_np].T / (P * P))
-        G = CT.matmul(Y)
-        G -= (fp.n @ Y) / V
-        out["Gbar"][:, j0:j0 + J.size] = torch.from_numpy(G / (P * P * P))
+        G = CT.matmul(Y, v=(fp.n @ Y) / V, scale=float(P) ** -3)
+        out["Gbar"][:, j0:j0 + J.size] = torch.from_numpy(G)
     return out
 
 
@@ -243,10 +246,7 @@ def gc_tile(fp: SparseFirstPass, cols: np.ndarray) -> np.ndarray:
     centring of M (Eq. 15's U term) leaves it unchanged: this is pass 2's Gc."""
     P, V = fp.n_positions, fp.d_vocab
     Y = fp.bphi(cols)
-    GT = fp.CT.matmul(Y, transposed=True)
-    GT -= ((fp.n @ Y) / V)[:, None]
-    GT /= float(P) ** 3
-    return GT
+    return fp.CT.matmul(Y, transposed=True, v=(fp.n @ Y) / V, scale=float(P) ** -3)
 
 
 # -- pass 2 ------------------------------------------------------------------------------------
@@ -389,10 +389,23 @@ def sweep_tiles(fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray, ro
 def finish(tokens: np.ndarray, lengths: np.ndarray, rows: QRows, sums: TileSums,
            seqs: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Qbar sum [side, side] (row-major) and Delta sum once S is complete: the A part minus
-    the centring term of sequences ``seqs``."""
-    Q = np.ascontiguousarray(sums.QAt.reshape(rows.side, rows.side).T)
+    the centring term of sequences ``seqs``. Consumes ``sums`` (QAt is transposed in place)."""
+    Q = transpose_inplace(sums.QAt.reshape(rows.side, rows.side))
+    sums.QAt = None  # type: ignore[assignment]
     centre(tokens, lengths, sums.S, rows, sums.Delta, Q.reshape(-1), seqs)
     return Q, sums.Delta
+
+
+def transpose_inplace(a: np.ndarray, block: int = 1024) -> np.ndarray:
+    """Transpose a square array in place by swapping blocks (no second V x V array)."""
+    n = a.shape[0]
+    for i in range(0, n, block):
+        a[i:i + block, i:i + block] = a[i:i + block, i:i + block].T.copy()
+        for j in range(i + block, n, block):
+            upper = a[i:i + block, j:j + block].copy()
+            a[i:i + block, j:j + block] = a[j:j + block, i:i + block].T
+            a[j:j + block, i:i + block] = upper.T
+    return a
 
 
 def pass2_tokens(tokens: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
@@ -413,4 +426,9 @@ def second_pass(fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
     todo = list(range(len(tiles(fp.ctx_ids, width))))
     sweep_tiles(fp, tokens, lengths, rows, width, todo, sums)
     Q, D = finish(tokens, lengths, rows, sums, (0, tokens.shape[0]))
-    return torch.from_numpy(Q[: rows.k, : rows.k].copy()), torch.from_numpy(D)
+    return qbar_sum(Q, rows), torch.from_numpy(D)
+
+
+def qbar_sum(Q: np.ndarray, rows: QRows) -> Tensor:
+    """Q without the dummy row and column (no copy at full vocabulary)."""
+    return torch.from_numpy(Q if rows.k == rows.side else Q[: rows.k, : rows.k].copy())

@@ -11,8 +11,9 @@ holds, not with V^2:
   24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens), the pair buffer
   (16 B x sparse.BUFFER), column tiles (4 arrays of V x width float64, width from the tile
-  budget) and the outputs: 8 K^2 B x 8 for top-k K, or 4 VV at full vocabulary (7 VV up to
-  engine.EAGER_LIMIT, where SigmaB, PhiBT and Gbar are stored too).
+  budget), the head block (8 B x sparse.HEAD^2) and the outputs: 8 K^2 B x 8 for top-k K, or
+  3 VV at full vocabulary (Bbar, Phibar, Qbar; 6 VV up to engine.EAGER_LIMIT, where SigmaB,
+  PhiBT and Gbar are stored too).
 
 ``choose_engine``: "auto" takes dense when its peak fits the device's budget (free CUDA memory x
 0.9, or the host's available RAM x 0.8), else sparse; an existing pass-1 checkpoint keeps the
@@ -115,12 +116,12 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     """
     VV = 8 * d_vocab * d_vocab
     if top_k is None:
-        outputs = (7 if d_vocab <= EAGER_LIMIT else 4) * VV
+        outputs = (6 if d_vocab <= EAGER_LIMIT else 3) * VV
     else:
         outputs = 8 * 8 * top_k * top_k
     width = tile_width(d_vocab, budget_bytes)
     fixed = {"outputs": outputs, "tiles": TILE_ARRAYS * 8 * d_vocab * width,
-             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse.CHUNK,
+             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse.CHUNK + 8 * sparse.HEAD**2,
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
             "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,

@@ -32,7 +32,7 @@ from pythia_probe import fileio
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats import checkpoint, engine, outofcore, plan, sparsefast
 from pythia_probe.stats.corpus_stats import CorpusStats
-from pythia_probe.stats.dist import Dist
+from pythia_probe.stats.dist import Dist, device_for
 from pythia_probe.stats.sparse import SparseCountAccumulator
 
 log = logging.getLogger(__name__)
@@ -145,13 +145,26 @@ def tile_pass(fp: outofcore.SparseFirstPass, tokens: np.ndarray, lengths: np.nda
                           after_tile=lambda s: (bar.update(1), saver.maybe(s)))
     saver.save(sums)
     bar.close()
-    d.sum_(torch.from_numpy(sums.S))  # complete S on every rank (after the last checkpoint)
+    _sum(d, sums.S, spec.device)  # complete S on every rank (after the last checkpoint)
     n = tokens.shape[0]
     Q, D = outofcore.finish(tokens, lengths, rows, sums,
                             (n * d.rank // d.world, n * (d.rank + 1) // d.world))
-    d.sum_(torch.from_numpy(Q))
-    d.sum_(torch.from_numpy(D))
-    return torch.from_numpy(Q[: rows.k, : rows.k].copy()), torch.from_numpy(D)
+    _sum(d, Q, spec.device)
+    _sum(d, D, spec.device)
+    return outofcore.qbar_sum(Q, rows), torch.from_numpy(D)
+
+
+def _sum(d: Dist, a: np.ndarray, device: str) -> None:
+    """In-place sum over ranks of a host array (through this rank's GPU under NCCL)."""
+    if d.world == 1:
+        return
+    t = torch.from_numpy(a)
+    if torch.distributed.get_backend() != "nccl":
+        d.sum_(t)
+        return
+    dev = device_for(device, d)
+    for part in t.view(-1).split(1 << 25):
+        part.copy_(d.sum_(part.to(dev)).cpu())
 
 
 class _Saver:

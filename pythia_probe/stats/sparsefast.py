@@ -20,7 +20,7 @@ import numpy as np
 
 from pythia_probe.stats import kernels
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position past it)",
            -2: "a token id is outside the vocabulary or the tile",
            -3: "out of memory for the kernel's scratch buffers"}
@@ -61,7 +61,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.sc_reduce.restype = i64
     lib.sc_merge.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr]
     lib.sc_merge.restype = i64
-    lib.sc_spmm.argtypes = [i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64]
+    lib.sc_spmm.argtypes = [i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr,
+                            ptr, ctypes.c_double]
     lib.sc_spmm.restype = None
     lib.sc_sweep.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64,
                              ptr, ptr, ptr]
@@ -177,9 +178,11 @@ def merge(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...], frac_bits
 
 
 def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
-         threads: int = 1, transposed: bool = False) -> np.ndarray:
-    """A @ X for a CSR matrix A (int64 indptr/col, float64 val) and dense X [*, w];
-    ``transposed``: (A @ X)^T, [w, rows] contiguous.
+         threads: int = 1, transposed: bool = False, u: np.ndarray | None = None,
+         v: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+    """(A @ X - u v^T) * scale for a CSR matrix A (int64 indptr/col, float64 val) and dense X
+    [*, w] (u None: ones; v None: no correction); ``transposed``: the result's transpose,
+    [w, rows] contiguous. Threads split the columns (blocks of 32).
 
     The caller guarantees 0 <= col < X.shape[0] (checked once where the CSR is built)."""
     X = _contig(X, np.float64)
@@ -187,15 +190,21 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
     _need("indptr", indptr, np.int64)
     _need("col", col, np.int64, int(indptr[-1]))
     _need("val", val, np.float64, int(indptr[-1]))
+    u = None if u is None else _contig(u, np.float64)
+    v = None if v is None else _contig(v, np.float64)
+    _need("u", u, np.float64, rows)
+    _need("v", v, np.float64, w)
     out = np.empty((w, rows) if transposed else (rows, w), dtype=np.float64)
     lib = _lib()
-    threads = max(1, min(threads, rows))
-    cuts = np.linspace(0, rows, threads + 1).astype(np.int64)
+    blocks = -(-w // 32)
+    threads = max(1, min(threads, blocks))
+    cuts = [min(w, 32 * (blocks * i // threads)) for i in range(threads + 1)]
 
-    def part(i: int) -> None:  # ctypes releases the GIL: row blocks run in parallel
+    def part(i: int) -> None:  # ctypes releases the GIL: column blocks run in parallel
         pack = np.empty(X.shape[0] * 32, dtype=np.float64)
-        lib.sc_spmm(int(cuts[i]), int(cuts[i + 1]), _p(indptr), _p(col), _p(val), _p(X),
-                    X.shape[0], w, _p(pack), _p(out), int(transposed), rows)
+        lib.sc_spmm(rows, _p(indptr), _p(col), _p(val), _p(X), X.shape[0], w, cuts[i],
+                    cuts[i + 1], _p(pack), _p(out), int(transposed), _p(u), _p(v),
+                    float(scale))
 
     if threads == 1:
         part(0)
