@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pythia_probe.errors import BadInputError, ResourceError
+from pythia_probe.errors import BadInputError, MismatchError, ResourceError
 from pythia_probe.stats import (
     CorpusStats,
     CountAccumulator,
@@ -235,7 +235,7 @@ def test_kernels_refuse_bad_input():
     with pytest.raises(sparsefast.SparseKernelError, match="S: need"):
         sparsefast.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
-                         np.zeros(1), np.zeros(3), np.zeros(81))
+                         np.zeros(1), np.zeros(3), np.zeros(3), np.zeros(81))
 
 
 # -- the automatic choice --------------------------------------------------------------------
@@ -252,6 +252,9 @@ def test_auto_choice_dense_when_it_fits_else_sparse():
     resumed = plan.choose_engine("auto", 3000, 128, None, budget=(1e12, "test"),
                                  checkpoint_kind="sparse_count")
     assert resumed.resolved == "sparse" and "resuming" in resumed.reason
+    with pytest.raises(MismatchError, match="sparse pass-1 checkpoint"):
+        plan.choose_engine("dense", 3000, 128, None, budget=(1e12, "test"),
+                           checkpoint_kind="sparse_count")
     given = plan.choose_engine("sparse", 3000, 128, None, budget=(1e12, "test"))
     assert given.resolved == "sparse" and given.meta()["requested"] == "sparse"
     with pytest.raises(BadInputError, match="--engine 'fast'"):

@@ -21,6 +21,9 @@
  *   sc_centre  the centring term of Q: c_t = S[s, t] / (t+1)^2 subtracted from
  *              Qbar[r(x_t), r(x_j)] for j <= t and from Delta[r] for r <= t.
  *
+ * Delta is a small difference of the two large sums (M / (t+1) and S_t / (t+1)^2): both are
+ * kept as compensated (Neumaier) sums, Delta[r] + Dc[r], so the split costs no accuracy.
+ *
  * Build with -ffp-contract=off: fused multiply-adds would change the rounding. The vector
  * clones of sc_spmm compute the same per-entry sums in the same order (no reassociation).
  */
@@ -185,6 +188,14 @@ void sc_spmm(int64_t rows, const int64_t *indptr, const int64_t *col, const doub
     }
 }
 
+/* Neumaier's compensated sum: *sum + *comp holds the exact sum to within one rounding. */
+static inline void kahan_add(double *sum, double *comp, double x) {
+    const double t = *sum + x;
+    if ((*sum >= 0 ? *sum : -*sum) >= (x >= 0 ? x : -x)) *comp += (*sum - t) + x;
+    else *comp += (x - t) + *sum;
+    *sum = t;
+}
+
 /* Row of the statistics' Qbar for token v: row_of[v] (restricted) or v itself. */
 static inline int64_t qrow(const int64_t *row_of, int64_t v) { return row_of ? row_of[v] : v; }
 
@@ -193,7 +204,7 @@ static inline int64_t qrow(const int64_t *row_of, int64_t v) { return row_of ? r
 int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
              const int64_t *occ, int64_t n_occ, const int64_t *col_of, const double *GcT,
              int64_t V, const int64_t *row_of, int64_t side, int64_t dummy, double *S,
-             double *Delta, double *QAt) {
+             double *Delta, double *Dc, double *QAt) {
     const int64_t T = L - 1;
     for (int64_t o = 0; o < n_occ; ++o) {
         const int64_t s = occ[o] / L, k = occ[o] % L;
@@ -208,7 +219,7 @@ int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths
             const double M = g[x[t + 1]];
             Ss[t] += M;
             const double q = M * (1.0 / (double)(t + 1));
-            Delta[t - k] += q;
+            kahan_add(Delta + (t - k), Dc + (t - k), q);
             if (qa) {
                 const int64_t rt = qrow(row_of, x[t]);
                 if (rt != dummy) qa[rt] += q;
@@ -222,20 +233,21 @@ int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths
  * Qbar[r(x_t), r(x_j)] for every j <= t and Delta[r] for every r <= t. */
 int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
               const int64_t *lengths, const double *S, const int64_t *row_of, int64_t side,
-              int64_t dummy, double *Delta, double *Qbar) {
+              int64_t dummy, double *Delta, double *Dc, double *Qbar) {
     const int64_t T = L - 1;
-    double *suffix = (double *)calloc((size_t)(T + 1), sizeof(double));
-    if (!suffix) return SC_NO_MEMORY;
+    double *csum = (double *)calloc((size_t)(2 * T + 1), sizeof(double));
+    if (!csum) return SC_NO_MEMORY;
+    double *ccomp = csum + T;
     for (int64_t s = s0; s < s1; ++s) {
         const int32_t *x = tokens + s * L;
         if (lengths[s] < 2 || lengths[s] > L) {
-            free(suffix);
+            free(csum);
             return SC_BAD_LENGTH;
         }
         for (int64_t t = 0; t < lengths[s] - 1; ++t) {
             const double inv = 1.0 / (double)(t + 1);
             const double c = S[s * T + t] * (inv * inv);
-            suffix[t] += c;
+            kahan_add(csum + t, ccomp + t, c);
             const int64_t rt = qrow(row_of, x[t]);
             if (rt == dummy) continue;
             double *row = Qbar + rt * side;
@@ -245,14 +257,16 @@ int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
             }
         }
     }
-    double run = 0.0;
+    double run = 0.0, run_c = 0.0;
     for (int64_t r = T - 1; r >= 0; --r) {  /* Delta[r] -= sum over positions t >= r of c_t */
-        run += suffix[r];
-        Delta[r] -= run;
+        kahan_add(&run, &run_c, csum[r]);
+        kahan_add(&run, &run_c, ccomp[r]);
+        kahan_add(Delta + r, Dc + r, -run);
+        kahan_add(Delta + r, Dc + r, -run_c);
     }
-    free(suffix);
+    free(csum);
     return SC_OK;
 }
 
 /* Version of this ABI (checked by the binding). */
-int64_t sc_abi_version(void) { return 3; }
+int64_t sc_abi_version(void) { return 4; }

@@ -205,16 +205,20 @@ def bbar_block(fp: SparseFirstPass, rows=None, cols=None) -> Tensor:
 
 
 def phibar_block(fp: SparseFirstPass, rows=None, cols=None) -> Tensor:
-    """Phibar[rows][:, cols] (rows = targets, cols = contexts; None: all ids), bit-identical."""
+    """Phibar[rows][:, cols] (rows = targets, cols = contexts; None: all ids), bit-identical.
+    One pass over W's chunks: only the entries that land in the block are converted."""
     V, P = fp.d_vocab, fp.n_positions
-    if cols is None:
-        keys, hi, lo = fp.context.arrays()
-    else:
-        keys, hi, lo = fp.context.columns(np.asarray(cols, dtype=np.int64), V)
-    W = torch.from_numpy(hi).double() + torch.from_numpy(lo).double() * 2.0 ** -F
-    Phi = _scatter(keys % V, keys // V, W, rows, cols, V)
-    c = fp.colsum if cols is None else fp.colsum[torch.as_tensor(cols)]
-    Phi -= c[None, :] / V
+    pr, nr = _positions(rows, V)
+    pc, nc = _positions(cols, V)
+    Phi = torch.zeros(nr * nc, dtype=torch.float64)
+    for keys, hi, lo in fp.context.chunks:
+        r, c = pr[keys % V], pc[keys // V]
+        keep = np.flatnonzero((r >= 0) & (c >= 0))
+        W = torch.from_numpy(hi[keep]).double() + torch.from_numpy(lo[keep]).double() * 2.0 ** -F
+        Phi[torch.from_numpy(r[keep] * nc + c[keep])] = W
+    Phi = Phi.view(nr, nc)
+    colsum = fp.colsum if cols is None else fp.colsum[torch.as_tensor(cols)]
+    Phi -= colsum[None, :] / V
     Phi /= P
     return Phi
 
@@ -282,19 +286,18 @@ def occurrences(tokens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np
 
 
 def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
-          GcT: np.ndarray, rows: QRows, S: np.ndarray, Delta: np.ndarray, QAt: np.ndarray
-          ) -> None:
-    """One tile: M = Gc[y_t, x_k] into S[s, t]; M / (t+1) into Delta[t - k] and
+          GcT: np.ndarray, rows: QRows, sums: TileSums) -> None:
+    """One tile: M = Gc[y_t, x_k] into S[s, t]; M / (t+1) into Delta[t - k] (compensated) and
     QAt[r(x_k), r(x_t)] (Qbar transposed), for every occurrence (s, k) and t >= k."""
     if sparsefast.use_c():
         sparsefast.sweep(tokens, lengths, occ, col_of, GcT, rows.row_of, rows.side,
-                         rows.dummy, S, Delta, QAt)
+                         rows.dummy, sums.S, sums.Delta, sums.Dc, sums.QAt)
         return
     L = tokens.shape[1]
     count = lengths[occ // L] - 1 - occ % L
     ends = np.cumsum(count)
     for a, b in _chunks(ends, OCC_PAIRS):
-        _sweep_numpy(tokens, occ[a:b], count[a:b], col_of, GcT, rows, S, Delta, QAt)
+        _sweep_numpy(tokens, occ[a:b], count[a:b], col_of, GcT, rows, sums)
 
 
 def _chunks(ends: np.ndarray, size: int) -> list[tuple[int, int]]:
@@ -304,7 +307,7 @@ def _chunks(ends: np.ndarray, size: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
-def _sweep_numpy(tokens, occ, count, col_of, GcT, rows: QRows, S, Delta, QAt) -> None:
+def _sweep_numpy(tokens, occ, count, col_of, GcT, rows: QRows, sums: TileSums) -> None:
     L = tokens.shape[1]
     T = L - 1
     s, k = np.repeat(occ // L, count), np.repeat(occ % L, count)
@@ -313,21 +316,28 @@ def _sweep_numpy(tokens, occ, count, col_of, GcT, rows: QRows, S, Delta, QAt) ->
     a = x[s * L + k]
     M = GcT[col_of[a], x[s * L + t + 1]]
     q = M * (1.0 / (t + 1).astype(np.float64))
-    torch.from_numpy(S).index_add_(0, torch.from_numpy(s * T + t), torch.from_numpy(M))
-    torch.from_numpy(Delta).index_add_(0, torch.from_numpy(t - k), torch.from_numpy(q))
+    torch.from_numpy(sums.S).index_add_(0, torch.from_numpy(s * T + t), torch.from_numpy(M))
+    compensated_add(sums.Delta, sums.Dc, np.bincount(t - k, weights=q, minlength=T))
     ra, rt = rows.of_tokens(a), rows.of_tokens(x[s * L + t])
     keep = (ra != rows.dummy) & (rt != rows.dummy)
-    torch.from_numpy(QAt).index_add_(0, torch.from_numpy(ra[keep] * rows.side + rt[keep]),
-                                     torch.from_numpy(q[keep]))
+    torch.from_numpy(sums.QAt).index_add_(0, torch.from_numpy(ra[keep] * rows.side + rt[keep]),
+                                          torch.from_numpy(q[keep]))
+
+
+def compensated_add(total: np.ndarray, comp: np.ndarray, x: np.ndarray) -> None:
+    """Neumaier's step, elementwise: total + comp keeps the sum to within one rounding."""
+    t = total + x
+    comp += np.where(np.abs(total) >= np.abs(x), (total - t) + x, (x - t) + total)
+    total[:] = t
 
 
 def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, rows: QRows,
-           Delta: np.ndarray, Qbar: np.ndarray, seqs: tuple[int, int]) -> None:
+           Delta: np.ndarray, Dc: np.ndarray, Qbar: np.ndarray, seqs: tuple[int, int]) -> None:
     """Subtract c_t = S[s, t] / (t+1)^2 from Qbar[r(x_t), r(x_j)] (j <= t) and Delta[r]
     (r <= t) for sequences seqs[0] <= s < seqs[1]: the centring term of Q (Eq. 16)."""
     if sparsefast.use_c():
-        sparsefast.centre(tokens, lengths, S, rows.row_of, rows.side, rows.dummy, Delta, Qbar,
-                          seqs)
+        sparsefast.centre(tokens, lengths, S, rows.row_of, rows.side, rows.dummy, Delta, Dc,
+                          Qbar, seqs)
         return
     T = tokens.shape[1] - 1
     inv = 1.0 / torch.arange(1, T + 1, dtype=torch.float64)
@@ -337,7 +347,7 @@ def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, rows: QRows,
         ln = torch.from_numpy(lengths[sl])
         c = S2[sl] * (inv * inv)[None, :]
         c *= (torch.arange(T)[None, :] < (ln[:, None] - 1)).to(c.dtype)
-        torch.from_numpy(Delta).sub_(c.sum(0).flip(0).cumsum(0).flip(0))
+        compensated_add(Delta, Dc, -c.sum(0).flip(0).cumsum(0).flip(0).numpy())
         x = torch.from_numpy(rows.of_tokens(tokens[sl, :T]))  # the dummy row is dropped later
         keys = kernels.pair_keys(x, x, rows.side).reshape(-1).long()
         torch.from_numpy(Qbar).index_add_(0, keys, -kernels.per_pair(c).reshape(-1))
@@ -350,13 +360,15 @@ class TileSums:
     S: np.ndarray
     """Per-position sums of M, [n * T]."""
     Delta: np.ndarray
+    Dc: np.ndarray
+    """Compensation of the Delta sum (Delta + Dc is the sum)."""
     QAt: np.ndarray
     """Sum of M / (t+1) into Qbar transposed, [side * side]."""
     done: list[int]
 
     @classmethod
     def zeros(cls, n: int, T: int, side: int) -> TileSums:
-        return cls(np.zeros(n * T), np.zeros(T), np.zeros(side * side), [])
+        return cls(np.zeros(n * T), np.zeros(T), np.zeros(T), np.zeros(side * side), [])
 
 
 def tiles(ctx_ids: np.ndarray, width: int) -> list[np.ndarray]:
@@ -378,7 +390,7 @@ def sweep_tiles(fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray, ro
         col_of[cols] = np.arange(cols.size)
         a = np.searchsorted(occ_tok, cols[0], side="left")
         b = np.searchsorted(occ_tok, cols[-1], side="right")
-        sweep(tokens, lengths, occ[a:b], col_of, GcT, rows, sums.S, sums.Delta, sums.QAt)
+        sweep(tokens, lengths, occ[a:b], col_of, GcT, rows, sums)
         col_of[cols] = -1
         sums.done.append(i)
         if after_tile is not None:
@@ -392,8 +404,8 @@ def finish(tokens: np.ndarray, lengths: np.ndarray, rows: QRows, sums: TileSums,
     the centring term of sequences ``seqs``. Consumes ``sums`` (QAt is transposed in place)."""
     Q = transpose_inplace(sums.QAt.reshape(rows.side, rows.side))
     sums.QAt = None  # type: ignore[assignment]
-    centre(tokens, lengths, sums.S, rows, sums.Delta, Q.reshape(-1), seqs)
-    return Q, sums.Delta
+    centre(tokens, lengths, sums.S, rows, sums.Delta, sums.Dc, Q.reshape(-1), seqs)
+    return Q, sums.Delta + sums.Dc
 
 
 def transpose_inplace(a: np.ndarray, block: int = 1024) -> np.ndarray:

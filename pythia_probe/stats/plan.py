@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pythia_probe.errors import BadInputError, ResourceError
+from pythia_probe.errors import BadInputError, MismatchError, ResourceError
 from pythia_probe.stats import compose, sparse
 from pythia_probe.stats.engine import EAGER_LIMIT
 
@@ -155,6 +155,9 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
     need = dense_peak(d_vocab, top_k, device)
     limit, how = budget if budget is not None else memory_budget(device)
     plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan}
+    if requested == "dense" and checkpoint_kind == sparse.SparseCountAccumulator.kind:
+        raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
+                            "--engine sparse (or auto), or use another --work-dir")
     if requested != "auto":
         return EngineChoice(requested, requested, f"--engine {requested} given", plan)
     if checkpoint_kind is not None:

@@ -164,12 +164,12 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _split(t: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]]:
-    """A table as chunks of CHUNK entries when it grew past 2 CHUNK (views, no copy: a base
-    array lives until the last of its chunks is merged away)."""
+    """A table as chunks of CHUNK entries when it grew past 2 CHUNK. Copies: a chunk that was
+    a view would keep its whole base array alive until its last sibling is merged away."""
     n = t[0].size
     if n <= 2 * CHUNK:
         return [t]
-    return [tuple(x[i:i + CHUNK] for x in t) for i in range(0, n, CHUNK)]
+    return [tuple(x[i:i + CHUNK].copy() for x in t) for i in range(0, n, CHUNK)]
 
 
 class CountTable:

@@ -178,8 +178,7 @@ class _Saver:
             self.save(sums)
 
     def save(self, sums: outofcore.TileSums) -> None:
-        tensors = {"S": torch.from_numpy(sums.S), "Delta": torch.from_numpy(sums.Delta),
-                   "QAt": torch.from_numpy(sums.QAt)}
+        tensors = {k: torch.from_numpy(getattr(sums, k)) for k in ("S", "Delta", "Dc", "QAt")}
         meta = {"identity": self.ident, "state": {"kind": "sparse_q", "done": sums.done}}
         nbytes = sum(t.nbytes for t in tensors.values())
         fileio.atomic_write(self.path, lambda tmp: save_file(tensors, str(tmp),
@@ -191,7 +190,7 @@ def _resume(path: Path, ident: dict[str, Any]) -> outofcore.TileSums | None:
     if not path.exists():
         return None
     tensors, meta = checkpoint.load_state(path, ident)
-    return outofcore.TileSums(*(tensors[k].numpy().copy() for k in ("S", "Delta", "QAt")),
+    return outofcore.TileSums(*(tensors[k].numpy().copy() for k in ("S", "Delta", "Dc", "QAt")),
                               list(meta["state"]["done"]))
 
 

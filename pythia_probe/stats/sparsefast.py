@@ -20,7 +20,7 @@ import numpy as np
 
 from pythia_probe.stats import kernels
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position past it)",
            -2: "a token id is outside the vocabulary or the tile",
            -3: "out of memory for the kernel's scratch buffers"}
@@ -65,9 +65,9 @@ def _lib() -> ctypes.CDLL | None:
                             ptr, ctypes.c_double]
     lib.sc_spmm.restype = None
     lib.sc_sweep.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64,
-                             ptr, ptr, ptr]
+                             ptr, ptr, ptr, ptr]
     lib.sc_sweep.restype = ctypes.c_int
-    lib.sc_centre.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr]
+    lib.sc_centre.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr]
     lib.sc_centre.restype = ctypes.c_int
     return lib
 
@@ -216,8 +216,9 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
 
 def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
           GcT: np.ndarray, row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
-          Delta: np.ndarray, QAt: np.ndarray) -> None:
-    """One tile of pass 2 (see ``_sparsecount.c``: sc_sweep); accumulates in place."""
+          Delta: np.ndarray, Dc: np.ndarray, QAt: np.ndarray) -> None:
+    """One tile of pass 2 (see ``_sparsecount.c``: sc_sweep); accumulates in place (Delta + Dc
+    a compensated sum)."""
     n, L = tokens.shape
     V = GcT.shape[1]
     for name, a, dt, size in (("tokens", tokens, np.int32, None), ("lengths", lengths, np.int64, n),
@@ -225,25 +226,27 @@ def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.n
                               ("GcT", GcT, np.float64, None), ("row_of", row_of, np.int64, V),
                               ("S", S, np.float64, n * (L - 1)), ("Delta", Delta, np.float64,
                                                                   L - 1),
+                              ("Dc", Dc, np.float64, L - 1),
                               ("QAt", QAt, np.float64, side * side)):
         _need(name, a, dt, size)
     _check(_lib().sc_sweep(_p(tokens), n, L, _p(lengths), _p(occ), occ.size, _p(col_of),
                            _p(GcT), GcT.shape[1], _p(row_of), side, dummy, _p(S), _p(Delta),
-                           _p(QAt)))
+                           _p(Dc), _p(QAt)))
 
 
 def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, row_of: np.ndarray | None,
-           side: int, dummy: int, Delta: np.ndarray, Qbar: np.ndarray,
+           side: int, dummy: int, Delta: np.ndarray, Dc: np.ndarray, Qbar: np.ndarray,
            rows: tuple[int, int] | None = None) -> None:
     """Subtract the centring term of Q for sequences ``rows`` (default all) in place."""
     n, L = tokens.shape
     for name, a, dt, size in (("tokens", tokens, np.int32, None), ("lengths", lengths, np.int64, n),
                               ("S", S, np.float64, n * (L - 1)), ("Delta", Delta, np.float64,
                                                                   L - 1),
+                              ("Dc", Dc, np.float64, L - 1),
                               ("Qbar", Qbar, np.float64, side * side)):
         _need(name, a, dt, size)
     if row_of is not None:
         _need("row_of", row_of, np.int64)
     s0, s1 = rows if rows is not None else (0, n)
     _check(_lib().sc_centre(_p(tokens), s0, s1, L, _p(lengths), _p(S), _p(row_of), side,
-                            dummy, _p(Delta), _p(Qbar)))
+                            dummy, _p(Delta), _p(Dc), _p(Qbar)))
