@@ -3,7 +3,9 @@
 Public API: ``CorpusStats`` (frozen result, save/load), ``batch_stats`` (both passes over one
 batch), ``CountAccumulator`` / ``QAccumulator`` (streaming passes, ``update -> self``,
 ``finalize``), ``SequencePolicy``; ``run.compute_stats`` is the shard driver behind
-``python -m pythia_probe.stats``. Memory plan for |V| = 50,304: ``stats/MEMORY.md``.
+``python -m pythia_probe.stats``. The sparse engine (``SparseCountAccumulator``, ``outofcore``,
+``sparse_run``; ``--engine auto`` picks it when the dense V x V tensors do not fit) computes the
+same statistics in memory that grows with the corpus. Memory plans: ``stats/MEMORY.md``.
 """
 
 from pythia_probe.stats.accumulate import AccumulatorError, CountAccumulator, QAccumulator
@@ -15,7 +17,8 @@ from pythia_probe.stats.corpus_stats import (
 )
 from pythia_probe.stats.engine import batch_stats, first_pass, top_k_ids
 from pythia_probe.stats.sequences import SequencePolicy
+from pythia_probe.stats.sparse import SparseCountAccumulator
 
 __all__ = ["AccumulatorError", "CorpusStats", "CountAccumulator", "QAccumulator",
-           "SequencePolicy", "StatsFileError", "StatsMismatchError", "batch_stats",
-           "first_pass", "read_meta", "top_k_ids"]
+           "SequencePolicy", "SparseCountAccumulator", "StatsFileError", "StatsMismatchError",
+           "batch_stats", "first_pass", "read_meta", "top_k_ids"]

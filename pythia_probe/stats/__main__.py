@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.stats import run
+from pythia_probe.stats.plan import ENGINES
 from pythia_probe.stats.sequences import MODES, SequencePolicy
 
 
@@ -61,6 +62,9 @@ class StatsConfig:
     """Builtin corpus: stories per shard."""
     budget_gb: float | None = None
     """Memory budget for matmul tiles (GiB; default: 1 on CPU, a quarter of free GPU memory)."""
+    engine: str = "auto"
+    """'dense' (V x V counts), 'sparse' (counts where the corpus has them, out-of-core Gbar
+    tiles, CPU) or 'auto': dense when its memory plan fits the device, else sparse."""
     progress: bool = True
     """Show tqdm progress bars (tokens/s)."""
     keep_work: bool = False
@@ -80,6 +84,8 @@ class StatsConfig:
         if self.tokenizer.startswith("word:") and not self.tokenizer[5:].isdigit():
             raise BadInputError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
         check_device(self.device)
+        if self.engine not in ENGINES:
+            raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(ENGINES)}")
         if not self.out.endswith(".safetensors"):
             raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
 
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         c = stats.meta["counts"]
         print(f"wrote {cfg.out}: stats_id {stats.stats_id}, d_vocab {stats.d_vocab}, "
               f"T {stats.T}, {c['docs']} docs, {c['sequences']} sequences, "
-              f"{c['positions']} positions")
+              f"{c['positions']} positions, engine {stats.meta['engine']['resolved']}")
     return 0
 
 
@@ -151,7 +157,7 @@ def compute(cfg: StatsConfig):
                        work, cfg.min_chars, cfg.docs, cfg.batch_size, cfg.checkpoint_every,
                        cfg.device, cfg.top_k,
                        None if cfg.budget_gb is None else int(cfg.budget_gb * 2**30),
-                       cfg.progress)
+                       cfg.progress, engine=cfg.engine)
     meta = {"tokenizer": fp, "dataset": cfg.dataset, "config": _jsonable(cfg)}
     if cfg.tokenizer.startswith("word:"):
         meta["tokenizer_file"] = Path(cfg.out).name + ".tokenizer.json"

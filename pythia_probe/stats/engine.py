@@ -150,14 +150,20 @@ def _restrict(t: dict[str, Tensor], ids: Tensor) -> dict[str, Tensor]:
 
 
 def _full_meta(fp: FirstPass, meta: dict[str, Any], ids: Tensor | None) -> dict[str, Any]:
-    V = fp.Bbar.shape[0]
+    return stats_meta(meta, ids, fp.Bbar.shape[0], fp, kernels.kernel_info(fp.Bbar.device))
+
+
+def stats_meta(meta: dict[str, Any], ids: Tensor | None, V: int, fp: Any,
+               kernel: dict[str, Any]) -> dict[str, Any]:
+    """Metadata and stats_id of a statistics file; ``fp`` has n_sequences, n_positions,
+    n_tokens and the pass-1 checksum (either engine's first pass)."""
     meta = dict(meta)
     meta.update(format=FORMAT, code_version=CODE_VERSION, full_d_vocab=V,
                 counts=dict(meta.get("counts", {}), sequences=fp.n_sequences,
                             positions=fp.n_positions, tokens=fp.n_tokens))
     meta["vocab"] = {"restricted": ids is not None, "compose": "full_then_slice",
                      "ids": None if ids is None else ids.tolist(), "full_d_vocab": V}
-    meta["kernel"] = kernels.kernel_info(fp.Bbar.device)  # recorded, not part of the identity
+    meta["kernel"] = kernel  # recorded, not part of the identity (nor is meta["engine"])
     ident = {k: meta.get(k) for k in ("tokenizer", "policy", "ledger", "counts", "vocab")}
     ident.update(format=FORMAT, checksum=fp.checksum, T=meta.get("T"))
     blob = json.dumps(ident, sort_keys=True, default=str).encode()

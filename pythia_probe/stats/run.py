@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,12 @@ import torch
 from tqdm.auto import tqdm
 
 from pythia_probe.fileio import remove
-from pythia_probe.stats import checkpoint, engine
+from pythia_probe.stats import checkpoint, engine, sparse_run
 from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
 from pythia_probe.stats.corpus_stats import CorpusStats
 from pythia_probe.stats.dist import Dist, device_for, reduce_counts, reduce_q, share_gbar
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
+from pythia_probe.stats.sparse import SparseCountAccumulator
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,17 @@ class RunSpec:
     top_k: int | None = None
     budget_bytes: int | None = None
     progress: bool = True
+    engine: str = "auto"
 
 
 def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any]) -> CorpusStats | None:
     """Both passes over ``shards``; returns the stats on rank 0 (None on other ranks)."""
     d = Dist.from_env(spec.device)
+    choice = sparse_run.resolve(spec, d)  # auto: dense when it fits, else sparse
+    meta = dict(meta, engine=choice.meta())
+    if choice.resolved == "sparse":
+        return sparse_run.compute_stats(shards, spec, meta, d)
+    spec = replace(spec, engine="dense")
     dev = device_for(spec.device, d)
     quotas = plan_quotas(shards, spec) if d.world > 1 else None
     mine = [(i, s) for i, s in enumerate(shards) if i % d.world == d.rank]
@@ -64,14 +71,19 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any]) -> CorpusSt
     if d.rank != 0:
         d.barrier()
         return None
-    skipped = sum((Counter(e["skipped"]) for e in acc.ledger), Counter())
-    docs = {"docs": sum(e["docs"] for e in acc.ledger), **dict(skipped)}
-    meta = dict(meta, T=spec.policy.seq_len, ledger=acc.ledger, counts=docs,
-                policy=dict(spec.policy.as_dict(), min_chars=spec.min_chars,
-                            max_docs=spec.max_docs))
-    stats = engine.assemble(fp, q, meta, ids, device=dev, budget_bytes=spec.budget_bytes)
+    stats = engine.assemble(fp, q, run_meta(meta, spec, acc.ledger), ids, device=dev,
+                            budget_bytes=spec.budget_bytes)
     d.barrier()
     return stats
+
+
+def run_meta(meta: dict[str, Any], spec: RunSpec, ledger: list[dict]) -> dict[str, Any]:
+    """Metadata of a run: T, ledger, documents and skips, sequence policy."""
+    skipped = sum((Counter(e["skipped"]) for e in ledger), Counter())
+    docs = {"docs": sum(e["docs"] for e in ledger), **dict(skipped)}
+    return dict(meta, T=spec.policy.seq_len, ledger=ledger, counts=docs,
+                policy=dict(spec.policy.as_dict(), min_chars=spec.min_chars,
+                            max_docs=spec.max_docs))
 
 
 # -- pass 1 --------------------------------------------------------------------------------
@@ -164,10 +176,11 @@ def _quota(name: str, quotas: dict[str, int] | None, max_docs: int | None, used:
 
 
 def _resume_counts(path: Path, spec: RunSpec, dev: torch.device) -> CountAccumulator:
+    cls = SparseCountAccumulator if spec.engine == "sparse" else CountAccumulator
     if not path.exists():
-        return CountAccumulator(spec.d_vocab, spec.policy.seq_len, dev)
+        return cls(spec.d_vocab, spec.policy.seq_len, dev)
     tensors, meta = checkpoint.load_state(path, spec.identity)
-    return CountAccumulator.from_state(tensors, meta["state"], dev)
+    return cls.from_state(tensors, meta["state"], dev)
 
 
 def _save_counts(path: Path, acc: CountAccumulator, spec: RunSpec) -> None:

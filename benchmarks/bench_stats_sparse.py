@@ -1,0 +1,245 @@
+"""Sparse vs dense statistics engines: peak memory and throughput, measured in the same run.
+
+(a) The paper's Pythia setting: d_vocab 50,277, T = 128, top-k K = 5,000 (the authors'
+    find_top_tokens default), a synthetic Zipf token stream of --docs documents x 129 tokens
+    (default 100,000: the paper's recipe). Exponent 1.08: 787 such documents hold ~15,300
+    distinct ids, as the issue's 787 OpenWebText documents hold 15,281. The sparse engine runs
+    end to end (target: peak host memory <= 12 GB); the dense engine's plan is printed (it
+    cannot run on this machine).
+(b) At the largest vocabulary where the dense engine fits this machine (plan.dense_peak within
+    the --engine auto budget, in multiples of 1,024; or --dense-vocab), both engines over the
+    same Zipf stream (--docs-b documents), same K: tokens/s end to end and per phase, the
+    ratio sparse / dense (target >= 1), and the two results compared (Bbar and Phibar bit for
+    bit, the rest relative to each statistic's largest entry).
+(c) Full vocabulary (no top-k): what the sparse engine's plan needs at 50,277 and at (b)'s
+    vocabulary (it runs where that fits: tests/test_stats_sparse.py runs it small).
+
+Each measurement runs in its own child process; its peak resident memory is the kernel's
+high-water mark VmHWM (/proc/self/status; ru_maxrss is inherited across fork and exec on
+Linux, so a child would report the parent's peak). Both engines run with --threads torch
+threads (the sparse SpMM uses as many). Rates are tokens per wall-clock second and per CPU
+second of the child (every thread counted). This VM backs memory lazily (the first touch of
+a page costs ~2 s/GB, later ones ~0.08 s/GB), so the parent first touches --warm-gb of memory
+and frees it: neither engine pays for being first.
+
+  nice -n 10 python benchmarks/bench_stats_sparse.py [--docs 100000] [--docs-b 100000]
+  python benchmarks/bench_stats_sparse.py --quick      # 5,000 documents, small (b)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pythia_probe.stats import engine, outofcore, plan, sparse_run
+from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
+from pythia_probe.stats.corpus_stats import CorpusStats
+from pythia_probe.stats.sparse import SparseCountAccumulator
+
+PYTHIA_VOCAB, T, K, ZIPF, BATCH = 50277, 128, 5000, 1.08, 256
+GB = 1e9
+
+
+def zipf_tokens(n_docs: int, d_vocab: int, seed: int = 0) -> torch.Tensor:
+    """[n_docs, T+1] ids drawn i.i.d. from Zipf(ZIPF) over d_vocab ids (ranks shuffled)."""
+    rank = np.arange(1, d_vocab + 1, dtype=np.float64)
+    p = rank ** -ZIPF
+    rng = np.random.default_rng(seed)
+    ids = rng.permutation(d_vocab)[rng.choice(d_vocab, size=n_docs * (T + 1), p=p / p.sum())]
+    return torch.from_numpy(ids.astype(np.int64)).view(n_docs, T + 1)
+
+
+class Clock:
+    """Wall and CPU seconds per named phase."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, tuple[float, float]] = {}
+        self._t = (time.perf_counter(), time.process_time())
+
+    def lap(self, name: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        self.phases[name] = (now[0] - self._t[0], now[1] - self._t[1])
+        self._t = now
+
+
+def run_sparse(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock) -> tuple:
+    acc = SparseCountAccumulator(d_vocab, T)
+    for i in range(0, tokens.shape[0], BATCH):
+        acc.update(tokens[i:i + BATCH])
+    acc.flush()
+    info = {"context_pairs": len(acc.context), "bigrams": len(acc.bigram),
+            "pass1_bytes": acc.nbytes}
+    clock.lap("pass 1")
+    fp = outofcore.first_pass(acc)
+    ids = None if k is None else engine.top_k_ids(fp.token_counts, k)
+    width = plan.tile_width(d_vocab)
+    Q, D = outofcore.second_pass(fp, *outofcore.pass2_tokens(tokens, None), ids, width)
+    clock.lap("pass 2 (Gbar tiles)")
+    stats = sparse_run.assemble(fp, Q, D, {"T": T, "policy": {"kind": "bench"}}, ids, width)
+    clock.lap("outputs (K x K compositions)")
+    return stats, dict(info, tile_width=width)
+
+
+def run_dense(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock) -> tuple:
+    acc = CountAccumulator(d_vocab, T)
+    for i in range(0, tokens.shape[0], BATCH):
+        acc.update(tokens[i:i + BATCH])
+    clock.lap("pass 1")
+    fp = engine.first_pass(acc, consume=True)
+    ids = None if k is None else engine.top_k_ids(fp.token_counts, k)
+    clock.lap("compositions (V^3)")
+    q = QAccumulator(fp.Gbar, T, ids)
+    for i in range(0, tokens.shape[0], BATCH):
+        q.update(tokens[i:i + BATCH])
+    q.Gc = None
+    clock.lap("pass 2")
+    stats = engine.assemble(fp, q, {"T": T, "policy": {"kind": "bench"}}, ids)
+    clock.lap("assemble")
+    return stats, {}
+
+
+def child(spec: dict) -> None:
+    """One measurement; prints one JSON line (phases, peak RSS) and saves the statistics."""
+    torch.set_num_threads(spec["threads"])
+    tokens = zipf_tokens(spec["docs"], spec["d_vocab"], spec["seed"])
+    clock = Clock()
+    fn = run_sparse if spec["engine"] == "sparse" else run_dense
+    stats, info = fn(tokens, spec["d_vocab"], spec["k"], clock)
+    rss = peak_rss()
+    if spec.get("out"):
+        stats.save(spec["out"], derived=True)
+    print(json.dumps({"phases": clock.phases, "rss": rss, "tokens": tokens.numel(), **info}))
+
+
+def peak_rss() -> int:
+    """This process's own peak resident bytes (VmHWM; ru_maxrss where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure(**spec) -> dict:
+    """Run ``child(spec)`` in a fresh interpreter and return its JSON result."""
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def describe(name: str, r: dict) -> str:
+    wall = sum(w for w, _ in r["phases"].values())
+    cpu = sum(c for _, c in r["phases"].values())
+    phases = ", ".join(f"{k} {w:.1f} s" for k, (w, _) in r["phases"].items())
+    return (f"{name}: {r['tokens'] / wall:,.0f} tok/s wall ({wall:.1f} s), "
+            f"{r['tokens'] / cpu:,.0f} tok/CPU-s ({cpu:.1f} CPU-s), peak RSS "
+            f"{r['rss'] / GB:.2f} GB; {phases}")
+
+
+def rates(r: dict) -> tuple[float, float]:
+    wall = sum(w for w, _ in r["phases"].values())
+    cpu = sum(c for _, c in r["phases"].values())
+    return r["tokens"] / wall, r["tokens"] / cpu
+
+
+def largest_dense_vocab(budget: float, k: int) -> int:
+    """The largest multiple of 1,024 whose dense plan fits ``budget`` bytes."""
+    V = 1024
+    while plan.dense_peak(V + 1024, k) <= budget:
+        V += 1024
+    return V
+
+
+def compare(a_path: Path, b_path: Path) -> str:
+    """Bbar/Phibar bit for bit; max |diff| of the other statistics relative to their natural
+    scale (tests/test_stats*.py: V max|Bbar|^2, V max|Bbar| max|Phibar|, V max|SigmaB|
+    max|Phibar|, 2 max|Gbar| for Qbar and Delta; here over the K x K blocks)."""
+    a, b = CorpusStats.load(a_path), CorpusStats.load(b_path)
+    exact = all(torch.equal(a[n], b[n]) for n in ("Bbar", "Phibar"))
+    m = {n: float(b[n].abs().max()) for n in ("Bbar", "Phibar", "SigmaB", "Gbar")}
+    V = b.meta["full_d_vocab"]
+    scale = {"SigmaB": V * m["Bbar"] ** 2, "PhiBT": V * m["Bbar"] * m["Phibar"],
+             "Gbar": V * m["SigmaB"] * m["Phibar"], "Qbar": 2 * m["Gbar"], "Delta": 2 * m["Gbar"]}
+    rel = {n: float((a[n] - b[n]).abs().max()) / s for n, s in scale.items()}
+    own = {n: float((a[n] - b[n]).abs().max() / b[n].abs().max()) for n in ("Qbar", "Delta")}
+    return (f"Bbar, Phibar bit-identical: {exact}; stats_id equal: {a.stats_id == b.stats_id}; "
+            "max |diff| / natural scale: " + ", ".join(f"{n} {v:.1e}" for n, v in rel.items())
+            + "; / own max: " + ", ".join(f"{n} {v:.1e}" for n, v in own.items()))
+
+
+def warm(gb: float) -> None:
+    """Touch ``gb`` GB once (see the module docstring) and free it."""
+    if gb > 0:
+        t0 = time.perf_counter()
+        np.ones(int(gb * GB), dtype=np.int8)
+        print(f"warmed {gb:.1f} GB of memory in {time.perf_counter() - t0:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=100_000, help="(a): Zipf documents")
+    ap.add_argument("--docs-b", type=int, default=None, help="(b): documents (default --docs)")
+    ap.add_argument("--dense-vocab", type=int, default=None, help="(b): vocabulary")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warm-gb", type=float, default=None,
+                    help="memory to touch first (default: the auto budget)")
+    ap.add_argument("--quick", action="store_true", help="5,000 documents, (b) at 4,096")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        child(json.loads(a.child))
+        return 0
+    sys.stdout.reconfigure(line_buffering=True)  # progress visible when logged to a file
+    if a.quick:
+        a.docs, a.docs_b, a.dense_vocab = 5000, 5000, a.dense_vocab or 4096
+    budget, how = plan.memory_budget("cpu")
+    warm(budget / GB if a.warm_gb is None else a.warm_gb)
+    common = {"threads": a.threads, "seed": 0, "k": K}
+
+    need = plan.dense_peak(PYTHIA_VOCAB, K)
+    print(f"(a) d_vocab {PYTHIA_VOCAB:,}, T {T}, K {K:,}, {a.docs:,} Zipf({ZIPF}) documents; "
+          f"auto budget {budget / GB:.1f} GB ({how})")
+    print(f"    dense plan: {need / GB:.1f} GB peak (pass 1 alone "
+          f"{3 * 8 * PYTHIA_VOCAB**2 / GB:.1f} GB): does not fit")
+    r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, **common)
+    print("    " + describe("sparse", r))
+    print(f"    distinct (target, context) pairs {r['context_pairs']:,}, bigrams "
+          f"{r['bigrams']:,}, pass-1 state {r['pass1_bytes'] / GB:.2f} GB, tile width "
+          f"{r['tile_width']}; peak RSS / 12 GB target = {r['rss'] / 12e9:.2f}")
+
+    V = a.dense_vocab or largest_dense_vocab(budget, K)
+    docs_b = a.docs_b or a.docs
+    print(f"(b) largest vocabulary where the dense engine fits: {V:,} (dense plan "
+          f"{plan.dense_peak(V, K) / GB:.1f} GB), {docs_b:,} documents, K {K:,}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = {e: Path(tmp) / f"{e}.safetensors" for e in ("dense", "sparse")}
+        res = {e: measure(engine=e, d_vocab=V, docs=docs_b, out=str(out[e]),
+                          **dict(common, k=min(K, V))) for e in ("dense", "sparse")}
+        for e, r in res.items():
+            print("    " + describe(e, r))
+        (sw, sc), (dw, dc) = rates(res["sparse"]), rates(res["dense"])
+        print(f"    sparse / dense tokens/s: {sw / dw:.2f}x wall, {sc / dc:.2f}x CPU "
+              "(target >= 1)")
+        print("    " + compare(out["sparse"], out["dense"]))
+
+    for vocab in (PYTHIA_VOCAB, V):
+        p = plan.sparse_plan(vocab, T, None, docs=a.docs)
+        print(f"(c) full vocabulary at {vocab:,}: {plan.describe_sparse(p)}; "
+              f"{'fits' if p['fixed_bytes'] <= budget else 'does not fit'} the budget")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,272 @@
+/* Kernels of the sparse / out-of-core statistics engine (stats/sparse.py, stats/outofcore.py).
+ *
+ * Plain C (no Python.h), loaded through ctypes by pythia_probe/stats/sparsefast.py; numpy,
+ * scipy and torch code in those modules is the fallback and the specification (tests compare).
+ * A batch is tokens [n, L] with lengths[i] valid tokens per row (2 <= lengths[i] <= L);
+ * position t (0-based) predicts y_t = x_{t+1} from x_0..x_t, for t < lengths[i] - 1.
+ *
+ * Pass 1 (exact integers):
+ *   sc_pairs   every context pair (target y_t, context x_m), m <= t, as one int64
+ *              ((x_m * V + y_t) << tbits) | t  (context-major key, position in the low bits),
+ *              except pairs of two head tokens, summed into a dense block (sc_drain);
+ *   sc_reduce  a sorted run of such codes -> unique keys and the sum of w[t] per key;
+ *   sc_merge   two sorted tables of fixed-point sums (hi, lo) -> one, carried to 0 <= lo < 2^F.
+ * Compositions: sc_spmm, out = (A X - u v^T) * scale for a CSR matrix A and a dense row-major
+ *   X (blocks of 32 columns packed, kept in registers; each output entry summed in the order
+ *   of A's entries, then corrected: the sparse-minus-rank-one products in one pass).
+ * Pass 2 by column tiles of Gbar (context tokens a of one tile, Gc^T [w, V] row-major):
+ *   sc_sweep   for every context occurrence (s, k) of a tile token and every t >= k:
+ *              M = Gc[y_t, x_k]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
+ *              QAt[r(x_k), r(x_t)] += q (skipped when either is the dummy row);
+ *   sc_centre  the centring term of Q: c_t = S[s, t] / (t+1)^2 subtracted from
+ *              Qbar[r(x_t), r(x_j)] for j <= t and from Delta[r] for r <= t.
+ *
+ * Delta is a small difference of the two large sums (M / (t+1) and S_t / (t+1)^2): both are
+ * kept as compensated (Neumaier) sums, Delta[r] + Dc[r], so the split costs no accuracy.
+ *
+ * Build with -ffp-contract=off: fused multiply-adds would change the rounding. The vector
+ * clones of sc_spmm compute the same per-entry sums in the same order (no reassociation).
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SC_OK 0
+#define SC_BAD_LENGTH -1
+#define SC_BAD_TOKEN -2
+#define SC_NO_MEMORY -3
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
+#define SC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SC_CLONES
+#endif
+
+static int check_batch(const int64_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
+                       int64_t V) {
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t len = lengths[i];
+        if (len < 2 || len > L) return SC_BAD_LENGTH;
+        const int64_t *x = tokens + i * L;
+        for (int64_t j = 0; j < len; ++j)
+            if (x[j] < 0 || x[j] >= V) return SC_BAD_TOKEN;
+    }
+    return SC_OK;
+}
+
+/* Codes of every context pair of the batch, in (sequence, t, m) order; returns their number
+ * (or a negative error). `out` holds at least sum_i (len_i - 1) len_i / 2 entries.
+ * With a head set (head_of[v] = its index among the H head tokens, or -1; NULL: none), a pair
+ * whose target and context are both head tokens adds w[t] to block[head_of[y] * H +
+ * head_of[a]] instead (a dense int64 block: the most frequent pairs skip the sort). */
+int64_t sc_pairs(const int64_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
+                 int64_t V, int64_t tbits, const int64_t *head_of, int64_t H,
+                 const int64_t *w, int64_t *block, int64_t *out) {
+    const int rc = check_batch(tokens, n, L, lengths, V);
+    if (rc != SC_OK) return rc;
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t *x = tokens + i * L;
+        for (int64_t t = 0; t < lengths[i] - 1; ++t) {
+            const int64_t y = x[t + 1];
+            const int64_t hy = head_of ? head_of[y] : -1;
+            if (hy < 0) {
+                for (int64_t m = 0; m <= t; ++m) out[c++] = ((x[m] * V + y) << tbits) | t;
+                continue;
+            }
+            uint64_t *row = (uint64_t *)(block + hy * H);  /* wraps like int64 sums in torch */
+            const uint64_t wt = (uint64_t)w[t];
+            for (int64_t m = 0; m <= t; ++m) {
+                const int64_t ha = head_of[x[m]];
+                if (ha >= 0) row[ha] += wt;
+                else out[c++] = ((x[m] * V + y) << tbits) | t;
+            }
+        }
+    }
+    return c;
+}
+
+/* Non-zero entries of the head block in key order (context-major; head_ids ascending), as
+ * keys a * V + y and raw sums lo; the block is zeroed. Returns their number. */
+int64_t sc_drain(int64_t *block, int64_t H, const int64_t *head_ids, int64_t V,
+                 int64_t *keys, int64_t *lo) {
+    int64_t c = 0;
+    for (int64_t ha = 0; ha < H; ++ha)
+        for (int64_t hy = 0; hy < H; ++hy) {
+            int64_t *b = block + hy * H + ha;
+            if (*b) {
+                keys[c] = head_ids[ha] * V + head_ids[hy];
+                lo[c++] = *b;
+                *b = 0;
+            }
+        }
+    return c;
+}
+
+/* Sorted codes -> unique keys (code >> tbits) and lo[u] = sum of w[code & mask] over each key's
+ * codes. keys may alias codes (it is written behind the read position). Returns the count. */
+int64_t sc_reduce(const int64_t *codes, int64_t n, int64_t tbits, const int64_t *w,
+                  int64_t *keys, int64_t *lo) {
+    const int64_t mask = ((int64_t)1 << tbits) - 1;
+    int64_t u = -1, prev = -1;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t k = codes[i] >> tbits, add = w[codes[i] & mask];
+        if (u < 0 || k != prev) {
+            ++u;
+            keys[u] = k;
+            lo[u] = add;
+            prev = k;
+        } else {
+            lo[u] += add;
+        }
+    }
+    return u + 1;
+}
+
+/* Merge two tables sorted by unique key; fixed-point values hi + lo 2^-F summed exactly and
+ * carried so that 0 <= lo < 2^F (inputs need lo >= 0 and lo_a + lo_b < 2^63; hb NULL: 0). */
+int64_t sc_merge(const int64_t *ka, const int64_t *ha, const int64_t *la, int64_t na,
+                 const int64_t *kb, const int64_t *hb, const int64_t *lb, int64_t nb,
+                 int64_t frac_bits, int64_t *ko, int64_t *ho, int64_t *lo) {
+    const int64_t mask = ((int64_t)1 << frac_bits) - 1;
+    int64_t i = 0, j = 0, o = 0;
+    while (i < na || j < nb) {
+        int64_t k, h, l;
+        if (j >= nb || (i < na && ka[i] < kb[j])) {
+            k = ka[i]; h = ha[i]; l = la[i]; ++i;
+        } else if (i >= na || kb[j] < ka[i]) {
+            k = kb[j]; h = hb ? hb[j] : 0; l = lb[j]; ++j;
+        } else {
+            k = ka[i]; h = ha[i] + (hb ? hb[j] : 0); l = la[i] + lb[j]; ++i; ++j;
+        }
+        ko[o] = k;
+        ho[o] = h + (l >> frac_bits);
+        lo[o] = l & mask;
+        ++o;
+    }
+    return o;
+}
+
+/* out = (A X - u v^T) * scale for a CSR matrix A (rows, indptr, col, val) and X [nx, w]
+ * row-major; u NULL counts as all ones, v NULL as no correction. Only the columns
+ * c0 <= c < c1 (c0 a multiple of 32) are computed, so threads can split the columns. Each
+ * block of 32 columns of X is first copied into `pack` ([nx, 32], contiguous: the random row
+ * reads then stay within a few MB). out is [rows, w] row-major, or [w, rows] when
+ * `transposed`. Per entry: the sum in A's order, then (sum - u[r] * v[c]) * scale. */
+SC_CLONES
+void sc_spmm(int64_t rows, const int64_t *indptr, const int64_t *col, const double *val,
+             const double *X, int64_t nx, int64_t w, int64_t c0, int64_t c1, double *pack,
+             double *out, int64_t transposed, const double *u, const double *v,
+             double scale) {
+    enum { B = 32 };
+    for (int64_t b0 = c0; b0 < c1; b0 += B) {
+        const int64_t cw = c1 - b0 < B ? c1 - b0 : B;
+        for (int64_t j = 0; j < nx; ++j) {
+            for (int64_t k = 0; k < cw; ++k) pack[j * B + k] = X[j * w + b0 + k];
+            for (int64_t k = cw; k < B; ++k) pack[j * B + k] = 0.0;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            double acc[B];
+            for (int k = 0; k < B; ++k) acc[k] = 0.0;
+            for (int64_t p = indptr[r]; p < indptr[r + 1]; ++p) {
+                const double a = val[p];
+                const double *x = pack + col[p] * B;
+                for (int k = 0; k < B; ++k) acc[k] += a * x[k];
+            }
+            if (v) {
+                const double ur = u ? u[r] : 1.0;
+                for (int64_t k = 0; k < cw; ++k) acc[k] = acc[k] - ur * v[b0 + k];
+            }
+            if (scale != 1.0)
+                for (int64_t k = 0; k < cw; ++k) acc[k] *= scale;
+            if (transposed)
+                for (int64_t k = 0; k < cw; ++k) out[(b0 + k) * rows + r] = acc[k];
+            else
+                memcpy(out + r * w + b0, acc, (size_t)cw * sizeof(double));
+        }
+    }
+}
+
+/* Neumaier's compensated sum: *sum + *comp holds the exact sum to within one rounding. */
+static inline void kahan_add(double *sum, double *comp, double x) {
+    const double t = *sum + x;
+    if ((*sum >= 0 ? *sum : -*sum) >= (x >= 0 ? x : -x)) *comp += (*sum - t) + x;
+    else *comp += (x - t) + *sum;
+    *sum = t;
+}
+
+/* Row of the statistics' Qbar for token v: row_of[v] (restricted) or v itself. */
+static inline int64_t qrow(const int64_t *row_of, int64_t v) { return row_of ? row_of[v] : v; }
+
+/* Pass 2, one tile: occ are flat positions s * L + k (context occurrences of the tile's
+ * tokens, k <= lengths[s] - 2); col_of maps a token to its row of GcT [w, V]. T = L - 1. */
+int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
+             const int64_t *occ, int64_t n_occ, const int64_t *col_of, const double *GcT,
+             int64_t V, const int64_t *row_of, int64_t side, int64_t dummy, double *S,
+             double *Delta, double *Dc, double *QAt) {
+    const int64_t T = L - 1;
+    for (int64_t o = 0; o < n_occ; ++o) {
+        const int64_t s = occ[o] / L, k = occ[o] % L;
+        if (s < 0 || s >= n || k > lengths[s] - 2) return SC_BAD_LENGTH;
+        const int32_t *x = tokens + s * L;
+        const int64_t a = x[k];
+        if (a < 0 || a >= V || col_of[a] < 0) return SC_BAD_TOKEN;
+        const double *g = GcT + col_of[a] * V;
+        const int64_t ra = qrow(row_of, a);
+        double *Ss = S + s * T, *qa = ra == dummy ? NULL : QAt + ra * side;
+        for (int64_t t = k; t < lengths[s] - 1; ++t) {
+            const double M = g[x[t + 1]];
+            Ss[t] += M;
+            const double q = M * (1.0 / (double)(t + 1));
+            kahan_add(Delta + (t - k), Dc + (t - k), q);
+            if (qa) {
+                const int64_t rt = qrow(row_of, x[t]);
+                if (rt != dummy) qa[rt] += q;
+            }
+        }
+    }
+    return SC_OK;
+}
+
+/* Pass 2, centring term for sequences s0 <= s < s1: c_t = S[s, t] / (t+1)^2 leaves
+ * Qbar[r(x_t), r(x_j)] for every j <= t and Delta[r] for every r <= t. */
+int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
+              const int64_t *lengths, const double *S, const int64_t *row_of, int64_t side,
+              int64_t dummy, double *Delta, double *Dc, double *Qbar) {
+    const int64_t T = L - 1;
+    double *csum = (double *)calloc((size_t)(2 * T + 1), sizeof(double));
+    if (!csum) return SC_NO_MEMORY;
+    double *ccomp = csum + T;
+    for (int64_t s = s0; s < s1; ++s) {
+        const int32_t *x = tokens + s * L;
+        if (lengths[s] < 2 || lengths[s] > L) {
+            free(csum);
+            return SC_BAD_LENGTH;
+        }
+        for (int64_t t = 0; t < lengths[s] - 1; ++t) {
+            const double inv = 1.0 / (double)(t + 1);
+            const double c = S[s * T + t] * (inv * inv);
+            kahan_add(csum + t, ccomp + t, c);
+            const int64_t rt = qrow(row_of, x[t]);
+            if (rt == dummy) continue;
+            double *row = Qbar + rt * side;
+            for (int64_t j = 0; j <= t; ++j) {
+                const int64_t rj = qrow(row_of, x[j]);
+                if (rj != dummy) row[rj] -= c;
+            }
+        }
+    }
+    double run = 0.0, run_c = 0.0;
+    for (int64_t r = T - 1; r >= 0; --r) {  /* Delta[r] -= sum over positions t >= r of c_t */
+        kahan_add(&run, &run_c, csum[r]);
+        kahan_add(&run, &run_c, ccomp[r]);
+        kahan_add(Delta + r, Dc + r, -run);
+        kahan_add(Delta + r, Dc + r, -run_c);
+    }
+    free(csum);
+    return SC_OK;
+}
+
+/* Version of this ABI (checked by the binding). */
+int64_t sc_abi_version(void) { return 4; }

@@ -1,0 +1,185 @@
+"""Memory plans of the dense and sparse statistics engines, and ``--engine auto``.
+
+dense (``CountAccumulator``, ``engine.first_pass``, ``QAccumulator``): V x V tensors of 8 B,
+"1 VV" = 8 V^2 bytes (20.2 GB at V = 50,277). Pass 1 holds 3 VV (bigram counts and two
+fixed-point limbs); on the host the peak is 5 VV (Bbar, Phibar, SigmaB, Gbar and pass 2's
+centred Gc), 7 VV at full vocabulary up to engine.EAGER_LIMIT tokens (Qbar twice and PhiBT),
+plus the matmul tiles (compose.DEFAULT_CPU_BUDGET). See MEMORY.md.
+
+sparse (``sparse.SparseCountAccumulator``, ``outofcore``): memory grows with what the corpus
+holds, not with V^2:
+  24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
+  28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens), the pair buffer
+  (16 B x sparse.BUFFER), column tiles (4 arrays of V x width float64, width from the tile
+  budget), the head block (8 B x sparse.HEAD^2) and the outputs: 8 K^2 B x 8 for top-k K, or
+  3 VV at full vocabulary (Bbar, Phibar, Qbar; 6 VV up to engine.EAGER_LIMIT, where SigmaB,
+  PhiBT and Gbar are stored too).
+
+``choose_engine``: "auto" takes dense when its peak fits the device's budget (free CUDA memory x
+0.9, or the host's available RAM x 0.8), else sparse; an existing pass-1 checkpoint keeps the
+engine that wrote it (a resumed run never switches). The choice, why, and the sparse plan are
+printed by the driver and stored in the statistics metadata (``meta["engine"]``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pythia_probe.errors import BadInputError, MismatchError, ResourceError
+from pythia_probe.stats import compose, sparse
+from pythia_probe.stats.engine import EAGER_LIMIT
+
+GB = 1e9
+ENGINES = ("auto", "dense", "sparse")
+GPU_SAFETY = 0.9
+CPU_SAFETY = 0.8
+PAIR_BYTES = 24
+BIGRAM_BYTES = 64
+POSITION_BYTES = 28
+TOKEN_BYTES = 4
+TILE_ARRAYS = 4
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The resolved engine, why, and the numbers behind it (JSON-able, for the metadata)."""
+
+    requested: str
+    resolved: str
+    reason: str
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    def meta(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        return f"engine: {self.requested} -> {self.resolved} ({self.reason})"
+
+
+def memory_budget(device: str) -> tuple[float | None, str]:
+    """(usable bytes, how measured): free CUDA memory x 0.9, or available RAM x 0.8."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        return free * GPU_SAFETY, f"{free / GB:.1f} GB free on {device} x {GPU_SAFETY}"
+    avail = available_ram()
+    if avail is None:
+        return None, "available RAM not measurable"
+    return avail * CPU_SAFETY, f"{avail / GB:.1f} GB RAM available x {CPU_SAFETY}"
+
+
+def available_ram() -> float | None:
+    """MemAvailable from /proc/meminfo, else free pages x page size; None if neither exists."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu") -> int:
+    """Peak bytes of the dense engine on the memory that decides whether it fits.
+
+    CPU: the host peak (5 VV, or 7 VV at full vocabulary up to EAGER_LIMIT) + matmul tiles.
+    CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less).
+    """
+    VV = 8 * d_vocab * d_vocab
+    if device.startswith("cuda"):
+        return 3 * VV + (1 << 30)
+    factor = 7 if top_k is None and d_vocab <= EAGER_LIMIT else 5
+    return factor * VV + compose.DEFAULT_CPU_BUDGET
+
+
+def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
+    """Columns per Gbar tile: TILE_ARRAYS arrays of V x width float64 within the tile budget;
+    a multiple of 32 (the C kernel's register block) when it reaches 32, at most 4096."""
+    budget = compose.DEFAULT_CPU_BUDGET if budget_bytes is None else budget_bytes
+    width = budget // (TILE_ARRAYS * 8 * d_vocab)
+    return int(min(4096, width // 32 * 32 if width >= 32 else max(1, width)))
+
+
+def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | None = None,
+                docs: int | None = None) -> dict[str, Any]:
+    """Bytes the sparse engine needs that do not depend on the corpus, and its per-item costs.
+
+    ``docs`` (when known) bounds the distinct context pairs by docs x T (T + 1) / 2.
+    """
+    VV = 8 * d_vocab * d_vocab
+    if top_k is None:
+        outputs = (6 if d_vocab <= EAGER_LIMIT else 3) * VV
+    else:
+        outputs = 8 * 8 * top_k * top_k
+    width = tile_width(d_vocab, budget_bytes)
+    fixed = {"outputs": outputs, "tiles": TILE_ARRAYS * 8 * d_vocab * width,
+             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse.CHUNK + 8 * sparse.HEAD**2,
+             "vectors": 6 * 8 * d_vocab}
+    plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
+            "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,
+            "bytes_per_bigram": BIGRAM_BYTES, "bytes_per_position": POSITION_BYTES,
+            "bytes_per_token": TOKEN_BYTES}
+    if docs is not None:
+        plan["max_context_pairs"] = min(d_vocab * d_vocab, docs * T * (T + 1) // 2)
+    return plan
+
+
+def describe_sparse(plan: dict[str, Any]) -> str:
+    """One line: fixed bytes and what grows with the corpus."""
+    s = (f"sparse needs {plan['fixed_bytes'] / GB:.2f} GB fixed (outputs "
+         f"{plan['outputs_bytes'] / GB:.2f}, tiles {plan['tiles_bytes'] / GB:.2f}, buffers "
+         f"{plan['pair_buffer_bytes'] / GB:.2f}) + {PAIR_BYTES} B per distinct (target, "
+         f"context) pair + {BIGRAM_BYTES} B per distinct bigram + {POSITION_BYTES} B per "
+         "position")
+    if "max_context_pairs" in plan:
+        s += f" (at most {plan['max_context_pairs']:,} pairs)"
+    return s
+
+
+def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
+                  device: str = "cpu", budget: tuple[float | None, str] | None = None,
+                  checkpoint_kind: str | None = None, tile_budget: int | None = None,
+                  docs: int | None = None) -> EngineChoice:
+    """Resolve ``--engine``: auto -> dense when its peak fits ``budget``, else sparse."""
+    if requested not in ENGINES:
+        raise BadInputError(f"--engine {requested!r}; valid: {', '.join(ENGINES)}")
+    splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs)
+    need = dense_peak(d_vocab, top_k, device)
+    limit, how = budget if budget is not None else memory_budget(device)
+    plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan}
+    if requested == "dense" and checkpoint_kind == sparse.SparseCountAccumulator.kind:
+        raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
+                            "--engine sparse (or auto), or use another --work-dir")
+    if requested != "auto":
+        return EngineChoice(requested, requested, f"--engine {requested} given", plan)
+    if checkpoint_kind is not None:
+        kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
+        return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
+    if limit is not None and need <= limit:
+        return EngineChoice(requested, "dense", f"dense peak {need / GB:.2f} GB fits budget "
+                            f"{limit / GB:.2f} GB ({how})", plan)
+    why = "budget unknown" if limit is None else f"exceeds budget {limit / GB:.2f} GB"
+    return EngineChoice(requested, "sparse", f"dense peak {need / GB:.2f} GB at d_vocab "
+                        f"{d_vocab:,} {why} ({how}); {describe_sparse(splan)}", plan)
+
+
+def check_sparse_fits(choice: EngineChoice, d_vocab: int, top_k: int | None) -> None:
+    """Refuse up front when the sparse engine's fixed needs (outputs, tiles, buffers) exceed
+    the budget, saying what they are (full vocabulary at a large d_vocab)."""
+    limit = choice.plan.get("budget_bytes")
+    splan = choice.plan["sparse"]
+    if limit is None or splan["fixed_bytes"] <= limit:
+        return
+    what = "full-vocabulary" if top_k is None else f"top-{top_k}"
+    raise ResourceError(f"{what} statistics at d_vocab {d_vocab:,} with the sparse engine "
+                        f"need {splan['fixed_bytes'] / GB:.1f} GB before any counting "
+                        f"(outputs {splan['outputs_bytes'] / GB:.1f} GB), more than the budget "
+                        f"{limit / GB:.1f} GB; use --top-k or a machine with more memory")

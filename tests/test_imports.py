@@ -1,0 +1,86 @@
+"""Imports flow one way: entry points on top, then sweep, analyses and statistics, corpus and
+tokenizer, and the file/error layer at the bottom; no cycle between parts, no upward edge, and
+imports at module top except heavy optional dependencies.
+
+Entry points (``__main__`` modules) may import anything: nothing imports them. The layers,
+top to bottom (``|``: independent parts of one layer):
+"""
+
+import ast
+from pathlib import Path
+
+import grimp
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pythia_probe"
+LAYERS = [
+    "testing | demo",
+    "sweep",
+    "toy | plots",
+    "analysis | theory | checkpoints",
+    "stats",
+    "tokenizer",
+    "corpus",
+    "hubcache",
+    "weights_io | builtin_corpus",
+    "arch | steps | results | progress",
+    "hubio | linalg",
+    "cli",
+    "fileio",
+    "errors",
+]
+#: imported inside functions on purpose: each costs seconds at import or is needed only by one
+#: command path (multi-process runs, the text forward pass, hub datasets)
+HEAVY = {"transformers", "datasets", "accelerate"}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    g = grimp.build_graph("pythia_probe", cache_dir=None)
+    for m in [m for m in g.modules if m.endswith(".__main__")]:
+        g.remove_module(m)
+    return g
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def test_every_part_is_in_a_layer(graph):
+    placed = {p.strip() for layer in LAYERS for p in layer.split("|")}
+    parts = {_part(m) for m in graph.modules} - {""}
+    assert parts <= placed, f"place {sorted(parts - placed)} in LAYERS"
+
+
+def test_no_upward_edge(graph):
+    rank = {p.strip(): i for i, layer in enumerate(LAYERS) for p in layer.split("|")}
+    bad = []
+    for m in graph.modules:
+        for imp in graph.find_modules_directly_imported_by(m):
+            a, b = _part(m), _part(imp)
+            if a and b and a != b and rank[b] <= rank[a]:
+                bad.append(f"{m} -> {imp}")
+    assert not bad, "imports against the layers:\n" + "\n".join(sorted(bad))
+
+
+def test_no_cycle_between_modules_of_one_part(graph):
+    """Within a part (a package), modules must not import each other in a cycle either."""
+    cycles = []
+    for m in graph.modules:
+        for imp in graph.find_modules_directly_imported_by(m):
+            if _part(m) == _part(imp) and m != imp and graph.chain_exists(imp, m):
+                cycles.append(f"{m} <-> {imp}")
+    assert not cycles, "\n".join(sorted(cycles))
+
+
+def test_imports_at_module_top():
+    lazy = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    if mod.split(".")[0] not in HEAVY:
+                        lazy.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {mod}")
+    assert not lazy, "imports inside functions:\n" + "\n".join(lazy)
