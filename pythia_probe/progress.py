@@ -61,6 +61,10 @@ class JobProgress:
         self.bar.set_description(f"[{i}/{len(self.order)}] {name}")
         return self.update
 
+    def counter(self, name: str, total: float | None = None) -> _Counter:
+        """Stage ``name`` as a tqdm-like object (``update(n)``, ``close()``)."""
+        return _Counter(self.stage(name, total), self.finish)
+
     def update(self, n: float) -> None:
         s = self.current
         if s is None:
@@ -95,6 +99,12 @@ class JobProgress:
     def close(self) -> None:
         self.finish()
         self.bar.close()
+
+
+@dataclass
+class _Counter:
+    update: object
+    close: object
 
 
 def _hms(seconds: float) -> str:

@@ -7,7 +7,8 @@ import torch
 
 from pythia_probe import builtin_corpus as bc
 from pythia_probe.stats import CorpusStats, StatsMismatchError
-from pythia_probe.stats.__main__ import StatsConfig, main
+from pythia_probe.stats.__main__ import main
+from pythia_probe.stats.job import StatsConfig
 from pythia_probe.stats.top import load_names
 
 MATRIX_OF = {"bigram": "Bbar", "interchangeable": "SigmaB", "topical": "Phibar"}
@@ -16,7 +17,8 @@ MATRIX_OF = {"bigram": "Bbar", "interchangeable": "SigmaB", "topical": "Phibar"}
 @pytest.fixture(scope="module")
 def builtin_stats(tmp_path_factory):
     out = tmp_path_factory.mktemp("stats") / "builtin.safetensors"
-    rc = main(["--dataset", "builtin", "--stories", "3000", "--stories-per-shard", "1000",
+    rc = main(["compute", "--dataset", "builtin", "--stories", "3000", "--stories-per-shard",
+               "1000",
                "--seq-len", "128", "--mode", "packed", "--tokenizer", "word:3000",
                "--out", str(out), "--no-progress"])
     assert rc == 0
@@ -64,7 +66,7 @@ def test_cli_file_records_policy_tokenizer_and_ledger(builtin_stats):
 
 
 def test_top_subcommand_prints_figure5_lists(builtin_stats, capsys):
-    rc = main(["top", str(builtin_stats), "--rows", "red,happy,fish", "--k", "4",
+    rc = main(["top", "--stats", str(builtin_stats), "--rows", "red,happy,fish", "--k", "4",
                "--matrices", "Bbar,SigmaB,Phibar"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -74,12 +76,13 @@ def test_top_subcommand_prints_figure5_lists(builtin_stats, capsys):
     happy = next(ln for ln in lines if ln.split()[:2] == ["SigmaB", "happy"])
     assert sum(w in happy.split()[2:] for w in bc.EMOTIONS) == 4
     with pytest.raises(ValueError, match="not in the statistics' vocabulary"):
-        main(["top", str(builtin_stats), "--rows", "zebra-not-a-word"])
+        main(["top", "--stats", str(builtin_stats), "--rows", "zebra-not-a-word"])
 
 
 def test_cli_top_k_and_bad_config(tmp_path):
     out = tmp_path / "k.safetensors"
-    assert main(["--dataset", "builtin", "--stories", "200", "--stories-per-shard", "100",
+    assert main(["compute", "--dataset", "builtin", "--stories", "200", "--stories-per-shard",
+                 "100",
                  "--seq-len", "32", "--tokenizer", "word:3000", "--top-k", "50",
                  "--out", str(out), "--no-progress"]) == 0
     s = CorpusStats.load(out)
@@ -98,7 +101,8 @@ def test_cli_top_k_and_bad_config(tmp_path):
         with pytest.raises(DeviceError, match="no CUDA device"):
             StatsConfig(device="cuda")
     with pytest.raises(FileNotFoundError):
-        main(["--dataset", str(tmp_path / "missing.txt"), "--out", str(out), "--no-progress"])
+        main(["compute", "--dataset", str(tmp_path / "missing.txt"), "--out", str(out),
+              "--no-progress"])
 
 
 def test_cli_text_file_with_short_and_empty_documents(tmp_path):
@@ -106,7 +110,7 @@ def test_cli_text_file_with_short_and_empty_documents(tmp_path):
     docs = ["a b c d e f g h i j k l", "tiny", "b c d e f g h i j k l m n o"]
     corpus.write_text("\n<|endoftext|>\n".join(docs))
     out = tmp_path / "t.safetensors"
-    assert main(["--dataset", str(corpus), "--seq-len", "8", "--tokenizer", "word:30",
+    assert main(["compute", "--dataset", str(corpus), "--seq-len", "8", "--tokenizer", "word:30",
                  "--out", str(out), "--no-progress"]) == 0
     s = CorpusStats.load(out)
     assert s.meta["counts"]["sequences"] == 2 and s.meta["counts"]["docs_short"] == 1
@@ -117,7 +121,7 @@ def test_bos_eos_may_be_the_unknown_token_as_in_pythia():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from pythia_probe.stats.__main__ import _token_id
+    from pythia_probe.stats.job import _token_id
 
     vocab = {"<|endoftext|>": 0, "a": 1, "b": 2}
     tok = PreTrainedTokenizerFast(
@@ -139,18 +143,18 @@ def test_work_folder_removed_after_success_and_changed_corpus_is_never_reused(tm
     out = tmp_path / "t.safetensors"
     args = ["--dataset", str(corpus), "--seq-len", "8", "--tokenizer", "word:30",
             "--out", str(out), "--no-progress"]
-    assert main(args) == 0
+    assert main(["compute", *args]) == 0
     assert not (tmp_path / "t.safetensors.work").exists()
-    assert main([*args, "--keep-work"]) == 0  # as if killed after pass 1: work is kept
+    assert main(["compute", *args, "--keep-work"]) == 0  # as if killed after pass 1: work is kept
     work = tmp_path / "t.safetensors.work"
     assert any(work.glob("pass1-*.safetensors"))
     same_size = corpus.read_text().replace("a b c", "c b a")
     corpus.write_text(same_size)
     with pytest.raises(MismatchError, match=f"corpus shards changed.*{corpus.name}"):
-        main(args)
+        main(["compute", *args])
     run.remove_work(work)
     assert not work.exists()
-    assert main(args) == 0
+    assert main(["compute", *args]) == 0
     changed = CorpusStats.load(out)
     names = load_names(changed, str(out), None)
     # "c b a" now occurs: counted from the new text, not reused from the old work

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pythia_probe import ranks
 from pythia_probe.stats import CorpusStats, batch_stats, run
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
 
@@ -173,7 +174,8 @@ def _worker(rank: int, world: int, port: int, work: str, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    stats = run.compute_stats(make_shards(), spec(Path(work), max_docs=25), {})
+    stats = run.compute_stats(make_shards(), spec(Path(work), max_docs=25), {},
+                              ranks.from_env("cpu"))
     if stats is not None:
         stats.save(out)
     torch.distributed.destroy_process_group()

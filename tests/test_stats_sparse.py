@@ -21,6 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pythia_probe import ranks
 from pythia_probe.errors import BadInputError, MismatchError, ResourceError
 from pythia_probe.stats import (
     CorpusStats,
@@ -350,7 +351,7 @@ def _worker(rank: int, world: int, port: int, work: str, out: str) -> None:
                       MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     stats = run.compute_stats(make_shards(), spec(Path(work), "sparse", max_docs=20,
-                                                  budget_bytes=1), {})
+                                                  budget_bytes=1), {}, ranks.from_env("cpu"))
     if stats is not None:
         stats.save(out)
     torch.distributed.destroy_process_group()
@@ -368,14 +369,15 @@ def test_two_processes_equal_one(tmp_path):
 
 
 def test_cli_engine_flag_and_metadata(tmp_path):
-    from pythia_probe.stats.__main__ import StatsConfig, main
+    from pythia_probe.stats.__main__ import main
+    from pythia_probe.stats.job import StatsConfig
 
     args = ["--dataset", "builtin", "--stories", "60", "--stories-per-shard", "30",
             "--seq-len", "16", "--tokenizer", "word:300", "--top-k", "40", "--no-progress"]
     out = {}
     for engine in ("auto", "sparse"):
         path = tmp_path / f"{engine}.safetensors"
-        assert main([*args, "--engine", engine, "--out", str(path)]) == 0
+        assert main(["compute", *args, "--engine", engine, "--out", str(path)]) == 0
         out[engine] = CorpusStats.load(path)
     assert out["auto"].meta["engine"]["resolved"] == "dense"  # a tiny vocabulary fits
     assert out["sparse"].meta["engine"]["requested"] == "sparse"

@@ -310,7 +310,6 @@ def test_theory_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, ca
 @pytest.mark.parametrize("budget,mode", [(1e3, "streamed"), (1e13, "memory")])
 def test_theory_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path, monkeypatch,
                                                       capsys, budget, mode):
-    from pythia_probe.analysis import plan
 
     root, repo, stats = setup
     monkeypatch.setattr(sources, "memory_budget", lambda device: (budget, "injected"))

@@ -12,14 +12,12 @@ See benchmarks/bench_analysis.py for measurements against the materialised compu
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
 from pythia_probe.analysis.base import Shape
 from pythia_probe.analysis.registry import get_analyses
+from pythia_probe.resources import GPU_SAFETY, memory_budget  # noqa: F401 - the plan's budget
 
 GB = 1e9
 
@@ -90,39 +88,6 @@ def memory_plan(V: int, d_model: int, n_layers: int, n_heads: int, n_params: int
 
 
 # ---- --theory auto ---------------------------------------------------------------------------
-GPU_SAFETY = 0.9  # of the free accelerator memory (allocator fragmentation, CUDA context)
-CPU_SAFETY = 0.8  # of MemAvailable (the page cache and other processes keep the rest)
-
-
-def memory_budget(device: str) -> tuple[float | None, str]:
-    """(usable bytes, how measured) on ``device``: free CUDA memory x GPU_SAFETY, or the host's
-    available RAM x CPU_SAFETY; (None, why) when it cannot be measured."""
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        return free * GPU_SAFETY, f"{free / GB:.1f} GB free on {device} x {GPU_SAFETY}"
-    if dev.type == "cpu":
-        avail = _available_ram()
-        if avail is not None:
-            return avail * CPU_SAFETY, f"{avail / GB:.1f} GB RAM available x {CPU_SAFETY}"
-    return None, f"free memory of {device} not measurable"
-
-
-def _available_ram() -> float | None:
-    """MemAvailable from /proc/meminfo, else free pages x page size; None if neither exists."""
-
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def choose_theory(need: float, budget: float | None, measured: str = "") -> tuple[str, str]:

@@ -9,13 +9,14 @@ same statistics in memory that grows with the corpus. Memory plans: ``stats/MEMO
 """
 
 from pythia_probe.stats.accumulate import AccumulatorError, CountAccumulator, QAccumulator
+from pythia_probe.stats.batch import batch_stats
 from pythia_probe.stats.corpus_stats import (
     CorpusStats,
     StatsFileError,
     StatsMismatchError,
     read_meta,
 )
-from pythia_probe.stats.engine import batch_stats, first_pass, top_k_ids
+from pythia_probe.stats.engine import first_pass, top_k_ids
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import SparseCountAccumulator
 

@@ -1,133 +1,26 @@
-"""Corpus statistics CLI.
+"""``python -m pythia_probe.stats compute|top``: corpus statistics, and their top lists.
 
-  python -m pythia_probe.stats --dataset builtin --docs 2000 --seq-len 64 \\
+  python -m pythia_probe.stats compute --dataset builtin --docs 2000 --seq-len 64 \\
       --tokenizer word:500 --out stats.safetensors
-  python -m pythia_probe.stats top stats.safetensors --rows red,happy,fish --k 5
+  python -m pythia_probe.stats top --stats stats.safetensors --rows red,happy,fish --k 5
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from dataclasses import dataclass, fields
-from pathlib import Path
+from pythia_probe.cli import parse_subcommand, run_main
+from pythia_probe.ranks import from_env
+from pythia_probe.stats import top
+from pythia_probe.stats.job import StatsConfig, compute
 
-from pythia_probe.errors import BadInputError, check_device
-from pythia_probe.stats import run
-from pythia_probe.stats.plan import ENGINES
-from pythia_probe.stats.sequences import MODES, SequencePolicy
-
-
-@dataclass(frozen=True)
-class StatsConfig:
-    """Compute Bbar, Phibar, SigmaB, PhiBT, Gbar, Qbar, Delta over a corpus."""
-
-    dataset: str = "builtin"
-    """Corpus: 'builtin', a .txt/.jsonl/.parquet path or folder, a hub dataset id, hf:// glob."""
-    out: str = "stats.safetensors"
-    """Output stats file (safetensors + JSON metadata)."""
-    tokenizer: str = "word:3000"
-    """Hub id, tokenizer.json / folder, or 'word:K' (paper word rule, top-K words of the data)."""
-    seq_len: int = 128
-    """T: predicted positions per sequence (windows of T+1 tokens)."""
-    docs: int | None = None
-    """Use the first N documents with >= min_chars characters (None: all)."""
-    min_chars: int = 0
-    """Minimum document length in characters (paper, OpenWebText: 512)."""
-    mode: str = "first"
-    """'first' (first T+1 tokens per document, the paper) or 'packed' windows."""
-    keep_short: bool = False
-    """Keep sequences shorter than T+1 tokens (masked) instead of skipping them."""
-    bos: str | None = None
-    """Token prepended to every document (None: nothing; Pythia adds none)."""
-    eos: str | None = None
-    """Token appended to every document (e.g. '<|endoftext|>' for packed windows)."""
-    top_k: int | None = None
-    """Restrict to the K most frequent tokens (composed at full vocabulary, then sliced)."""
-    device: str = "cpu"
-    """torch device for counting and compositions ('cuda' uses this rank's GPU)."""
-    batch_size: int = 256
-    """Sequences per update."""
-    checkpoint_every: int = 1
-    """Save the accumulators every N shards (resume skips finished shards)."""
-    work_dir: str | None = None
-    """Checkpoints and token caches (default: <out>.work)."""
-    text_field: str = "text"
-    """Text column of jsonl/parquet/hub corpora."""
-    split: str = "train"
-    """Hub dataset split."""
-    stories: int = 20000
-    """Builtin corpus: number of stories."""
-    stories_per_shard: int = 1000
-    """Builtin corpus: stories per shard."""
-    budget_gb: float | None = None
-    """Memory budget for matmul tiles (GiB; default: 1 on CPU, a quarter of free GPU memory)."""
-    engine: str = "auto"
-    """'dense' (V x V counts), 'sparse' (counts where the corpus has them, out-of-core Gbar
-    tiles, CPU) or 'auto': dense when its memory plan fits the device, else sparse."""
-    progress: bool = True
-    """Show tqdm progress bars (tokens/s)."""
-    keep_work: bool = False
-    """Keep the work folder (checkpoints, token caches) after a successful run."""
-
-    def __post_init__(self) -> None:
-        if self.seq_len < 1:
-            raise BadInputError(f"--seq-len must be >= 1, got {self.seq_len}")
-        if self.docs is not None and self.docs < 1:
-            raise BadInputError(f"--docs must be >= 1, got {self.docs}")
-        if self.min_chars < 0 or self.batch_size < 1 or self.checkpoint_every < 1:
-            raise BadInputError("--min-chars >= 0, --batch-size >= 1, --checkpoint-every >= 1")
-        if self.mode not in MODES:
-            raise BadInputError(f"--mode must be one of {MODES}, got {self.mode!r}")
-        if self.top_k is not None and self.top_k < 1:
-            raise BadInputError(f"--top-k must be >= 1, got {self.top_k}")
-        if self.tokenizer.startswith("word:") and not self.tokenizer[5:].isdigit():
-            raise BadInputError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
-        check_device(self.device)
-        if self.engine not in ENGINES:
-            raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(ENGINES)}")
-        if not self.out.endswith(".safetensors"):
-            raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m pythia_probe.stats",
-                                 description=StatsConfig.__doc__,
-                                 epilog="Subcommand: `top STATS` lists top tokens per row.")
-    docs = _field_docs()
-    for f in fields(StatsConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool",):
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                            help=docs.get(f.name))
-            continue
-        typ = {"int": int, "int | None": int, "float | None": float}.get(str(f.type), str)
-        ap.add_argument(flag, type=typ, default=f.default, help=docs.get(f.name))
-    return ap
-
-
-def _field_docs() -> dict[str, str]:
-    """Attribute docstrings of StatsConfig (the lines right after each field)."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(StatsConfig))
-    body = tree.body[0].body
-    out = {}
-    for a, b in zip(body, body[1:], strict=False):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr):
-            out[a.target.id] = str(b.value.value)
-    return out
+COMMANDS = {"compute": StatsConfig, "top": top.TopConfig}
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["top"]:
-        from pythia_probe.stats.top import main as top_main
-
-        return top_main(argv[1:])
-    cfg = StatsConfig(**vars(build_parser().parse_args(argv)))
-    stats = compute(cfg)
+    command, cfg = parse_subcommand(COMMANDS, argv, "python -m pythia_probe.stats", __doc__)
+    if command == "top":
+        print(top.render(cfg))
+        return 0
+    stats = compute(cfg, from_env(cfg.device))
     if stats is not None:
         c = stats.meta["counts"]
         print(f"wrote {cfg.out}: stats_id {stats.stats_id}, d_vocab {stats.d_vocab}, "
@@ -136,81 +29,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def compute(cfg: StatsConfig):
-    """Run both passes for ``cfg``; save and return the stats on rank 0."""
-    from pythia_probe import corpus, tokenizer
-
-    shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
-                                  **_builtin_opts(cfg))
-    tok = _tokenizer(cfg, shards)
-    V = tokenizer.d_vocab(tok)
-    fp = tokenizer.tokenizer_fingerprint(tok)
-    bos = None if cfg.bos is None else _token_id(tok, cfg.bos)
-    eos = None if cfg.eos is None else _token_id(tok, cfg.eos)
-    policy = SequencePolicy(cfg.seq_len, cfg.mode, "keep" if cfg.keep_short else "skip",
-                            "skip", bos, eos)
-    ident = run.spec_identity(dataset=cfg.dataset, tokenizer=fp, policy=policy,
-                              min_chars=cfg.min_chars, docs=cfg.docs, split=cfg.split,
-                              text_field=cfg.text_field, shards=[s.fingerprint() for s in shards])
-    work = Path(cfg.work_dir or cfg.out + ".work")
-    spec = run.RunSpec(V, policy, lambda docs: tokenizer.encode_documents(tok, docs), ident,
-                       work, cfg.min_chars, cfg.docs, cfg.batch_size, cfg.checkpoint_every,
-                       cfg.device, cfg.top_k,
-                       None if cfg.budget_gb is None else int(cfg.budget_gb * 2**30),
-                       cfg.progress, engine=cfg.engine)
-    meta = {"tokenizer": fp, "dataset": cfg.dataset, "config": _jsonable(cfg)}
-    if cfg.tokenizer.startswith("word:"):
-        meta["tokenizer_file"] = Path(cfg.out).name + ".tokenizer.json"
-    stats = run.compute_stats(shards, spec, meta)
-    if stats is not None:
-        stats.save(cfg.out)
-        if cfg.tokenizer.startswith("word:"):
-            tokenizer.save_tokenizer(tok, cfg.out + ".tokenizer.json")
-        if not cfg.keep_work:
-            run.remove_work(work)
-    return stats
-
-
-def _builtin_opts(cfg: StatsConfig) -> dict:
-    if cfg.dataset != "builtin":
-        return {}
-    return {"n_stories": cfg.stories, "stories_per_shard": cfg.stories_per_shard}
-
-
-def _tokenizer(cfg: StatsConfig, shards: list):
-    """Load a tokenizer, or build the paper's word-level one from the counted documents."""
-    from pythia_probe import tokenizer
-
-    if not cfg.tokenizer.startswith("word:"):
-        return tokenizer.load_tokenizer(cfg.tokenizer)
-    return tokenizer.build_word_tokenizer(_docs(shards, cfg), int(cfg.tokenizer[5:]))
-
-
-def _docs(shards: list, cfg: StatsConfig):
-    kept = 0
-    for s in shards:
-        for doc in s.documents():
-            if len(doc) >= cfg.min_chars:
-                if cfg.docs is not None and kept >= cfg.docs:
-                    return
-                kept += 1
-                yield doc
-
-
-def _token_id(tok, token: str) -> int:
-    """The id of ``token``; Pythia's unknown token is <|endoftext|> itself, so check the vocab."""
-    i = tok.get_vocab().get(token)
-    if i is None:
-        raise BadInputError(f"--bos/--eos {token!r} is not a token of the tokenizer "
-                            f"(e.g. {tok.eos_token or tok.unk_token!r})")
-    return int(i)
-
-
-def _jsonable(cfg: StatsConfig) -> dict:
-    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
-
-
 if __name__ == "__main__":
-    from pythia_probe.cli import run_main
-
     raise SystemExit(run_main(main, "python -m pythia_probe.stats"))

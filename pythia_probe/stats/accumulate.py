@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats import kernels
+from pythia_probe.stats import engine, kernels
+from pythia_probe.stats.compose import slices
 
 INT_MAX = (1 << 63) - 1
 
@@ -140,9 +141,7 @@ class CountAccumulator:
 
     def finalize(self, **kw: Any):
         """Final pass-1 matrices (``engine.FirstPass``: Bbar, Phibar, SigmaB, Gbar)."""
-        from pythia_probe.stats.engine import first_pass
-
-        return first_pass(self, **kw)
+        return engine.first_pass(self, **kw)
 
     def merge(self, other: CountAccumulator) -> CountAccumulator:
         """Add another partial accumulator (exact, any order); refuses shards counted twice."""
@@ -227,9 +226,7 @@ class QAccumulator:
 
     def finalize(self, first: Any, meta: dict[str, Any] | None = None, ids: Tensor | None = None):
         """The frozen CorpusStats from this pass 2 and its pass 1 (``first``)."""
-        from pythia_probe.stats.engine import assemble
-
-        return assemble(first, self, dict(meta or {}, T=self.T), ids)
+        return engine.assemble(first, self, dict(meta or {}, T=self.T), ids)
 
     def merge(self, other: QAccumulator) -> QAccumulator:
         _check_compatible(self, other)
@@ -284,12 +281,8 @@ def _int_digest(t: Tensor) -> int:
     """Order-independent exact fingerprint: sum of value * (index mod 1_000_003), mod 2^31 - 1."""
     mod = (1 << 31) - 1
     total = 0
-    for sl in _slices(t.numel(), 1 << 24):
+    for sl in slices(t.numel(), 1 << 24):
         idx = torch.arange(sl.start, sl.stop, device=t.device) % 1_000_003 + 1
         v = t.reshape(-1)[sl] % mod
         total = (total + int(((v * idx) % mod).sum())) % mod
     return total
-
-
-def _slices(n: int, step: int) -> list[slice]:
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]

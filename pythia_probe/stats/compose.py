@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+
+def slices(n: int, step: int) -> list[slice]:
+    """[0, n) in consecutive slices of at most ``step``."""
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
 DEFAULT_CPU_BUDGET = 1 << 30
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -18,8 +18,10 @@ from torch import Tensor
 from pythia_probe import __version__ as CODE_VERSION
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats import compose, kernels
-from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator, _slices
 from pythia_probe.stats.corpus_stats import FORMAT, CorpusStats
+
+if TYPE_CHECKING:  # the accumulators call into this module (finalize)
+    from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
 
 TILE_ROWS = 1 << 10
 EAGER_LIMIT = 16384
@@ -58,7 +60,7 @@ def bbar_phibar(acc: CountAccumulator, consume: bool = False) -> tuple[Tensor, T
     B = big.view(torch.float64) if consume else torch.empty(V, V, dtype=torch.float64,
                                                              device=big.device)
     Phi = hi.view(torch.float64) if consume else torch.empty_like(B)
-    for sl in _slices(V, TILE_ROWS):
+    for sl in compose.slices(V, TILE_ROWS):
         B[sl] = big[sl].double() / P - (rowsum[sl] / (P * V))[:, None]
         W = hi[sl].double() + lo[sl].double() * 2.0 ** -acc.context.F
         Phi[sl] = (W - colsum[None, :] / V) / P
@@ -169,24 +171,3 @@ def stats_meta(meta: dict[str, Any], ids: Tensor | None, V: int, fp: Any,
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     meta["stats_id"] = hashlib.sha256(blob).hexdigest()[:12]
     return meta
-
-
-def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
-                top_k: int | None = None, device: str | torch.device | None = None,
-                tokenizer: dict[str, Any] | None = None) -> CorpusStats:
-    """Both passes, exactly, over one batch [N, T+1] (padding beyond ``lengths`` ignored)."""
-    if not isinstance(tokens, Tensor) or tokens.ndim != 2:
-        raise ValueError("tokens must be a LongTensor [N, T+1]")
-    dev = torch.device(device) if device is not None else tokens.device
-    T = tokens.shape[1] - 1
-    acc = CountAccumulator(d_vocab, T, dev).update(tokens, lengths)
-    digest = hashlib.sha256(tokens.cpu().to(torch.int64).numpy().tobytes())
-    if lengths is not None:
-        digest.update(lengths.cpu().to(torch.int64).numpy().tobytes())
-    acc.ledger = [{"shard": "batch", "sequences": tokens.shape[0], "sha256": digest.hexdigest()}]
-    fp = first_pass(acc, consume=True)
-    ids = None if top_k is None else top_k_ids(fp.token_counts, top_k)
-    q = QAccumulator(fp.Gbar, T, ids).update(tokens, lengths)
-    meta = {"T": T, "tokenizer": tokenizer, "ledger": acc.ledger,
-            "policy": {"kind": "batch"}}
-    return assemble(fp, q, meta, ids)

@@ -23,18 +23,16 @@ printed by the driver and stored in the statistics metadata (``meta["engine"]``)
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pythia_probe.errors import BadInputError, MismatchError, ResourceError
+from pythia_probe.resources import memory_budget
 from pythia_probe.stats import compose, sparse
 from pythia_probe.stats.engine import EAGER_LIMIT
 
 GB = 1e9
 ENGINES = ("auto", "dense", "sparse")
-GPU_SAFETY = 0.9
-CPU_SAFETY = 0.8
 PAIR_BYTES = 24
 BIGRAM_BYTES = 64
 POSITION_BYTES = 28
@@ -56,35 +54,6 @@ class EngineChoice:
 
     def line(self) -> str:
         return f"engine: {self.requested} -> {self.resolved} ({self.reason})"
-
-
-def memory_budget(device: str) -> tuple[float | None, str]:
-    """(usable bytes, how measured): free CUDA memory x 0.9, or available RAM x 0.8."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        return free * GPU_SAFETY, f"{free / GB:.1f} GB free on {device} x {GPU_SAFETY}"
-    avail = available_ram()
-    if avail is None:
-        return None, "available RAM not measurable"
-    return avail * CPU_SAFETY, f"{avail / GB:.1f} GB RAM available x {CPU_SAFETY}"
-
-
-def available_ram() -> float | None:
-    """MemAvailable from /proc/meminfo, else free pages x page size; None if neither exists."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu") -> int:

@@ -1,6 +1,6 @@
 """The sparse engine end to end: shards -> sparse pass 1 -> tile-by-tile pass 2 -> stats file.
 
-Pass 1 is ``run.count_pass`` with a ``SparseCountAccumulator`` (same token cache, ledger,
+Pass 1 is ``pass1.count_pass`` with a ``SparseCountAccumulator`` (same token cache, ledger,
 checkpoints and resume as the dense engine). Ranks then exchange their sparse counts and merge
 them exactly. Pass 2 needs every position for every Gbar tile, so each rank loads the cached
 windows of its shards and all ranks share them (4 B per token); tile i is swept by rank
@@ -26,13 +26,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats import checkpoint, engine, outofcore, plan, sparsefast
+from pythia_probe.ranks import Ranks
+from pythia_probe.stats import checkpoint, engine, outofcore, pass1, plan, sparsefast
 from pythia_probe.stats.corpus_stats import CorpusStats
-from pythia_probe.stats.dist import Dist, device_for
 from pythia_probe.stats.sparse import SparseCountAccumulator
 
 log = logging.getLogger(__name__)
@@ -40,7 +39,7 @@ CHECKPOINT_SECONDS = 300.0
 """A pass-2 checkpoint at most this often (and after the last tile)."""
 
 
-def resolve(spec, d: Dist) -> plan.EngineChoice:
+def resolve(spec, d: Ranks) -> plan.EngineChoice:
     """``spec.engine`` resolved once (rank 0 decides for every rank); printed on rank 0."""
     path = spec.work_dir / f"pass1-rank{d.rank}-of{d.world}.safetensors"
     choice = plan.choose_engine(spec.engine, spec.d_vocab, spec.policy.seq_len, spec.top_k,
@@ -67,14 +66,12 @@ def checkpoint_kind(path: Path) -> str | None:
         return None
 
 
-def compute_stats(shards: list, spec, meta: dict[str, Any], d: Dist) -> CorpusStats | None:
+def compute_stats(shards: list, spec, meta: dict[str, Any], d: Ranks) -> CorpusStats | None:
     """Both passes of the sparse engine; returns the stats on rank 0 (None on other ranks)."""
-    from pythia_probe.stats import run
-
     spec = replace(spec, engine="sparse")
-    quotas = run.plan_quotas(shards, spec) if d.world > 1 else None
+    quotas = pass1.plan_quotas(shards, spec) if d.world > 1 else None
     mine = [(i, s) for i, s in enumerate(shards) if i % d.world == d.rank]
-    acc = reduce_counts(d, run.count_pass(mine, spec, d, torch.device("cpu"), quotas))
+    acc = reduce_counts(d, pass1.count_pass(mine, spec, d, torch.device("cpu"), quotas))
     fp = outofcore.first_pass(acc)
     ids = None if spec.top_k is None else engine.top_k_ids(fp.token_counts, spec.top_k)
     done = {e["shard"] for e in acc.ledger}
@@ -87,12 +84,12 @@ def compute_stats(shards: list, spec, meta: dict[str, Any], d: Dist) -> CorpusSt
     if d.rank != 0:
         d.barrier()
         return None
-    stats = assemble(fp, Q, D, run.run_meta(meta, spec, acc.ledger), ids, width)
+    stats = assemble(fp, Q, D, pass1.run_meta(meta, spec, acc.ledger), ids, width)
     d.barrier()
     return stats
 
 
-def reduce_counts(d: Dist, acc: SparseCountAccumulator) -> SparseCountAccumulator:
+def reduce_counts(d: Ranks, acc: SparseCountAccumulator) -> SparseCountAccumulator:
     """Exact sum of the ranks' sparse counts; every rank gets the total and the ledger."""
     if d.world == 1:
         return acc
@@ -106,19 +103,17 @@ def reduce_counts(d: Dist, acc: SparseCountAccumulator) -> SparseCountAccumulato
 
 def load_tokens(spec, shards: list) -> tuple[np.ndarray, np.ndarray]:
     """The cached windows of ``shards`` (pass-2 layout: int32, padding 0; int64 lengths)."""
-    from pythia_probe.stats import run
-
     T1 = spec.policy.seq_len + 1
     toks, lens = [np.zeros((0, T1), dtype=np.int32)], [np.zeros(0, dtype=np.int64)]
     for shard in shards:
-        cache, _ = checkpoint.load_state(run._cache_path(spec, shard.name))
+        cache, _ = checkpoint.load_state(pass1.cache_path(spec, shard.name))
         x, n = outofcore.pass2_tokens(cache["tokens"], cache["lengths"])
         toks.append(x)
         lens.append(n)
     return np.concatenate(toks), np.concatenate(lens)
 
 
-def gather_tokens(d: Dist, part: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def gather_tokens(d: Ranks, part: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Every rank's windows, in rank order, on every rank (each Gbar tile sweeps them all)."""
     if d.world == 1:
         return part
@@ -129,7 +124,7 @@ def gather_tokens(d: Dist, part: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndar
 
 # -- pass 2 ------------------------------------------------------------------------------------
 def tile_pass(fp: outofcore.SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
-              ids: Tensor | None, width: int, spec, d: Dist) -> tuple[Tensor, Tensor]:
+              ids: Tensor | None, width: int, spec, d: Ranks) -> tuple[Tensor, Tensor]:
     """(Qbar sum [k, k], Delta sum [T]) over all ranks, resuming this rank's tiles."""
     rows = outofcore.QRows.of(ids, fp.d_vocab)
     n_tiles = len(outofcore.tiles(fp.ctx_ids, width))
@@ -138,13 +133,13 @@ def tile_pass(fp: outofcore.SparseFirstPass, tokens: np.ndarray, lengths: np.nda
                  ids=None if ids is None else ids.tolist())
     sums = _resume(path, ident) or outofcore.TileSums.zeros(tokens.shape[0], fp.T, rows.side)
     todo = [i for i in range(n_tiles) if i % d.world == d.rank]
-    bar = tqdm(total=len(todo), initial=len(set(todo) & set(sums.done)), unit="tile",
-               desc="pass 2 (Gbar tiles)", disable=not spec.progress or d.rank != 0)
+    shown = pass1.bar(spec, "statistics pass 2", d, unit="tile", total=len(todo))
+    shown.update(len(set(todo) & set(sums.done)))
     saver = _Saver(path, ident)
     outofcore.sweep_tiles(fp, tokens, lengths, rows, width, todo, sums,
-                          after_tile=lambda s: (bar.update(1), saver.maybe(s)))
+                          after_tile=lambda s: (shown.update(1), saver.maybe(s)))
     saver.save(sums)
-    bar.close()
+    shown.close()
     _sum(d, sums.S, spec.device)  # complete S on every rank (after the last checkpoint)
     n = tokens.shape[0]
     Q, D = outofcore.finish(tokens, lengths, rows, sums,
@@ -154,7 +149,7 @@ def tile_pass(fp: outofcore.SparseFirstPass, tokens: np.ndarray, lengths: np.nda
     return outofcore.qbar_sum(Q, rows), torch.from_numpy(D)
 
 
-def _sum(d: Dist, a: np.ndarray, device: str) -> None:
+def _sum(d: Ranks, a: np.ndarray, device: str) -> None:
     """In-place sum over ranks of a host array (through this rank's GPU under NCCL)."""
     if d.world == 1:
         return
@@ -162,7 +157,7 @@ def _sum(d: Dist, a: np.ndarray, device: str) -> None:
     if torch.distributed.get_backend() != "nccl":
         d.sum_(t)
         return
-    dev = device_for(device, d)
+    dev = torch.device(d.device)
     for part in t.view(-1).split(1 << 25):
         part.copy_(d.sum_(part.to(dev)).cpu())
 

@@ -1,11 +1,10 @@
 """Top associated tokens per row of each statistic (the paper's Figure 5 lists), as a table.
 
-``python -m pythia_probe.stats top stats.safetensors --rows red,happy,fish --k 5``
+``python -m pythia_probe.stats top --stats stats.safetensors --rows red,happy,fish --k 5``
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from pythia_probe.tokenizer import load_tokenizer
 
 @dataclass(frozen=True)
 class TopConfig:
-    """Which rows of which matrices to list."""
+    """List the top associated tokens of each row of Bbar, SigmaB and Phibar (Figure 5)."""
 
     stats: str
     """Path of a stats .safetensors file."""
@@ -99,24 +98,11 @@ def top_table(stats: CorpusStats, names: list[str], matrices: tuple[str, ...],
     return pd.DataFrame(records)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pythia_probe.stats top",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("stats")
-    ap.add_argument("--matrices", default="Bbar,SigmaB,Phibar")
-    ap.add_argument("--rows", default="", help="comma-separated row tokens or ids")
-    ap.add_argument("--n-rows", type=int, default=10)
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--tokenizer", default=None)
-    ap.add_argument("--keep-self", action="store_true")
-    a = ap.parse_args(argv)
-    cfg = TopConfig(a.stats, tuple(a.matrices.split(",")),
-                    tuple(r for r in a.rows.split(",") if r), a.n_rows, a.k, a.tokenizer,
-                    a.keep_self)
+def render(cfg: TopConfig) -> str:
+    """The top lists of ``cfg`` as a printable table."""
     stats = CorpusStats.load(cfg.stats)
     names = load_names(stats, cfg.stats, cfg.tokenizer)
     rows = row_indices(cfg.rows, names, stats, cfg.n_rows)
     table = top_table(stats, names, cfg.matrices, rows, cfg.k, cfg.keep_self)
     with pd.option_context("display.max_colwidth", None, "display.width", 200):
-        print(table.to_string(index=False))
-    return 0
+        return table.to_string(index=False)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from pythia_probe.analysis import Needs, theory_matrix
 from pythia_probe.analysis.cosine import Theory, prepare_theory
-from pythia_probe.analysis.plan import choose_theory, memory_budget, memory_plan
+from pythia_probe.analysis.plan import choose_theory, memory_plan
 from pythia_probe.analysis.prepared import prepared_theory
 from pythia_probe.arch import NeoXConfig, NeoXWeights, name_filter
 from pythia_probe.checkpoints import CheckpointSource
@@ -25,6 +25,7 @@ from pythia_probe.errors import (
     MissingFileError,
     UserError,
 )
+from pythia_probe.resources import memory_budget
 from pythia_probe.results import read_manifest
 from pythia_probe.stats import CorpusStats, compose, read_meta
 from pythia_probe.stats.corpus_stats import check_tokenizer

@@ -1,0 +1,188 @@
+"""Pass 1 over corpus shards, for both engines: tokenize each shard once, cache its windows
+(int32 safetensors in the work dir), count them, and checkpoint the accumulator with its ledger
+(shards finished; documents, sequences, positions and skips per shard) every
+``checkpoint_every`` shards, atomically. A killed run restarted with the same arguments (and
+the same input bytes) loads them and skips finished shards, so no shard is counted twice.
+With several processes each rank takes shards rank, rank+world, ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from pythia_probe.fileio import remove
+from pythia_probe.progress import JobProgress
+from pythia_probe.ranks import Ranks
+from pythia_probe.stats import checkpoint
+from pythia_probe.stats.accumulate import CountAccumulator
+from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
+from pythia_probe.stats.sparse import SparseCountAccumulator
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything the passes need besides the shards (built by the CLI from StatsConfig)."""
+
+    d_vocab: int
+    policy: SequencePolicy
+    encode: Callable[[list[str]], Iterator[list[int]]]
+    identity: dict[str, Any]
+    work_dir: Path
+    min_chars: int = 0
+    max_docs: int | None = None
+    batch_size: int = 256
+    checkpoint_every: int = 1
+    device: str = "cpu"
+    top_k: int | None = None
+    budget_bytes: int | None = None
+    progress: bool | JobProgress = True
+    engine: str = "auto"
+
+
+def run_meta(meta: dict[str, Any], spec: RunSpec, ledger: list[dict]) -> dict[str, Any]:
+    """Metadata of a run: T, ledger, documents and skips, sequence policy."""
+    skipped = sum((Counter(e["skipped"]) for e in ledger), Counter())
+    docs = {"docs": sum(e["docs"] for e in ledger), **dict(skipped)}
+    return dict(meta, T=spec.policy.seq_len, ledger=ledger, counts=docs,
+                policy=dict(spec.policy.as_dict(), min_chars=spec.min_chars,
+                            max_docs=spec.max_docs))
+
+
+# -- pass 1 --------------------------------------------------------------------------------
+def count_pass(mine: list, spec: RunSpec, d: Ranks, dev: torch.device,
+               quotas: dict[str, int] | None) -> CountAccumulator:
+    """Pass 1 over this rank's shards, resuming from its checkpoint."""
+    path = spec.work_dir / f"pass1-rank{d.rank}-of{d.world}.safetensors"
+    acc = _resume_counts(path, spec, dev)
+    done = {e["shard"] for e in acc.ledger}
+    used = sum(e["docs"] for e in acc.ledger)
+    shown = bar(spec, "statistics pass 1", d)
+    since = 0
+    for index, shard in mine:
+        quota = _quota(shard.name, quotas, spec.max_docs, used)
+        if shard.name in done or quota == 0:
+            continue
+        entry = count_shard(index, shard, acc, spec, quota, shown)
+        used += entry["docs"]
+        since += 1
+        if since >= spec.checkpoint_every:
+            _save_counts(path, acc, spec)
+            since = 0
+    _save_counts(path, acc, spec)
+    shown.close()
+    return acc
+
+
+def count_shard(index: int, shard, acc: CountAccumulator, spec: RunSpec, quota: int | None,
+                shown) -> dict[str, Any]:
+    """Count one shard, cache its windows, append its ledger entry."""
+    seq = Sequencer(spec.policy, spec.d_vocab)
+    docs = _DocFilter(shard.documents(), spec.min_chars, quota)
+    tok_list, len_list = [], []
+    windows = seq.windows(spec.encode(docs))
+    for tokens, lengths in batches(windows, spec.policy.seq_len, spec.batch_size):
+        acc.update(tokens, lengths)
+        tok_list.append(tokens.to(torch.int32))
+        len_list.append(lengths)
+        shown.update(int(lengths.sum()))
+    T1 = spec.policy.seq_len + 1
+    cache = {"tokens": torch.cat(tok_list) if tok_list else torch.zeros(0, T1, dtype=torch.int32),
+             "lengths": torch.cat(len_list) if len_list else torch.zeros(0, dtype=torch.int64)}
+    checkpoint.save_state(cache_path(spec, shard.name), cache, {"shard": shard.name})
+    entry = {"shard": shard.name, "index": index, "docs": docs.kept, "docs_read": docs.read,
+             "sequences": int(cache["lengths"].numel()),
+             "positions": int((cache["lengths"] - 1).clamp(min=0).sum()),
+             "skipped": dict(seq.skipped, docs_under_min_chars=docs.read - docs.kept)}
+    if int(cache["lengths"].numel()) == 0:
+        entry["skipped"]["empty_shard"] = 1
+    acc.ledger.append(entry)
+    return entry
+
+
+class _DocFilter:
+    """Documents with >= min_chars characters, at most ``quota`` of them; counts both."""
+
+    def __init__(self, docs: Iterator[str], min_chars: int, quota: int | None) -> None:
+        self.docs, self.min_chars, self.quota = docs, min_chars, quota
+        self.read = self.kept = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for doc in self.docs:
+            if self.quota is not None and self.kept >= self.quota:
+                return
+            self.read += 1
+            if len(doc) >= self.min_chars:
+                self.kept += 1
+                yield doc
+
+
+def plan_quotas(shards: list, spec: RunSpec) -> dict[str, int] | None:
+    """Multi-process --docs: documents each shard contributes to the first max_docs (a scan)."""
+    if spec.max_docs is None:
+        return None
+    out, left = {}, spec.max_docs
+    for s in shards:
+        n = 0
+        if left > 0:
+            n = sum(1 for doc in s.documents() if len(doc) >= spec.min_chars)
+        out[s.name] = min(n, left)
+        left -= out[s.name]
+    return out
+
+
+def _quota(name: str, quotas: dict[str, int] | None, max_docs: int | None, used: int
+           ) -> int | None:
+    if quotas is not None:
+        return quotas.get(name, 0)
+    return None if max_docs is None else max(max_docs - used, 0)
+
+
+def _resume_counts(path: Path, spec: RunSpec, dev: torch.device) -> CountAccumulator:
+    cls = SparseCountAccumulator if spec.engine == "sparse" else CountAccumulator
+    if not path.exists():
+        return cls(spec.d_vocab, spec.policy.seq_len, dev)
+    tensors, meta = checkpoint.load_state(path, spec.identity)
+    return cls.from_state(tensors, meta["state"], dev)
+
+
+def _save_counts(path: Path, acc: CountAccumulator, spec: RunSpec) -> None:
+    tensors, state = acc.state()
+    checkpoint.save_state(path, tensors, {"identity": spec.identity, "state": state})
+
+
+def cache_path(spec: RunSpec, name: str) -> Path:
+    return spec.work_dir / "cache" / (hashlib.sha256(name.encode()).hexdigest()[:24]
+                                      + ".safetensors")
+
+
+def bar(spec: RunSpec, stage: str, d: Ranks, unit: str = "tok", total: int | None = None):
+    """Progress of one pass: a stage of the job's display (``spec.progress`` a JobProgress, on
+    rank 0), else a tqdm bar of its own (hidden with --no-progress and off rank 0)."""
+    if isinstance(spec.progress, JobProgress) and d.is_main:
+        return spec.progress.counter(stage, total)
+    desc = f"{stage} (rank {d.rank})" if d.world > 1 else stage
+    return tqdm(desc=desc, unit=unit, unit_scale=True, total=total,
+                disable=not spec.progress or not d.is_main)
+
+
+def remove_work(work_dir: Path) -> None:
+    """Delete what the passes wrote in ``work_dir`` (checkpoints, token caches), then the folder
+    itself if nothing else is left in it."""
+    for p in list(work_dir.glob("pass[12]-*.safetensors")) + [work_dir / "cache"]:
+        remove(p, [work_dir])
+    if work_dir.is_dir() and not any(work_dir.iterdir()):
+        work_dir.rmdir()
+
+
+def spec_identity(**parts: Any) -> dict[str, Any]:
+    """JSON-able identity of a run (a checkpoint is only resumed under the same one)."""
+    return {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v)
+            for k, v in sorted(parts.items())}
