@@ -274,6 +274,15 @@ class CheckpointSource:
                                          "does not have")
         return out + [f for f in rev.weight_files if f.path in shards]
 
+    def bytes_to_download(self, rev: Revision, names: Names = None) -> int:
+        """Bytes of the files ``names`` needs that are not in the cache yet (size-checked; the
+        hash is checked when they are used). Local folders: 0."""
+        if rev.local_dir is not None:
+            return 0
+        return sum(f.size for f in self.files_to_fetch(rev, names)
+                   if (found := self.cache.find(rev.commit, f)) is None
+                   or found.stat().st_size != f.size)
+
     def fetch_file(self, rev: Revision, name: str) -> Path:
         """One file of a revision on local disk, verified (downloaded if needed)."""
         f = rev.file(name)

@@ -62,7 +62,7 @@ def use(src, name: str):
         return sources.model_config(src, src.resolve([2])[0])
     if name == "tokenizer.json":
         cfg = SimpleNamespace(tokenizer=None, model=REPO)
-        return sources.model_fingerprint(cfg, src, src.resolve([2])[0])
+        return sources.model_tokenizer(cfg, src, src.resolve([2])[0])
     if name == INDEX:
         return src.read_json(src.resolve([64])[0], INDEX)
     [(rev, tensors, _)] = list(src.stream(src.resolve([2])))

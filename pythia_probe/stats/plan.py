@@ -152,3 +152,22 @@ def check_sparse_fits(choice: EngineChoice, d_vocab: int, top_k: int | None) -> 
                         f"need {splan['fixed_bytes'] / GB:.1f} GB before any counting "
                         f"(outputs {splan['outputs_bytes'] / GB:.1f} GB), more than the budget "
                         f"{limit / GB:.1f} GB; use --top-k or a machine with more memory")
+
+
+def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
+                 budget_bytes: int | None = None) -> int:
+    """Upper bound of the sparse engine's peak for ``docs`` windows of T+1 tokens: every
+    (target, context) pair and bigram distinct, up to the d_vocab^2 that can exist."""
+    p = sparse_plan(d_vocab, T, top_k, budget_bytes, docs)
+    positions = docs * T
+    bigrams = min(positions, d_vocab * d_vocab)
+    return (p["fixed_bytes"] + p["max_context_pairs"] * PAIR_BYTES + bigrams * BIGRAM_BYTES
+            + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
+
+
+def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:
+    """Peak bytes of the statistics with the engine --engine auto would pick where they fit:
+    the dense engine's peak, or the sparse engine's bound when that is lower."""
+    dense = dense_peak(d_vocab, top_k, device)
+    return dense if device.startswith("cuda") else min(dense, sparse_bound(d_vocab, T, top_k,
+                                                                             docs))

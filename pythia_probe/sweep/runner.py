@@ -28,7 +28,8 @@ from pythia_probe.analysis.attention_text import model_attention
 from pythia_probe.analysis.cosine import Theory
 from pythia_probe.arch import single_token_residuals
 from pythia_probe.errors import BadInputError, DiskFullError, ResourceError, user_message
-from pythia_probe.fileio import write_json
+from pythia_probe.fileio import remove, write_json
+from pythia_probe.progress import JobProgress, Stage
 from pythia_probe.ranks import Ranks
 from pythia_probe.results import (
     make_rows,
@@ -38,16 +39,17 @@ from pythia_probe.results import (
     write_manifest,
     write_shard,
 )
+from pythia_probe.stats.recipe import ensure
 from pythia_probe.sweep.config import FAILED, SweepConfig, shard_done, shard_path, split_steps
 from pythia_probe.sweep.sources import (
     LazyStats,
     check_resume,
-    check_stats,
-    dry_run,
     load_text,
     load_weights,
-    model_fingerprint,
+    model_config,
+    model_tokenizer,
     open_source,
+    plan_lines,
     prepare_theories,
     resolve_theory,
     select_steps,
@@ -55,6 +57,8 @@ from pythia_probe.sweep.sources import (
     tensor_names,
     to_weights,
 )
+from pythia_probe.sweep.statistics import choose_statistics, read_stats_meta
+from pythia_probe.tokenizer import tokenizer_fingerprint
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,8 @@ def _record_failure(cfg: SweepConfig, step: int, err: BaseException, tries: int)
     return msg
 
 
-def sweep_steps(source, steps: Sequence[int], ctx: StepContext, cfg: SweepConfig) -> Outcome:
+def sweep_steps(source, steps: Sequence[int], ctx: StepContext, cfg: SweepConfig,
+                progress: JobProgress | None = None) -> Outcome:
     """Every step not already done; retry each failure, then record it and go on."""
     out = Outcome()
     todo = [s for s in steps if not shard_done(cfg, s, ctx.stats_id)]
@@ -141,7 +146,8 @@ def sweep_steps(source, steps: Sequence[int], ctx: StepContext, cfg: SweepConfig
     names = tensor_names(ctx.needs)
     revs = source.resolve(todo)
     dups = duplicates(source, revs, steps)
-    bar = tqdm(total=len(todo), desc=f"sweep rank {cfg.rank}", unit="step")
+    bar = (progress.counter("sweep", len(todo)) if progress is not None else
+           tqdm(total=len(todo), desc=f"sweep rank {cfg.rank}", unit="step"))
     for rev, first in stream(source, [r for r in revs if r.step not in dups], names, cfg):
         for attempt in range(cfg.retries + 1):
             try:
@@ -149,7 +155,7 @@ def sweep_steps(source, steps: Sequence[int], ctx: StepContext, cfg: SweepConfig
                 if isinstance(loaded, Exception):
                     raise loaded
                 run_step(loaded, rev.step, ctx, cfg)
-                (Path(cfg.out) / FAILED / f"step{rev.step}.json").unlink(missing_ok=True)
+                remove(Path(cfg.out) / FAILED / f"step{rev.step}.json", [cfg.out])
                 out.done.append(rev.step)
                 break
             except (DiskFullError, ResourceError):
@@ -158,7 +164,7 @@ def sweep_steps(source, steps: Sequence[int], ctx: StepContext, cfg: SweepConfig
                 if attempt == cfg.retries:
                     out.failed[rev.step] = _record_failure(cfg, rev.step, e, attempt + 1)
                     tqdm.write(f"step {rev.step} failed after {attempt + 1} tries: {e}")
-        bar.update()
+        bar.update(1)
     for step, same in dups.items():  # byte-identical weights (Pythia's step1 == step0)
         if shard_done(cfg, same, ctx.stats_id):
             df = read_shard(shard_path(cfg.out, same)).assign(step=step, run_id=ctx.run_id)
@@ -167,7 +173,7 @@ def sweep_steps(source, steps: Sequence[int], ctx: StepContext, cfg: SweepConfig
         else:
             out.failed[step] = _record_failure(cfg, step, RuntimeError(
                 f"weights identical to step {same}, which has no results"), 0)
-        bar.update()
+        bar.update(1)
     bar.close()
     return out
 
@@ -202,14 +208,14 @@ def _context(cfg: SweepConfig, analyses, run_id: str, meta: dict,
 
 
 def _run_id(cfg: SweepConfig, stats_id: str, config: dict, steps, source, argv,
-            choice: dict, ranks: Ranks) -> str:
+            choices: dict, ranks: Ranks) -> str:
     """Rank 0 picks the run id (reusing a compatible earlier run's) and writes the manifest."""
     if cfg.rank == 0:
         run_id = check_resume(cfg, stats_id) or new_run_id()
         hub = source.manifest(source.resolve(steps)) if source.local_dir is None else None
         write_manifest(cfg.out, config, argv=argv, run_id=run_id,
                        extra={"steps": steps, "status": "running", "checkpoints": hub,
-                              "theory_choice": choice})
+                              **choices})
     ranks.barrier()
     if cfg.rank != 0:
         manifest = Path(cfg.out) / "manifest.json"
@@ -218,7 +224,7 @@ def _run_id(cfg: SweepConfig, stats_id: str, config: dict, steps, source, argv,
 
 
 def _end_manifest(cfg: SweepConfig, config: dict, argv, started, run_id: str, steps,
-                  choice: dict, status: str, reason: str | None, failed=()) -> None:
+                  choices: dict, status: str, reason: str | None, failed=()) -> None:
     """Rank 0 records how the run ended: complete, or failed with the reason."""
     if cfg.rank != 0:
         return
@@ -226,7 +232,7 @@ def _end_manifest(cfg: SweepConfig, config: dict, argv, started, run_id: str, st
     write_manifest(cfg.out, config, argv=argv, started=started, run_id=run_id,
                    extra={"steps": steps, "status": status, "reason": reason,
                           "failed_steps": list(failed), "checkpoints": old.get("checkpoints"),
-                          "theory_choice": choice})
+                          **choices})
 
 
 def run(cfg: SweepConfig, argv: list[str] | None = None, ranks: Ranks | None = None) -> int:
@@ -245,20 +251,53 @@ def _run(cfg: SweepConfig, source, argv: list[str] | None, ranks: Ranks) -> int:
     analyses = get_analyses(list(cfg.analyses))
     steps = select_steps(cfg, source)
     first = source.resolve(steps[:1])[0]  # file list only, nothing downloaded
-    meta = check_stats(cfg, model_fingerprint(cfg, source, first))
+    c = model_config(source, first)
+    tok = model_tokenizer(cfg, source, first)
+    fingerprint = None if tok is None else tokenizer_fingerprint(tok)
+    stats = choose_statistics(cfg, tok, fingerprint, c)
+    theory = resolve_theory(cfg, c, stats.rows, stats.file_bytes())
+    lines = stats.lines() + plan_lines(cfg, source, steps, tensor_names(combined_needs(
+        analyses)), c, stats.rows, stats.stats_id, theory)
+    if ranks.is_main:
+        print("\n".join(lines), flush=True)
     if cfg.dry_run:
-        return dry_run(cfg, source, steps, meta)
+        return 0
+    choices = {"theory_choice": {"requested": cfg.theory, "resolved": theory[0],
+                                 "reason": theory[1]},
+               "vocabulary": {"rows": stats.rows, "reason": stats.vocab_reason,
+                              "recipe": None if stats.recipe is None else asdict(stats.recipe)},
+               "statistics": str(stats.path)}
+    progress = _progress(cfg, stats, len(steps), ranks)
+    if not stats.built:
+        ensure(stats.recipe, tok, fingerprint, cfg.device, ranks, progress)
+    cfg = replace(cfg, stats=str(stats.path), theory=theory[0])
+    meta = read_stats_meta(stats.path, fingerprint)
+    try:
+        return _sweep(cfg, source, steps, analyses, meta, argv, ranks, progress, choices)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _progress(cfg: SweepConfig, stats, n_steps: int, ranks: Ranks) -> JobProgress | None:
+    """One display across the statistics (when they are built now) and the sweep (rank 0)."""
+    if not cfg.progress or not ranks.is_main:
+        return None
+    stages = [] if stats.built else [
+        Stage("statistics pass 1", stats.recipe.docs * (stats.recipe.seq_len + 1), "tok"),
+        Stage("statistics pass 2", None, "tok")]
+    return JobProgress(stages + [Stage("sweep", n_steps, "step")])
+
+
+def _sweep(cfg: SweepConfig, source, steps, analyses, meta, argv, ranks: Ranks,
+           progress: JobProgress | None, choices: dict) -> int:
     started = datetime.now(timezone.utc)
-    mode, why = resolve_theory(cfg, source, first, meta)
-    choice = {"requested": cfg.theory, "resolved": mode, "reason": why}
-    cfg = replace(cfg, theory=mode)
-    tqdm.write(f"theory: {choice['requested']} -> {mode} ({why})")
     config = {**asdict(cfg), "analyses": list(cfg.analyses), "stats_id": meta["stats_id"]}
-    run_id = _run_id(cfg, meta["stats_id"], config, steps, source, argv, choice, ranks)
-    end = partial(_end_manifest, cfg, config, argv, started, run_id, steps, choice)
+    run_id = _run_id(cfg, meta["stats_id"], config, steps, source, argv, choices, ranks)
+    end = partial(_end_manifest, cfg, config, argv, started, run_id, steps, choices)
     try:
         outcome = sweep_steps(source, split_steps(steps, cfg.rank, cfg.world_size),
-                              _context(cfg, analyses, run_id, meta, ranks), cfg)
+                              _context(cfg, analyses, run_id, meta, ranks), cfg, progress)
     except BaseException as err:
         end("failed", user_message(err) or f"{type(err).__name__}: {err}")
         raise
@@ -266,6 +305,8 @@ def _run(cfg: SweepConfig, source, argv: list[str] | None, ranks: Ranks) -> int:
     failed = sorted(int(p.stem[4:]) for p in (Path(cfg.out) / FAILED).glob("step*.json"))
     end("failed" if failed else "complete",
         f"{len(failed)} steps failed (see {FAILED}/)" if failed else None, failed)
+    if progress is not None:
+        progress.close()
     print(f"rank {cfg.rank}: {len(outcome.done)} steps done, {len(outcome.skipped)} already "
           f"done, {len(outcome.failed)} failed" + "".join(
               f"\n  step {s}: {m}" for s, m in outcome.failed.items()))

@@ -27,11 +27,10 @@ from pythia_probe.errors import (
 )
 from pythia_probe.resources import memory_budget
 from pythia_probe.results import read_manifest
-from pythia_probe.stats import CorpusStats, compose, read_meta
-from pythia_probe.stats.corpus_stats import check_tokenizer
+from pythia_probe.stats import CorpusStats, compose
 from pythia_probe.steps import parse_steps
 from pythia_probe.sweep.config import SweepConfig, shard_done
-from pythia_probe.tokenizer import load_tokenizer, tokenizer_fingerprint
+from pythia_probe.tokenizer import load_tokenizer
 from pythia_probe.weights_io import read_json
 
 TOKENIZER = "tokenizer.json"
@@ -200,13 +199,11 @@ def stream(source, revs, names, cfg: SweepConfig):
 
 
 # ---- checks before any download ----------------------------------------------------------------
-def model_fingerprint(cfg: SweepConfig, source, rev) -> dict | None:
-    """Tokenizer fingerprint of the model: --tokenizer, else the tokenizer.json that the first
-    revision ships (local folder, or the hub at that commit, verified); None (with a warning)
-    if none."""
-
+def model_tokenizer(cfg: SweepConfig, source, rev):
+    """The tokenizer of the statistics: --tokenizer, else the one the first revision ships
+    (local folder, or the hub at that commit, verified); None (with a warning) if none."""
     if cfg.tokenizer:
-        return tokenizer_fingerprint(load_tokenizer(cfg.tokenizer))
+        return load_tokenizer(cfg.tokenizer)
     if source.local_dir is not None:
         found = [d for d in (source.local_dir, Path(rev.local_dir)) if (d / TOKENIZER).is_file()]
         path = found[0] if found else None
@@ -219,7 +216,7 @@ def model_fingerprint(cfg: SweepConfig, source, rev) -> dict | None:
         tqdm.write(f"warning: {cfg.model} ships no tokenizer.json; the statistics' tokenizer is "
                    "not checked (pass --tokenizer to check it)")
         return None
-    return tokenizer_fingerprint(_load_model_tokenizer(path, rev))
+    return _load_model_tokenizer(path, rev)
 
 
 def _load_model_tokenizer(path: Path, rev):
@@ -232,18 +229,6 @@ def _load_model_tokenizer(path: Path, rev):
     except Exception as err:  # noqa: BLE001 - tokenizers/transformers raise many kinds
         raise CorruptFileError(f"the tokenizer files of {rev.where} in {path} cannot be "
                                f"loaded: {type(err).__name__}: {err}") from err
-
-
-def check_stats(cfg: SweepConfig, fingerprint: dict | None) -> dict:
-    """The statistics file's metadata, refused if it was built with another tokenizer."""
-
-    if not Path(cfg.stats).is_file():
-        raise MissingFileError(f"--stats {cfg.stats}: no such statistics file; compute one with "
-                               "`python -m pythia_probe.stats ...` (or run --demo)")
-    meta = read_meta(cfg.stats)
-    if fingerprint is not None:
-        check_tokenizer(meta, fingerprint, cfg.stats)
-    return meta
 
 
 def check_resume(cfg: SweepConfig, stats_id: str) -> str | None:
@@ -276,41 +261,42 @@ def checkpoint_plan(cfg: SweepConfig, c, d_vocab: int, streamed: bool):
                        chunk=cfg.chunk, streamed=streamed, max_rank=cfg.max_rank)
 
 
-def memory_need(cfg: SweepConfig, c, d_vocab: int) -> float:
-    """Peak bytes of ``--theory memory`` on the device; on the CPU the statistics file, loaded
-    while the theory matrices are cast, counts too."""
-    plan = checkpoint_plan(cfg, c, d_vocab, streamed=False)
+def memory_need(cfg: SweepConfig, c, rows: int, stats_bytes: int) -> float:
+    """Peak bytes of ``--theory memory`` on the device; on the CPU the statistics file
+    (``stats_bytes``), loaded while the theory matrices are cast, counts too."""
+    plan = checkpoint_plan(cfg, c, rows, streamed=False)
     if torch.device(cfg.device).type != "cpu":
         return plan.total
-    return max(plan.total, Path(cfg.stats).stat().st_size + plan.theories)
+    return max(plan.total, stats_bytes + plan.theories)
 
 
-def resolve_theory(cfg: SweepConfig, source, rev, meta: dict,
+def resolve_theory(cfg: SweepConfig, c, rows: int, stats_bytes: int,
                    budget: tuple[float | None, str] | None = None) -> tuple[str, str]:
     """(theory mode, why): ``--theory`` itself unless auto; auto picks memory when its peak fits
-    the device's budget (:func:`~pythia_probe.analysis.plan.memory_budget`), else streamed."""
-
+    the device's budget (:func:`~pythia_probe.resources.memory_budget`), else streamed."""
     if cfg.theory != "auto":
         return cfg.theory, f"--theory {cfg.theory} given"
-    need = memory_need(cfg, model_config(source, rev), int(meta["d_vocab"]))
+    need = memory_need(cfg, c, rows, stats_bytes)
     limit, how = budget if budget is not None else memory_budget(cfg.device)
     return choose_theory(need, limit, how)
 
 
-def dry_run(cfg: SweepConfig, source, steps: list[int], meta: dict) -> int:
-    """Print the plan: steps, bytes to download, theory mode, disk and memory needed."""
-    todo = [s for s in steps if not shard_done(cfg, s, meta["stats_id"])]
-    print(f"model {cfg.model}: {len(steps)} steps ({len(steps) - len(todo)} already done): "
-          f"{steps[:6]}{' ...' if len(steps) > 6 else ''}")
-    revs = source.resolve(todo or steps[:1])
-    sizes = [r.nbytes for r in revs] if todo else [0]
-    total, biggest = sum(sizes), max(sizes)
-    print(f"download {total / 1e9:.2f} GB in all; disk at any time <= {2 * biggest / 1e9:.2f} GB "
-          "(one checkpoint in use + one prefetched)")
-    mode, why = resolve_theory(cfg, source, revs[0], meta)
-    print(f"theory: {cfg.theory} -> {mode} ({why})")
-    plan = checkpoint_plan(cfg, model_config(source, revs[0]), int(meta["d_vocab"]),
-                           streamed=mode == "streamed")
-    print(f"memory on {cfg.device} ({cfg.dtype}, V={meta['d_vocab']}):")
-    print("\n".join("  " + line for line in plan.lines()))
-    return 0
+def plan_lines(cfg: SweepConfig, source, steps: list[int], names, c, rows: int,
+               stats_id: str | None, theory: tuple[str, str]) -> list[str]:
+    """The plan: steps (done, duplicates), bytes still to download, disk, theory, memory."""
+    todo = [s for s in steps if not shard_done(cfg, s, stats_id)]
+    revs = source.resolve(todo)
+    dups = {} if source.local_dir is not None else source.duplicates(revs)
+    fetch = [r for r in revs if r.step not in dups]
+    need = sum(source.bytes_to_download(r, names) for r in fetch)
+    biggest = max([r.nbytes for r in fetch] or [0])
+    mode, why = theory
+    plan = checkpoint_plan(cfg, c, rows, streamed=mode == "streamed")
+    return [f"model {cfg.model}: {len(steps)} steps: {len(steps) - len(todo)} already done, "
+            f"{len(dups)} with the weights of an earlier step (copied, not downloaded), "
+            f"{len(fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
+            f"download {need / 1e9:.2f} GB still (cached files excluded); disk at any time <= "
+            f"{(cfg.prefetch + 1) * biggest / 1e9:.2f} GB ({cfg.prefetch + 1} checkpoints)",
+            f"theory: {cfg.theory} -> {mode} ({why})",
+            f"memory on {cfg.device} ({cfg.dtype}, V={rows:,}):",
+            *("  " + line for line in plan.lines())]
