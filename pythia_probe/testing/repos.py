@@ -27,6 +27,9 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import save_file
 
+from pythia_probe.steps import PYTHIA_STEPS
+from pythia_probe.testing.tokenizers import pythia_like_backend, write_pythia_tokenizer
+
 Layout = tuple[str, int]  # (format "bin" | "safetensors", number of shards)
 
 
@@ -190,3 +193,27 @@ def build_dataset_repo(
             pq.write_table(table, folder / path, row_group_size=row_group_size)
             written[path] = docs
     return dict(sorted(written.items()))
+
+
+def build_pythia_main_job_hub(root: Path, d_model: int = 8, n_layers: int = 2,
+                              docs_per_shard: int = 60) -> Path:
+    """The hub the main job reads, in miniature: ``EleutherAI/pythia-1.4b`` with every one of
+    Pythia's 154 step branches (and main) holding a tiny GPT-NeoX with Pythia's 50,304 embedding
+    rows, a single ``pytorch_model.bin`` as on the real step branches, and a tokenizer in the
+    real one's format (50,277 ids); and ``Skylion007/openwebtext`` as parquet shards."""
+
+    config = tiny_config(vocab_size=50304, hidden_size=d_model, num_hidden_layers=n_layers,
+                         num_attention_heads=2, intermediate_size=2 * d_model)
+    repo = Path(root) / "EleutherAI" / "pythia-1.4b"
+    backend = pythia_like_backend()
+    for step in PYTHIA_STEPS:
+        folder = repo / f"step{step}"
+        if step == 1:  # as on the hub: step1 serves step0's weights
+            shutil.copytree(repo / "step0", folder)
+            continue
+        write_checkpoint(folder, config, random_state_dict(config, seed=step), "bin", 1,
+                         with_legacy_buffers=False)
+        write_pythia_tokenizer(folder, backend)
+    shutil.copytree(repo / f"step{PYTHIA_STEPS[-1]}", repo / "main")
+    build_dataset_repo(root, "Skylion007/openwebtext", {"train": 2}, docs_per_shard)
+    return repo
