@@ -6,8 +6,8 @@ fixed-point limbs); on the host the peak is 5 VV (Bbar, Phibar, SigmaB, Gbar and
 centred Gc), 7 VV at full vocabulary up to engine.EAGER_LIMIT tokens (Qbar twice and PhiBT),
 plus the matmul tiles (compose.DEFAULT_CPU_BUDGET). See MEMORY.md.
 
-sparse (``sparse.SparseCountAccumulator``, ``outofcore``): memory grows with what the corpus
-holds, not with V^2:
+sparse (``sparse.SparseCountAccumulator``, ``outofcore``, ``tilepass``): memory grows with
+what the corpus holds, not with V^2:
   24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens), the pair buffer
   (16 B x sparse.BUFFER), column tiles (4 arrays of V x width float64, width from the tile
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pythia_probe.errors import BadInputError, MismatchError, ResourceError
-from pythia_probe.stats import compose, sparse
+from pythia_probe.stats import compose, sparse, sparse_tables
 from pythia_probe.stats.engine import EAGER_LIMIT
 
 GB = 1e9
@@ -121,7 +121,7 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
         outputs = 8 * 8 * top_k * top_k
     width = tile_width(d_vocab, budget_bytes)
     fixed = {"outputs": outputs, "tiles": TILE_ARRAYS * 8 * d_vocab * width,
-             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse.CHUNK + 8 * sparse.HEAD**2,
+             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
             "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,
