@@ -176,11 +176,12 @@ class SparseCountAccumulator:
         return (self.context.nbytes + self.bigram.keys.nbytes + self.bigram.counts.nbytes
                 + self.token_counts.nbytes + self._buf.nbytes + self._lo.nbytes + block)
 
-    def finalize(self, **kw: Any):
-        """The pass-1 vectors and sparse matrices of the out-of-core engine."""
+    def finalize(self):
+        """The pass-1 vectors and sparse matrices of the out-of-core engine
+        (``outofcore.SparseFirstPass``; it shares this accumulator's tables)."""
         from pythia_probe.stats.outofcore import first_pass
 
-        return first_pass(self, **kw)
+        return first_pass(self)
 
     def merge(self, other: SparseCountAccumulator) -> SparseCountAccumulator:
         """Add another partial accumulator (exact, any order); refuses shards counted twice."""

@@ -142,13 +142,13 @@ def tile_pass(fp: outofcore.SparseFirstPass, tokens: np.ndarray, lengths: np.nda
                desc="pass 2 (Gbar tiles)", disable=not spec.progress or d.rank != 0)
     saver = _Saver(path, ident)
     tilepass.sweep_tiles(fp, tokens, lengths, rows, width, todo, sums,
-                          after_tile=lambda s: (bar.update(1), saver.maybe(s)))
+                         after_tile=lambda s: (bar.update(1), saver.maybe(s)))
     saver.save(sums)
     bar.close()
     _sum(d, sums.S, spec.device)  # complete S on every rank (after the last checkpoint)
     n = tokens.shape[0]
     Q, D = tilepass.finish(tokens, lengths, rows, sums,
-                            (n * d.rank // d.world, n * (d.rank + 1) // d.world))
+                           (n * d.rank // d.world, n * (d.rank + 1) // d.world))
     _sum(d, Q, spec.device)
     _sum(d, D, spec.device)
     return tilepass.qbar_sum(Q, rows), torch.from_numpy(D)
@@ -190,8 +190,8 @@ def _resume(path: Path, ident: dict[str, Any]) -> tilepass.TileSums | None:
     if not path.exists():
         return None
     tensors, meta = checkpoint.load_state(path, ident)
-    return tilepass.TileSums(*(tensors[k].numpy().copy() for k in ("S", "Delta", "Dc", "QAt")),
-                              list(meta["state"]["done"]))
+    arrays = (tensors[k].numpy().copy() for k in ("S", "Delta", "Dc", "QAt"))
+    return tilepass.TileSums(*arrays, list(meta["state"]["done"]))
 
 
 # -- results -----------------------------------------------------------------------------------
