@@ -158,8 +158,12 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
     if requested == "dense" and checkpoint_kind == sparse.SparseCountAccumulator.kind:
         raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
                             "--engine sparse (or auto), or use another --work-dir")
-    if requested != "auto":
-        return EngineChoice(requested, requested, f"--engine {requested} given", plan)
+    if requested == "dense":
+        return EngineChoice(requested, "dense", f"--engine dense given; dense peak "
+                            f"{need / GB:.2f} GB", plan)
+    if requested == "sparse":
+        return EngineChoice(requested, "sparse", f"--engine sparse given; "
+                            f"{describe_sparse(splan)}", plan)
     if checkpoint_kind is not None:
         kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
