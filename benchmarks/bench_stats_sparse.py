@@ -18,9 +18,10 @@ Each measurement runs in its own child process; its peak resident memory is the 
 high-water mark VmHWM (/proc/self/status; ru_maxrss is inherited across fork and exec on
 Linux, so a child would report the parent's peak). Both engines run with --threads torch
 threads (the sparse SpMM uses as many). Rates are tokens per wall-clock second and per CPU
-second of the child (every thread counted). This VM backs memory lazily (the first touch of
-a page costs ~2 s/GB, later ones ~0.08 s/GB), so the parent first touches --warm-gb of memory
-and frees it: neither engine pays for being first.
+second of the child (every thread counted). This VM backs memory lazily: touching memory the
+guest has not used lately costs ~1-2 s/GB (freed pages go back to the host after a while),
+later touches ~0.08 s/GB. Both engines pay that in proportion to the memory they touch; the
+parent first touches --warm-gb and frees it, which spares mostly the first child.
 
   nice -n 10 python benchmarks/bench_stats_sparse.py [--docs 100000] [--docs-b 100000]
   python benchmarks/bench_stats_sparse.py --quick      # 5,000 documents, small (b)
@@ -40,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pythia_probe.stats import engine, outofcore, plan, sparse_run
+from pythia_probe.stats import engine, outofcore, plan, sparse_run, tilepass
 from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
 from pythia_probe.stats.corpus_stats import CorpusStats
 from pythia_probe.stats.sparse import SparseCountAccumulator
@@ -82,7 +83,7 @@ def run_sparse(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock) 
     fp = outofcore.first_pass(acc)
     ids = None if k is None else engine.top_k_ids(fp.token_counts, k)
     width = plan.tile_width(d_vocab)
-    Q, D = outofcore.second_pass(fp, *outofcore.pass2_tokens(tokens, None), ids, width)
+    Q, D = tilepass.second_pass(fp, *tilepass.pass2_tokens(tokens, None), ids, width)
     clock.lap("pass 2 (Gbar tiles)")
     stats = sparse_run.assemble(fp, Q, D, {"T": T, "policy": {"kind": "bench"}}, ids, width)
     clock.lap("outputs (K x K compositions)")

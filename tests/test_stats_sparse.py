@@ -28,11 +28,11 @@ from pythia_probe.stats import (
     CountAccumulator,
     batch_stats,
     kernels,
-    outofcore,
     plan,
     run,
     sparse_run,
     sparsefast,
+    tilepass,
 )
 from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
@@ -198,7 +198,7 @@ def test_compiled_kernels_equal_their_numpy_twins():
         np.testing.assert_allclose(ones, want - v[None, :], rtol=1e-14, atol=1e-14)
     for n, block in ((7, 3), (9, 9), (10, 4)):
         a = g.standard_normal((n, n))
-        np.testing.assert_array_equal(outofcore.transpose_inplace(a.copy(), block), a.T)
+        np.testing.assert_array_equal(tilepass.transpose_inplace(a.copy(), block), a.T)
     tokens = torch.randint(0, 11, (9, 8), generator=torch.Generator().manual_seed(2))
     lengths = torch.tensor([8, 2, 5, 8, 3, 8, 7, 6, 4])
     for head in (0, 4, 11):
@@ -216,7 +216,7 @@ def test_numpy_sweep_in_small_steps_equals_one_step(monkeypatch):
     tokens = torch.randint(0, 13, (6, 12), generator=torch.Generator().manual_seed(3))
     with kernels.use_backend("torch"):
         one = sparse_run.batch_stats(tokens, 13, top_k=5, width=4)
-        monkeypatch.setattr(outofcore, "OCC_PAIRS", 3)
+        monkeypatch.setattr(tilepass, "OCC_PAIRS", 3)
         small = sparse_run.batch_stats(tokens, 13, top_k=5, width=4)
     for name in NAMES:
         torch.testing.assert_close(small[name], one[name], rtol=1e-13, atol=1e-300)
@@ -320,7 +320,7 @@ def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
     broken[2] = Shard(shards[2].name, shards[2].texts, fail=True)
     with pytest.raises(KeyboardInterrupt):  # killed in pass 1
         run.compute_stats(broken, spec(tmp_path / "r", "sparse", **kw), {})
-    real, calls = outofcore.sweep, []
+    real, calls = tilepass.sweep, []
 
     def dying(*a, **k):
         calls.append(1)
@@ -328,10 +328,10 @@ def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
             raise KeyboardInterrupt("killed in pass 2")
         return real(*a, **k)
 
-    monkeypatch.setattr(outofcore, "sweep", dying)
+    monkeypatch.setattr(tilepass, "sweep", dying)
     with pytest.raises(KeyboardInterrupt):
         run.compute_stats(shards, spec(tmp_path / "r", "auto", **kw), {})  # auto resumes sparse
-    monkeypatch.setattr(outofcore, "sweep", real)
+    monkeypatch.setattr(tilepass, "sweep", real)
     resumed = run.compute_stats(shards, spec(tmp_path / "r", "auto", **kw), {})
     assert resumed.meta["engine"]["resolved"] == "sparse"
     assert "resuming" in resumed.meta["engine"]["reason"]

@@ -3,9 +3,10 @@
 Public API: ``CorpusStats`` (frozen result, save/load), ``batch_stats`` (both passes over one
 batch), ``CountAccumulator`` / ``QAccumulator`` (streaming passes, ``update -> self``,
 ``finalize``), ``SequencePolicy``; ``run.compute_stats`` is the shard driver behind
-``python -m pythia_probe.stats``. The sparse engine (``SparseCountAccumulator``, ``outofcore``,
-``sparse_run``; ``--engine auto`` picks it when the dense V x V tensors do not fit) computes the
-same statistics in memory that grows with the corpus. Memory plans: ``stats/MEMORY.md``.
+``python -m pythia_probe.stats``. The sparse engine (``SparseCountAccumulator``,
+``outofcore``, ``tilepass``, ``sparse_run``; ``--engine auto`` picks it when the dense V x V
+tensors do not fit) computes the same statistics in memory that grows with the corpus.
+Memory plans: ``stats/MEMORY.md``.
 """
 
 from pythia_probe.stats.accumulate import AccumulatorError, CountAccumulator, QAccumulator

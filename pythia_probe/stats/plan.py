@@ -6,8 +6,8 @@ fixed-point limbs); on the host the peak is 5 VV (Bbar, Phibar, SigmaB, Gbar and
 centred Gc), 7 VV at full vocabulary up to engine.EAGER_LIMIT tokens (Qbar twice and PhiBT),
 plus the matmul tiles (compose.DEFAULT_CPU_BUDGET). See MEMORY.md.
 
-sparse (``sparse.SparseCountAccumulator``, ``outofcore``): memory grows with what the corpus
-holds, not with V^2:
+sparse (``sparse.SparseCountAccumulator``, ``outofcore``, ``tilepass``): memory grows with
+what the corpus holds, not with V^2:
   24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens), the pair buffer
   (16 B x sparse.BUFFER), column tiles (4 arrays of V x width float64, width from the tile
@@ -28,7 +28,7 @@ from typing import Any
 
 from pythia_probe.errors import BadInputError, MismatchError, ResourceError
 from pythia_probe.resources import memory_budget
-from pythia_probe.stats import compose, sparse
+from pythia_probe.stats import compose, sparse, sparse_tables
 from pythia_probe.stats.engine import EAGER_LIMIT
 
 GB = 1e9
@@ -90,7 +90,7 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
         outputs = 8 * 8 * top_k * top_k
     width = tile_width(d_vocab, budget_bytes)
     fixed = {"outputs": outputs, "tiles": TILE_ARRAYS * 8 * d_vocab * width,
-             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse.CHUNK + 8 * sparse.HEAD**2,
+             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
             "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,
@@ -127,8 +127,12 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
     if requested == "dense" and checkpoint_kind == sparse.SparseCountAccumulator.kind:
         raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
                             "--engine sparse (or auto), or use another --work-dir")
-    if requested != "auto":
-        return EngineChoice(requested, requested, f"--engine {requested} given", plan)
+    if requested == "dense":
+        return EngineChoice(requested, "dense", f"--engine dense given; dense peak "
+                            f"{need / GB:.2f} GB", plan)
+    if requested == "sparse":
+        return EngineChoice(requested, "sparse", f"--engine sparse given; "
+                            f"{describe_sparse(splan)}", plan)
     if checkpoint_kind is not None:
         kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)

@@ -30,7 +30,7 @@ from torch import Tensor
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import checkpoint, engine, outofcore, pass1, plan, sparsefast
+from pythia_probe.stats import checkpoint, engine, outofcore, pass1, plan, sparsefast, tilepass
 from pythia_probe.stats.corpus_stats import CorpusStats
 from pythia_probe.stats.sparse import SparseCountAccumulator
 
@@ -107,7 +107,7 @@ def load_tokens(spec, shards: list) -> tuple[np.ndarray, np.ndarray]:
     toks, lens = [np.zeros((0, T1), dtype=np.int32)], [np.zeros(0, dtype=np.int64)]
     for shard in shards:
         cache, _ = checkpoint.load_state(pass1.cache_path(spec, shard.name))
-        x, n = outofcore.pass2_tokens(cache["tokens"], cache["lengths"])
+        x, n = tilepass.pass2_tokens(cache["tokens"], cache["lengths"])
         toks.append(x)
         lens.append(n)
     return np.concatenate(toks), np.concatenate(lens)
@@ -126,27 +126,27 @@ def gather_tokens(d: Ranks, part: tuple[np.ndarray, np.ndarray]) -> tuple[np.nda
 def tile_pass(fp: outofcore.SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
               ids: Tensor | None, width: int, spec, d: Ranks) -> tuple[Tensor, Tensor]:
     """(Qbar sum [k, k], Delta sum [T]) over all ranks, resuming this rank's tiles."""
-    rows = outofcore.QRows.of(ids, fp.d_vocab)
-    n_tiles = len(outofcore.tiles(fp.ctx_ids, width))
+    rows = tilepass.QRows.of(ids, fp.d_vocab)
+    n_tiles = len(tilepass.tiles(fp.ctx_ids, width))
     path = spec.work_dir / f"pass2-sparse-rank{d.rank}-of{d.world}.safetensors"
     ident = dict(spec.identity, checksum=fp.checksum, tile_width=width,
                  ids=None if ids is None else ids.tolist())
-    sums = _resume(path, ident) or outofcore.TileSums.zeros(tokens.shape[0], fp.T, rows.side)
+    sums = _resume(path, ident) or tilepass.TileSums.zeros(tokens.shape[0], fp.T, rows.side)
     todo = [i for i in range(n_tiles) if i % d.world == d.rank]
     shown = pass1.bar(spec, "statistics pass 2", d, unit="tile", total=len(todo))
     shown.update(len(set(todo) & set(sums.done)))
     saver = _Saver(path, ident)
-    outofcore.sweep_tiles(fp, tokens, lengths, rows, width, todo, sums,
-                          after_tile=lambda s: (shown.update(1), saver.maybe(s)))
+    tilepass.sweep_tiles(fp, tokens, lengths, rows, width, todo, sums,
+                         after_tile=lambda s: (shown.update(1), saver.maybe(s)))
     saver.save(sums)
     shown.close()
     _sum(d, sums.S, spec.device)  # complete S on every rank (after the last checkpoint)
     n = tokens.shape[0]
-    Q, D = outofcore.finish(tokens, lengths, rows, sums,
-                            (n * d.rank // d.world, n * (d.rank + 1) // d.world))
+    Q, D = tilepass.finish(tokens, lengths, rows, sums,
+                           (n * d.rank // d.world, n * (d.rank + 1) // d.world))
     _sum(d, Q, spec.device)
     _sum(d, D, spec.device)
-    return outofcore.qbar_sum(Q, rows), torch.from_numpy(D)
+    return tilepass.qbar_sum(Q, rows), torch.from_numpy(D)
 
 
 def _sum(d: Ranks, a: np.ndarray, device: str) -> None:
@@ -168,11 +168,11 @@ class _Saver:
     def __init__(self, path: Path, ident: dict[str, Any]) -> None:
         self.path, self.ident, self.last = path, ident, time.monotonic()
 
-    def maybe(self, sums: outofcore.TileSums) -> None:
+    def maybe(self, sums: tilepass.TileSums) -> None:
         if time.monotonic() - self.last >= CHECKPOINT_SECONDS:
             self.save(sums)
 
-    def save(self, sums: outofcore.TileSums) -> None:
+    def save(self, sums: tilepass.TileSums) -> None:
         tensors = {k: torch.from_numpy(getattr(sums, k)) for k in ("S", "Delta", "Dc", "QAt")}
         meta = {"identity": self.ident, "state": {"kind": "sparse_q", "done": sums.done}}
         nbytes = sum(t.nbytes for t in tensors.values())
@@ -181,12 +181,12 @@ class _Saver:
         self.last = time.monotonic()
 
 
-def _resume(path: Path, ident: dict[str, Any]) -> outofcore.TileSums | None:
+def _resume(path: Path, ident: dict[str, Any]) -> tilepass.TileSums | None:
     if not path.exists():
         return None
     tensors, meta = checkpoint.load_state(path, ident)
-    return outofcore.TileSums(*(tensors[k].numpy().copy() for k in ("S", "Delta", "Dc", "QAt")),
-                              list(meta["state"]["done"]))
+    arrays = (tensors[k].numpy().copy() for k in ("S", "Delta", "Dc", "QAt"))
+    return tilepass.TileSums(*arrays, list(meta["state"]["done"]))
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
     fp = outofcore.first_pass(acc)
     ids = None if top_k is None else engine.top_k_ids(fp.token_counts, top_k)
     width = width or plan.tile_width(d_vocab)
-    Q, D = outofcore.second_pass(fp, *outofcore.pass2_tokens(tokens.cpu(), lengths), ids, width)
+    Q, D = tilepass.second_pass(fp, *tilepass.pass2_tokens(tokens.cpu(), lengths), ids, width)
     meta = {"T": T, "tokenizer": tokenizer, "ledger": acc.ledger, "policy": {"kind": "batch"},
             "engine": {"requested": "sparse", "resolved": "sparse", "reason": "batch_stats"}}
     return assemble(fp, Q, D, meta, ids, width)

@@ -3,9 +3,9 @@
 Built at install time next to this file (``setup.py``, optional like ``_fastcount``).
 ``use_c()`` says whether the sparse engine calls them: only when the library loaded and the
 kernel backend (``PYTHIA_PROBE_KERNEL`` / ``kernels.use_backend``) is not "torch". Every
-function here has a numpy / scipy / torch twin in ``sparse.py`` or ``outofcore.py`` that is
-the specification; tests check that both give the same numbers (integers exactly, floats to
-float64 rounding).
+function here has a numpy / scipy / torch twin (``sparse_tables``, ``outofcore``,
+``tilepass``) that is the specification; tests check that both give the same numbers
+(integers exactly, floats to float64 rounding).
 """
 
 from __future__ import annotations
