@@ -12,6 +12,14 @@ GPU_SAFETY = 0.9  # of the free accelerator memory (allocator fragmentation, CUD
 CPU_SAFETY = 0.8  # of MemAvailable (the page cache and other processes keep the rest)
 
 
+def human_bytes(n: float) -> str:
+    """1,234,567 -> "1.23 MB" (powers of 1000, as every plan line here)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
 def available_ram() -> float | None:
     """MemAvailable from /proc/meminfo, else free pages x page size; None if neither exists."""
     try:

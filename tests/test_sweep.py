@@ -216,6 +216,33 @@ def test_sweep_over_the_loopback_hub_matches_local_and_evicts(setup, clean_run, 
     assert set(read_results(out)["model"]) == {"org/tiny"}
 
 
+def test_dry_run_counts_duplicates_and_only_bytes_not_yet_cached(setup, tmp_path, monkeypatch,
+                                                                capsys):
+    """The plan's download excludes step1 (= step0's bytes) and files already in the cache."""
+    from pythia_probe.arch import name_filter
+    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.resources import human_bytes
+    from pythia_probe.testing.hub import HubServer
+
+    root, repo, stats = setup
+    build_pythia_like_repo(tmp_path / "hub", "org/tiny", STEPS, tiny_config(), with_main=False)
+    cache = tmp_path / "cache"
+    names = name_filter("embed", "attn", "mlp", "ln")
+    with HubServer(tmp_path / "hub") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        src = CheckpointSource("org/tiny", cache_dir=cache, endpoint=server.endpoint)
+        revs = {r.step: r for r in src.resolve(STEPS)}
+        list(src.stream([revs[2]], names=names, keep=True))  # step 2 is in the cache already
+        want = sum(src.bytes_to_download(revs[s], names) for s in (0, 4, 64))
+        assert src.bytes_to_download(revs[2], names) == 0 and want > 0
+        argv = _argv("org/tiny", stats, tmp_path / "out", "--cache-dir", str(cache),
+                     "--analyses", "embedding", "--dry-run")
+        assert sweep_main(argv) == 0
+    text = capsys.readouterr().out
+    assert "5 steps: 0 already done, 1 with the weights of an earlier step" in text
+    assert f"download {human_bytes(want)} still" in text
+
+
 def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_path):
     """Real `accelerate launch` with 2 processes (torchrun + gloo on CPU)."""
     import os

@@ -25,7 +25,7 @@ from pythia_probe.errors import (
     MissingFileError,
     UserError,
 )
-from pythia_probe.resources import memory_budget
+from pythia_probe.resources import human_bytes, memory_budget
 from pythia_probe.results import read_manifest
 from pythia_probe.stats import CorpusStats, compose
 from pythia_probe.steps import parse_steps
@@ -295,8 +295,8 @@ def plan_lines(cfg: SweepConfig, source, steps: list[int], names, c, rows: int,
     return [f"model {cfg.model}: {len(steps)} steps: {len(steps) - len(todo)} already done, "
             f"{len(dups)} with the weights of an earlier step (copied, not downloaded), "
             f"{len(fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
-            f"download {need / 1e9:.2f} GB still (cached files excluded); disk at any time <= "
-            f"{(cfg.prefetch + 1) * biggest / 1e9:.2f} GB ({cfg.prefetch + 1} checkpoints)",
+            f"download {human_bytes(need)} still (cached files excluded); disk at any time <= "
+            f"{human_bytes((cfg.prefetch + 1) * biggest)} ({cfg.prefetch + 1} checkpoints)",
             f"theory: {cfg.theory} -> {mode} ({why})",
             f"memory on {cfg.device} ({cfg.dtype}, V={rows:,}):",
             *("  " + line for line in plan.lines())]
