@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ from pythia_probe.analysis import combined_needs, get_analyses
 from pythia_probe.analysis.cosine import prepare_theory
 from pythia_probe.analysis.plan import memory_plan
 from pythia_probe.arch import NeoXConfig, NeoXWeights
-from pythia_probe.stats import batch_stats
+from pythia_probe.stats import batch_stats, run
+from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.sweep.config import SweepConfig
 from pythia_probe.sweep.runner import StepContext, analyse
 
@@ -104,6 +106,40 @@ def check_kernels(s: Sizes, device: str) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class TokenShard:
+    """A shard whose documents are already token ids (the synthetic stream needs no text)."""
+
+    name: str
+    rows: torch.Tensor
+
+    def documents(self):
+        yield from self.rows.tolist()
+
+    def fingerprint(self) -> dict:
+        return {"name": self.name}
+
+
+def check_statistics(s: Sizes, device: str, work: Path) -> list[dict]:
+    """Both passes at d_vocab 50,277 on a Zipf stream, the engine --engine auto picks: tokens/s
+    and peak memory beside the engine's plan."""
+    tokens = zipf_tokens(s.stats_docs, s.stats_T, s.stats_vocab, seed=3)
+    shards = [TokenShard(f"zipf{i}", part) for i, part in enumerate(tokens.split(2000))]
+    spec = run.RunSpec(s.stats_vocab, SequencePolicy(s.stats_T), lambda docs: iter(docs),
+                       {"check": "gpu"}, work, device=device, progress=False)
+    with Meter(device) as m:
+        stats = run.compute_stats(shards, spec, {})
+    engine = stats.meta["engine"]
+    planned = engine["plan"]["dense_peak_bytes"] if engine["resolved"] == "dense" else float(
+        engine["plan"]["sparse"]["fixed_bytes"])
+    ratio = m.peak / planned
+    return [{"check": f"statistics: d_vocab {s.stats_vocab:,}, engine {engine['resolved']}",
+             "measured": f"{tokens.numel() / m.seconds:,.0f} tokens/s",
+             "reference": f"{tokens.numel():,} tokens in {m.seconds:.1f} s", "ok": True},
+            {"check": "statistics: peak memory / planned", "measured": _gb(m.peak),
+             "reference": f"{_gb(planned)} (ratio {ratio:.2f})", "ok": not ratio > 1.25}]
+
+
 def random_weights(cfg: NeoXConfig, device: str, seed: int = 0) -> NeoXWeights:
     """A random GPT-NeoX checkpoint of ``cfg``'s shapes, made on ``device`` (HF names)."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -162,8 +198,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(sizes: Sizes, device: str) -> list[dict]:
-    return check_kernels(sizes, device) + check_sweep_step(sizes, device)
+def run_checks(sizes: Sizes, device: str, work: Path) -> list[dict]:
+    return (check_kernels(sizes, device) + check_statistics(sizes, device, work)
+            + check_sweep_step(sizes, device))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"torch {torch.__version__}, device {a.device}"
               + (f" ({torch.cuda.get_device_name(a.device)})" if a.device.startswith("cuda")
                  else ""))
-    rows = run(sizes, a.device)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
+        rows = run_checks(sizes, a.device, Path(work))
     text = f"{header}\n\n{table(rows)}\n"
     print(text)
     if a.out:
