@@ -159,3 +159,24 @@ def test_work_folder_removed_after_success_and_changed_corpus_is_never_reused(tm
     names = load_names(changed, str(out), None)
     # "c b a" now occurs: counted from the new text, not reused from the old work
     assert changed.Bbar[names.index("c"), names.index("b")] > 0
+
+
+def test_plan_refuses_what_cannot_fit_before_reading_any_document(tmp_path, monkeypatch):
+    """--seq-len 100000000 --keep-short on a tiny corpus is refused with the numbers, and no
+    file is written (it used to write 2.7 GB of padded windows)."""
+    from pythia_probe import corpus
+    from pythia_probe.errors import DiskFullError, ResourceError
+    from pythia_probe.stats import plan
+
+    (tmp_path / "c.txt").write_text("a b c d e f\n<|endoftext|>\nb c d e\n")
+    read = []
+    monkeypatch.setattr(corpus, "corpus_shards", lambda *a, **k: read.append(a) or [])
+    args = ["compute", "--dataset", str(tmp_path / "c.txt"), "--tokenizer", "word:30",
+            "--out", str(tmp_path / "s.safetensors"), "--no-progress"]
+    with pytest.raises(ResourceError, match=r"--seq-len 100000000 with --batch-size 256 needs "
+                                            r"822\.4 GB per batch"):
+        main([*args, "--seq-len", "100000000", "--keep-short"])
+    monkeypatch.setattr(plan.fileio, "free_bytes", lambda path: 1000)
+    with pytest.raises(DiskFullError, match=r"the token cache \(50 windows of 129 tokens\) needs"):
+        main([*args, "--docs", "50"])
+    assert read == [] and [p.name for p in tmp_path.iterdir()] == ["c.txt"]

@@ -12,9 +12,8 @@ from pythia_probe import corpus, tokenizer
 from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import run
+from pythia_probe.stats import plan, run
 from pythia_probe.stats.corpus_stats import CorpusStats
-from pythia_probe.stats.plan import ENGINES
 from pythia_probe.stats.sequences import MODES, SequencePolicy
 
 
@@ -84,8 +83,8 @@ class StatsConfig:
         if self.tokenizer.startswith("word:") and not self.tokenizer[5:].isdigit():
             raise BadInputError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
         check_device(self.device)
-        if self.engine not in ENGINES:
-            raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(ENGINES)}")
+        if self.engine not in plan.ENGINES:
+            raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(plan.ENGINES)}")
         if not self.out.endswith(".safetensors"):
             raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
 
@@ -96,6 +95,10 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
 
     ``tok``: the tokenizer already loaded (else from ``cfg.tokenizer``); ``progress``: the
     job's display the passes report into (else bars of their own)."""
+    work = Path(cfg.work_dir or cfg.out + ".work")
+    line = plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, cfg.device, work)
+    if cfg.progress and (ranks is None or ranks.is_main):
+        print(line, flush=True)
     shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
                                   **_builtin_opts(cfg))
     tok = tok if tok is not None else _tokenizer(cfg, shards)
@@ -108,7 +111,6 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     ident = run.spec_identity(dataset=cfg.dataset, tokenizer=fp, policy=policy,
                               min_chars=cfg.min_chars, docs=cfg.docs, split=cfg.split,
                               text_field=cfg.text_field, shards=[s.fingerprint() for s in shards])
-    work = Path(cfg.work_dir or cfg.out + ".work")
     spec = run.RunSpec(V, policy, lambda docs: tokenizer.encode_documents(tok, docs), ident,
                        work, cfg.min_chars, cfg.docs, cfg.batch_size, cfg.checkpoint_every,
                        cfg.device, cfg.top_k,

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pythia_probe import fileio
 from pythia_probe.errors import BadInputError, MismatchError, ResourceError
 from pythia_probe.resources import memory_budget
 from pythia_probe.stats import compose, sparse, sparse_tables
@@ -175,3 +176,36 @@ def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: 
     dense = dense_peak(d_vocab, top_k, device)
     return dense if device.startswith("cuda") else min(dense, sparse_bound(d_vocab, T, top_k,
                                                                              docs))
+
+
+BATCH_COPIES = 4  # a token batch [B, T+1] int64 lives as ids, lengths/masks and kernel buffers
+T_ARRAYS = 4  # per-position arrays of T float64 (Delta, its partial sums, weights)
+
+
+def batch_needs(T: int, batch_size: int, docs: int | None, mode: str) -> dict[str, int | None]:
+    """Memory of one token batch and of the per-position arrays, and the token cache's disk
+    (bounded when --docs is given and each document gives one window: mode 'first')."""
+    cache = docs * (T + 1) * 4 if docs is not None and mode == "first" else None
+    return {"batch_bytes": BATCH_COPIES * 8 * batch_size * (T + 1),
+            "position_bytes": T_ARRAYS * 8 * T, "cache_bytes": cache,
+            "cache_bytes_per_window": 4 * (T + 1)}
+
+
+def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: str,
+                  work_dir, budget: tuple[float | None, str] | None = None) -> str:
+    """Refuse, before any document is read, a run whose batches or token cache cannot fit
+    (e.g. --seq-len 100000000); return the plan line."""
+    need = batch_needs(T, batch_size, docs, mode)
+    mem = need["batch_bytes"] + need["position_bytes"]
+    limit, how = budget if budget is not None else memory_budget(device)
+    if limit is not None and mem > limit:
+        raise ResourceError(f"--seq-len {T} with --batch-size {batch_size} needs {mem / GB:.1f} "
+                            f"GB per batch of windows, more than the budget {limit / GB:.1f} GB "
+                            f"({how}); lower --batch-size or --seq-len")
+    cache = need["cache_bytes"]
+    if cache is not None:
+        fileio.check_free(work_dir, cache, f"the token cache ({docs:,} windows of {T + 1} "
+                                           "tokens)")
+    return (f"batches: {mem / GB:.2f} GB ({batch_size} windows of {T + 1} tokens); token cache "
+            + (f"<= {cache / GB:.2f} GB" if cache is not None else
+               f"{need['cache_bytes_per_window']:,} B per window"))
