@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from pythia_probe import plots, sweep
 from pythia_probe.builtin_corpus import generate_stories
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.results import read_results
 from pythia_probe.stats import batch_stats
 from pythia_probe.tokenizer import (
@@ -200,6 +200,9 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
     Checkpoints and statistics go to ``work`` (default ``out/work``). Returns the sweep's code.
     """
 
+    device = "cuda" if device == "auto" and torch.cuda.is_available() else (
+        "cpu" if device == "auto" else device)
+    check_device(device)  # before minutes of training
     out, cfg = Path(out), cfg or DemoConfig()
     work = Path(work) if work is not None else out / "work"
     torch.set_num_threads(1)  # tiny matrices: extra OpenMP threads only add contention
