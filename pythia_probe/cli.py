@@ -29,6 +29,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from pythia_probe import logs
 from pythia_probe.errors import user_message
 
 
@@ -99,11 +100,23 @@ def config_parser(cls: type, prog: str, description: str | None = None,
     return p
 
 
+def _with_log_level(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--log-level", default="info", choices=logs.LEVELS,
+                   help="messages shown: debug, info (default), warning, error")
+    return p
+
+
+def _parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> dict[str, Any]:
+    """Parse ``argv`` (``sys.argv[1:]`` when None) and set up logging from --log-level."""
+    ns = vars(_with_log_level(p).parse_args(sys.argv[1:] if argv is None else list(argv)))
+    logs.setup(ns.pop("log_level"))
+    return ns
+
+
 def parse_config(cls: type, argv: Sequence[str] | None, prog: str, **fixed: Any):
     """``cls`` built from ``argv`` (``sys.argv[1:]`` when None); ``fixed`` fields are set by the
     caller (e.g. ``rank``), not by flags."""
-    ns = config_parser(cls, prog).parse_args(sys.argv[1:] if argv is None else list(argv))
-    return cls(**vars(ns), **fixed)
+    return cls(**_parse(config_parser(cls, prog), argv), **fixed)
 
 
 def parse_configs(classes: Sequence[type], argv: Sequence[str] | None, prog: str,
@@ -114,7 +127,7 @@ def parse_configs(classes: Sequence[type], argv: Sequence[str] | None, prog: str
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for cls in classes:
         config_parser(cls, prog, parser=p)
-    ns = vars(p.parse_args(sys.argv[1:] if argv is None else list(argv)))
+    ns = _parse(p, argv)
     return [{f.name: ns[f.name] for f in dataclasses.fields(cls) if f.name in ns}
             for cls in classes]
 
@@ -127,10 +140,11 @@ def parse_subcommand(commands: dict[str, type], argv: Sequence[str] | None, prog
     sub = p.add_subparsers(dest="_command", required=True)
     for name, cls in commands.items():
         doc = inspect.getdoc(cls)
-        config_parser(cls, f"{prog} {name}", parser=sub.add_parser(
+        _with_log_level(config_parser(cls, f"{prog} {name}", parser=sub.add_parser(
             name, help=(doc or "").split("\n")[0], description=doc,
-            formatter_class=argparse.RawDescriptionHelpFormatter))
+            formatter_class=argparse.RawDescriptionHelpFormatter)))
     ns = vars(p.parse_args(sys.argv[1:] if argv is None else list(argv)))
+    logs.setup(ns.pop("log_level"))
     name = ns.pop("_command")
     return name, commands[name](**ns)
 

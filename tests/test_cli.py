@@ -74,3 +74,28 @@ def test_module_entry_point_prints_no_traceback(tmp_path):
                           str(tmp_path / "missing.txt")], capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and "missing.txt does not exist" in out.stderr
+
+
+def test_log_level_flag_and_rank_aware_lines(capsys, monkeypatch):
+    """--log-level on every command; messages go to stderr (stdout is the results') with the
+    rank under a multi-process launch."""
+    import logging
+
+    from pythia_probe import logs
+    from pythia_probe.cli import parse_config
+    from pythia_probe.plots import PlotsConfig
+
+    log = logging.getLogger("pythia_probe.test")
+    parse_config(PlotsConfig, ["--results", "x", "--log-level", "warning"], "p")
+    log.info("hidden")
+    log.warning("shown")
+    out, err = capsys.readouterr()
+    assert out == "" and "shown" in err and "hidden" not in err
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    logs.setup("info")
+    log.info("from a rank")
+    assert "[rank 1] from a rank" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(PlotsConfig, ["--results", "x", "--log-level", "loud"], "p")
+    logs.setup("info")

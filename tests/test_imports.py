@@ -26,6 +26,7 @@ LAYERS = [
     "arch | steps | results | progress | ranks | resources",
     "hubio | linalg",
     "cli",
+    "logs",
     "fileio",
     "errors",
 ]

@@ -4,6 +4,7 @@ saves the statistics file (the command: ``python -m pythia_probe.stats compute``
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
@@ -15,6 +16,8 @@ from pythia_probe.ranks import Ranks
 from pythia_probe.stats import plan, run
 from pythia_probe.stats.corpus_stats import CorpusStats
 from pythia_probe.stats.sequences import MODES, SequencePolicy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,7 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     job's display the passes report into (else bars of their own)."""
     work = Path(cfg.work_dir or cfg.out + ".work")
     line = plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, cfg.device, work)
-    if cfg.progress and (ranks is None or ranks.is_main):
-        print(line, flush=True)
+    log.info(line)
     shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
                                   **_builtin_opts(cfg))
     tok = tok if tok is not None else _tokenizer(cfg, shards)

@@ -48,9 +48,8 @@ def resolve(spec, d: Ranks) -> plan.EngineChoice:
     choice = d.gather(choice)[0]
     if choice.resolved == "sparse":
         plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)
-    log.info(choice.line())
-    if spec.progress and d.rank == 0:
-        print(choice.line(), flush=True)
+    if d.is_main:
+        log.info(choice.line())
     return choice
 
 

@@ -6,6 +6,7 @@ reads them); nothing here asks the process group except the barrier between phas
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -59,6 +60,8 @@ from pythia_probe.sweep.sources import (
 )
 from pythia_probe.sweep.statistics import choose_statistics, read_stats_meta
 from pythia_probe.tokenizer import tokenizer_fingerprint
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,8 @@ def sweep_steps(source, steps: Sequence[int], ctx: StepContext, cfg: SweepConfig
             except Exception as e:  # noqa: BLE001 - a bad checkpoint must not stop the sweep
                 if attempt == cfg.retries:
                     out.failed[rev.step] = _record_failure(cfg, rev.step, e, attempt + 1)
-                    tqdm.write(f"step {rev.step} failed after {attempt + 1} tries: {e}")
+                    log.warning("step %d failed after %d tries: %s", rev.step, attempt + 1,
+                                out.failed[rev.step])
         bar.update(1)
     for step, same in dups.items():  # byte-identical weights (Pythia's step1 == step0)
         if shard_done(cfg, same, ctx.stats_id):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from pythia_probe.steps import parse_steps
 from pythia_probe.sweep.config import SweepConfig, shard_done
 from pythia_probe.tokenizer import load_tokenizer
 from pythia_probe.weights_io import read_json
+
+log = logging.getLogger(__name__)
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", TOKENIZER)
@@ -213,8 +216,8 @@ def model_tokenizer(cfg: SweepConfig, source, rev):
     else:
         path = None
     if path is None:
-        tqdm.write(f"warning: {cfg.model} ships no tokenizer.json; the statistics' tokenizer is "
-                   "not checked (pass --tokenizer to check it)")
+        log.warning("%s ships no tokenizer.json; the statistics' tokenizer is not checked "
+                    "(pass --tokenizer to check it)", cfg.model)
         return None
     return _load_model_tokenizer(path, rev)
 

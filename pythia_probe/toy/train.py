@@ -16,8 +16,8 @@ Paper scale (Table 1):  python -m pythia_probe.toy.train --dataset roneneldan/Ti
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
@@ -40,6 +40,8 @@ from pythia_probe.results import make_rows, new_run_id, read_manifest, write_man
 from pythia_probe.stats import batch_stats
 from pythia_probe.toy.data import TOKENIZERS, ToyDataConfig, load_toy_data
 from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
+
+log = logging.getLogger(__name__)
 
 MODEL_NAME = "toy-attn"
 ANALYSIS = "toy_train"
@@ -333,7 +335,7 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, accelerator: Any = None
         raise BadInputError("batch_size must be a multiple of micro_batch x number of processes")
     found = latest_checkpoint(out) if cfg.resume else None
     if found is not None and found[0] >= sched.total_steps:
-        print(f"{out} already finished {found[0]} steps; nothing to train", file=sys.stderr)
+        log.info("%s already finished %d steps; nothing to train", out, found[0])
         return out
     device = _device(cfg, accelerator)
     corpus_stats = batch_stats(theory_batch(data.tokens, sched), data.d_vocab, device=device)
@@ -376,7 +378,7 @@ def _restore(model: AttnOnlyTransformer, out: Path, cfg: TrainConfig) -> int:
                             "settings, another --out, or --no-resume")
     step, state = found
     model.load_state_dict({k: v.to(model.W_O.device) for k, v in state.items()})
-    print(f"resuming {out} from step {step}", file=sys.stderr)
+    log.info("resuming %s from step %d", out, step)
     return step
 
 
