@@ -99,3 +99,22 @@ def test_log_level_flag_and_rank_aware_lines(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         parse_config(PlotsConfig, ["--results", "x", "--log-level", "loud"], "p")
     logs.setup("info")
+
+
+def test_one_console_script_runs_every_command(capsys):
+    import shutil
+
+    from pythia_probe.__main__ import COMMANDS
+    from pythia_probe.__main__ import main as probe
+
+    assert set(COMMANDS) == {"sweep", "stats", "corpus", "toy", "icrecall", "plots"}
+    assert probe(["corpus", "inspect", "--docs", "3", "--top", "2"]) == 0
+    assert "documents read: 3" in capsys.readouterr().out
+    assert probe(["stats", "compute", "--seq-len", "0"]) == 2
+    assert "pythia-probe stats: error: --seq-len must be >= 1" in capsys.readouterr().err
+    assert probe(["nope"]) == 2 and probe(["--help"]) == 0
+    exe = shutil.which("pythia-probe")
+    if exe is None:
+        pytest.skip("the console script is not installed (pip install -e .)")
+    out = subprocess.run([exe, "sweep", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--steps" in out.stdout
