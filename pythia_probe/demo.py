@@ -18,10 +18,9 @@ Layout (what :mod:`pythia_probe.checkpoints` reads as a local model folder)::
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -226,21 +225,3 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
 def load_tokens(out: str | Path) -> torch.Tensor:
     """The [N, T+1] training windows saved by :func:`build_demo_model`."""
     return load_file(Path(out) / TOKENS_FILE)["tokens"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: train the demo model and save its checkpoints."""
-    p = argparse.ArgumentParser(prog="python -m pythia_probe.demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/demo/demo-neox", help="output folder")
-    for name, value in asdict(DemoConfig()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
-    a = vars(p.parse_args(argv))
-    out = a.pop("out")
-    info = build_demo_model(DemoConfig(**a), out)
-    print({k: round(v, 4) if isinstance(v, float) else v for k, v in info.items()})
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
