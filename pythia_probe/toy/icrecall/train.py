@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.toy.icrecall.evaluate import pattern_metrics
 from pythia_probe.toy.icrecall.model import ICRecallModel
 from pythia_probe.toy.icrecall.task import Prompts
@@ -39,14 +40,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+            raise BadInputError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.perturb not in PERTURBATIONS:
-            raise ValueError(f"perturb must be one of {PERTURBATIONS}, got {self.perturb!r}")
+            raise BadInputError(f"perturb must be one of {PERTURBATIONS}, got {self.perturb!r}")
         if self.n_train < 1 or self.steps < 1 or self.log_every < 1:
-            raise ValueError("n_train, steps and log_every must be >= 1, got "
+            raise BadInputError("n_train, steps and log_every must be >= 1, got "
                              f"{self.n_train}, {self.steps}, {self.log_every}")
         if self.eta <= 0 or self.eta0 <= 0 or self.rho_p < 0 or self.answer_weight < 0:
-            raise ValueError("eta, eta0 must be > 0 and rho_p, answer_weight >= 0")
+            raise BadInputError("eta, eta0 must be > 0 and rho_p, answer_weight >= 0")
 
 
 @dataclass
