@@ -4,7 +4,7 @@ The model is fine-tuned (PGD) and tested on prompts with k pairs; the andprod me
 k with experiment.memory_for_k (its threshold keeps its place between the uniform-attention and the
 pairwise-pattern read-outs). Writes results/icrecall/kpairs.parquet and kpairs.png.
 
-    python analyses/icrecall_kpairs.py              # ~3 min on one CPU core
+    python analyses/icrecall_kpairs.py              # ~15 min on one CPU core
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Config:
     one pair)."""
 
     ks: str = "2,3,4"
-    seeds: int = 3
+    seeds: int = 5
     n_train: int = 16
     n_test: int = 20000
     d_model: int = 4096
@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             rows_by_k.setdefault(k, {})[f"seed {seed}"] = out.model.attention_row(
                 out.model.q_rel).detach()
             m = out.metrics
-            print(f"k={k} seed {seed}: relation {m['relation_acc']:.5f} (confusing "
-                  f"{m['relation_acc_confusing']:.5f}), answer {m['answer_acc']:.5f}, "
-                  f"within-pair gap {m['pair_gap_max']:.3f}, off-pair {m['offpair_mass']:.3f}, "
-                  f"pair mass {m['pair_mass_min']:.3f}-{m['pair_mass_max']:.3f}")
+            print(f"k={k} seed {seed}: P(correct | confusing) {m['relation_prob_confusing']:.4f}, "
+                  f"sampled relation {m['relation_sampled']:.5f}, answer "
+                  f"{m['answer_sampled']:.5f}, within-pair gap {m['pair_gap_max']:.3f}, "
+                  f"off-pair {m['offpair_mass']:.3f}, pair mass {m['pair_mass_min']:.3f}-"
+                  f"{m['pair_mass_max']:.3f}", flush=True)
     save(frames, "kpairs")
     fig, axes = plt.subplots(1, len(rows_by_k), figsize=(5 * len(rows_by_k), 4), squeeze=False)
     for ax, (k, rows) in zip(axes[0], rows_by_k.items(), strict=True):

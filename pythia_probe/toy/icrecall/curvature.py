@@ -29,6 +29,7 @@ import torch
 
 from pythia_probe.toy.icrecall.model import ICRecallModel
 from pythia_probe.toy.icrecall.task import Prompts
+from pythia_probe.toy.icrecall.train import gd_step, perturbation
 
 LABELS = ("strict saddle", "one-sided saddle", "degenerate plateau", "minimum")
 
@@ -154,3 +155,24 @@ def label(s: dict[str, object], reach: float = 0.5) -> str:
     if lam > tol and float(s["newton_step"]) <= reach:
         return "minimum"
     return "degenerate plateau"
+
+
+def perturb_escapes(model: ICRecallModel, prompts: Prompts, score, radius: float = 0.5,
+                    draws: int = 5, steps: int = 1500, eta: float = 0.1, level: float = 0.95,
+                    answer_weight: float = 1.0, seed: int = 0) -> int:
+    """From the model's current W_PP: ``draws`` times, add a PGD perturbation (uniform in the
+    ball of ``radius`` on the causal entries) and run ``steps`` small GD steps; count the draws
+    whose ``score(model)`` (e.g. P(correct | confusing) on fresh prompts) ends >= ``level``.
+    W_PP is restored afterwards."""
+    g = torch.Generator().manual_seed(seed + 7)
+    W0 = model.W_PP.detach().clone()
+    hits = 0
+    for _ in range(draws):
+        with torch.no_grad():
+            model.W_PP.copy_(W0 + perturbation(model.L, radius, "ball", g, W0.dtype))
+        for _ in range(steps):
+            gd_step(model, prompts, eta, answer_weight)
+        hits += int(score(model) >= level)
+    with torch.no_grad():
+        model.W_PP.copy_(W0)
+    return hits

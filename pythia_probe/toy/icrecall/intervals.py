@@ -19,7 +19,8 @@ def wilson(k: float, n: float, z: float = Z95) -> tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+    lo = 0.0 if k <= 0 else max(0.0, mid - half)
+    return lo, 1.0 if k >= n else min(1.0, mid + half)
 
 
 def bootstrap(values: Sequence[float] | np.ndarray, stat: Callable = np.mean,

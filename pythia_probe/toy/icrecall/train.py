@@ -80,7 +80,8 @@ def perturbation(L: int, rho: float, kind: str, g: torch.Generator,
     return out.to(dtype)
 
 
-def _step(model: ICRecallModel, train: Prompts, lr: float, aw: float) -> dict[str, float]:
+def gd_step(model: ICRecallModel, train: Prompts, lr: float, aw: float) -> dict[str, float]:
+    """One full-batch gradient step on W_PP; returns the losses before it."""
     model.zero_grad()
     losses = model.loss(train, aw)
     losses["loss"].backward()
@@ -100,7 +101,7 @@ def train(model: ICRecallModel, train_prompts: Prompts, cfg: TrainConfig,
     res.snapshots["init"] = model.attention_row(model.q_rel).detach().clone()
     for t in tqdm(range(cfg.steps), disable=not progress, desc=f"icrecall {cfg.method}"):
         large = cfg.method == "pgd" and t == 0
-        losses = _step(model, train_prompts, cfg.eta0 if large else cfg.eta, cfg.answer_weight)
+        losses = gd_step(model, train_prompts, cfg.eta0 if large else cfg.eta, cfg.answer_weight)
         if large:
             res.snapshots["after_large_step"] = model.attention_row(model.q_rel).detach().clone()
             with torch.no_grad():
