@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
 import torch
@@ -214,6 +215,7 @@ def figure(df, n_train: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     p.add_argument("--replot", action="store_true", help="redraw the figure from the table")
     ns = p.parse_args(argv)
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     figure(read_shard(save(frames, "dynamics")), cfg.n_train)
     write_manifest(OUT / "manifest_dynamics", {**dataclasses.asdict(cfg),
                                                "TrainConfig": dataclasses.asdict(TrainConfig())},
-                   argv=argv)
+                   argv=argv, started=started)
     return 0
 
 

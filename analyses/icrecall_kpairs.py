@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
 import torch
@@ -56,6 +57,7 @@ class Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_rows(ax, rows, f"k={k} pairs (PGD, N={cfg.n_train})")
     savefig(fig, "kpairs")
     write_manifest(OUT / "manifest_kpairs", {**dataclasses.asdict(cfg), "memories": mems,
-                                             **config_dict(TrainConfig())}, argv=argv)
+                                             **config_dict(TrainConfig())},
+                   argv=argv, started=started)
     return 0
 
 

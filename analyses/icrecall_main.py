@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
 import torch
@@ -59,6 +60,7 @@ class Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
               "(paper: v* = (a, a, 1/2-a, 1/2-a, 0, 0))")
     savefig(fig, "pattern")
     write_manifest(OUT / "manifest_main", {**dataclasses.asdict(cfg),
-                                           **config_dict(task, mem, TrainConfig())}, argv=argv)
+                                           **config_dict(task, mem, TrainConfig())},
+                   argv=argv, started=started)
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
 import torch
@@ -76,6 +77,7 @@ def memory_recall(mem: PretrainedMemory) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
@@ -102,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     plot_rows(ax, rows, "pre-trained MLP memory: relation-step rows")
     savefig(fig, "pretrained")
     write_manifest(OUT / "manifest_pretrained", {**dataclasses.asdict(cfg),
-                                                 **config_dict(task, mcfg)}, argv=argv)
+                                                 **config_dict(task, mcfg)},
+                   argv=argv, started=started)
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import torch
 from icrecall_dynamics import one_sided, state_metrics
@@ -124,6 +125,7 @@ COLUMNS = ["design", "method", "seed", "one_sided", "relation_prob_confusing", "
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     cols = [c for c in COLUMNS if c in w.columns] + ["stall_label"]
     w[cols].round(6).to_csv(OUT / "saddle.csv", index=False)
     write_manifest(OUT / "manifest_saddle", {**dataclasses.asdict(cfg), "designs": DESIGNS},
-                   argv=argv)
+                   argv=argv, started=started)
     return 0
 
 

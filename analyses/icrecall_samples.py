@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -152,6 +153,7 @@ def capacity_rows(cfg: Config) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     p.add_argument("--replot", action="store_true",
                    help="recompute smallest N and the fit and redraw from samples.parquet")
@@ -174,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         out = run_experiment(task, cfg.memory(n), tr, EvalConfig(n_test=cfg.n_test, n_monitor=0),
                              memory=memory)
         frames.append(outcome_rows(out, "icrecall_samples", cfg.steps, n=n, N=N, seed=seed))
-    return _finish(frames, cfg, argv)
+    return _finish(frames, cfg, argv, started=started)
 
 
-def _finish(frames, cfg: Config, argv, manifest: bool = True) -> int:
+def _finish(frames, cfg: Config, argv, manifest: bool = True, started=None) -> int:
     """Smallest-N rows, the growth fit, the table, the figure and (after a run) the manifest."""
     df = pd.concat(frames, ignore_index=True)
     w = wide(df[df["analysis"] == "icrecall_samples"])
@@ -201,7 +203,7 @@ def _finish(frames, cfg: Config, argv, manifest: bool = True) -> int:
         write_manifest(OUT / "manifest_samples", {**dataclasses.asdict(cfg),
                                                   "TrainConfig": dataclasses.asdict(
                                                       TrainConfig(answer_weight=0.0))},
-                       argv=argv)
+                       argv=argv, started=started)
     for (n, s), v in sorted(best.items()):
         print(f"n={n:>7} seed {s}: smallest N with P(correct | confusing) >= {cfg.target}: {v}")
     print(f"log-log slope {fit['loglog_slope']:.3f} [{fit['loglog_slope_lo']:.3f}, "
