@@ -23,7 +23,7 @@ from icrecall_dynamics import one_sided, state_metrics
 
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_shard, write_manifest
-from pythia_probe.toy.icrecall.curvature import LABELS, perturb_escapes
+from pythia_probe.toy.icrecall.curvature import LABELS, label_from_row, perturb_escapes
 from pythia_probe.toy.icrecall.evaluate import evaluate
 from pythia_probe.toy.icrecall.experiment import (
     EvalConfig,
@@ -119,23 +119,34 @@ def _print(name: str, method: str, seed: int, m: dict) -> None:
 
 
 COLUMNS = ["design", "method", "seed", "one_sided", "relation_prob_confusing", "relation_sampled",
-           "relation_acc", "stall_label_code", "stall_eig1", "stall_grad_norm",
+           "relation_acc", "stall_eig1", "stall_grad_norm",
            "stall_escape_radius", "stall_line_minus", "stall_line_plus", "stall_perturb_escapes",
            "attn_s1", "attn_a1", "attn_s2", "attn_a2", "attn_s_query", "attn_last"]
+
+
+def write_csv(path) -> None:
+    """saddle.csv next to the table: one row per run, the stall's label recomputed from its
+    stored curvature (curvature.label_from_row)."""
+    w = wide(read_shard(path))
+    w["stall_label"] = [label_from_row(r, "stall", TrainConfig().rho_p)
+                        if r.get("stall_eig1") == r.get("stall_eig1") else ""
+                        for _, r in w.iterrows()]
+    cols = [c for c in COLUMNS if c in w.columns] + ["stall_label"]
+    w[cols].round(6).to_csv(path.parent / "saddle.csv", index=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
-    cfg = config_from(Config, p.parse_args(argv))
+    p.add_argument("--csv-only", action="store_true", help="rewrite saddle.csv from the table")
+    ns = p.parse_args(argv)
+    cfg = config_from(Config, ns)
     torch.set_num_threads(1)
+    if ns.csv_only:
+        write_csv(OUT / "saddle.parquet")
+        return 0
     frames = [f for name in cfg.names for f in run_design(name, cfg)]
-    path = save(frames, "saddle")
-    w = wide(read_shard(path))
-    w["stall_label"] = w.get("stall_label_code", float("nan")).map(
-        lambda c: LABELS[int(c)] if c == c else "")
-    cols = [c for c in COLUMNS if c in w.columns] + ["stall_label"]
-    w[cols].round(6).to_csv(OUT / "saddle.csv", index=False)
+    write_csv(save(frames, "saddle"))
     write_manifest(OUT / "manifest_saddle", {**dataclasses.asdict(cfg), "designs": DESIGNS},
                    argv=argv, started=started)
     return 0

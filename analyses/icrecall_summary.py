@@ -26,7 +26,7 @@ import pandas as pd
 
 from pythia_probe.fileio import write_text
 from pythia_probe.results import read_shard
-from pythia_probe.toy.icrecall.curvature import LABELS
+from pythia_probe.toy.icrecall.curvature import LABELS, label_from_row
 from pythia_probe.toy.icrecall.experiment import CONTROL_ROWS
 from pythia_probe.toy.icrecall.intervals import bootstrap, wilson
 from pythia_probe.toy.icrecall.report import OUT, wide
@@ -34,6 +34,7 @@ from pythia_probe.toy.icrecall.report import OUT, wide
 GAP, OFF = 0.05, 0.05  # pattern: within-pair gap, mass on s_query + '?'
 TELL = 0.99  # P(correct relation | confusing prompt), every seed
 REL, ANS = 0.999, 0.995  # sampled two-step accuracy (relation, answer), pooled Wilson bound
+REACH = 0.5  # curvature labels: PGD's perturbation radius rho_p (TrainConfig's default)
 PATTERN_RULE = (f"every seed: within-pair gap <= {GAP}, mass on s_query+'?' <= {OFF} and "
                 f"P(conf) >= {TELL}; 'partly' with twice the gap and mass tolerances")
 ACCURACY_RULE = (f"accuracy of two-step decoding sampled at the memory's temperature, pooled "
@@ -199,13 +200,20 @@ def ablation_lines(w: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
+def stall_labels(st: pd.DataFrame) -> pd.Series:
+    """Label of each stalled run, recomputed from its stored curvature with curvature.label."""
+    return pd.Series([label_from_row(r, "stall", REACH) for _, r in st.iterrows()],
+                     index=st.index, dtype=object)
+
+
 def _labels(st: pd.DataFrame) -> str:
-    if "stall_label_code" not in st or not len(st):
+    if "stall_eig1" not in st or not len(st):
         return ""
-    codes = st["stall_label_code"].dropna().astype(int)
+    labs = stall_labels(st)
     one = st["one_sided"] == 1 if "one_sided" in st else pd.Series(False, index=st.index)
-    parts = [f"{(codes == i).sum()} {lab}" for i, lab in enumerate(LABELS) if (codes == i).any()]
-    return ", ".join(parts) + (f" ({int(one.sum())} one-sided training sets)" if one.any() else "")
+    parts = [f"{int((labs == lab).sum())} {lab}" for lab in LABELS if (labs == lab).any()]
+    return ", ".join(parts) + (f" ({int(one.sum())} on one-sided training sets)"
+                               if one.any() else "")
 
 
 def _count_pair(k: pd.Series, n: pd.Series) -> str:
@@ -221,8 +229,8 @@ def item3(out: Path) -> list[dict]:
     esc = {a: g["escaped"] for a, g in w.groupby("arm")}
     gd = w[w["arm"] == "gd"]
     stalls = gd[(gd["escaped"] == 0) & (gd["one_sided"] == 0)]
-    codes = stalls["stall_label_code"].astype(int) if len(stalls) else pd.Series(dtype=int)
-    strict = bool(len(codes)) and bool((codes == LABELS.index("strict saddle")).all())
+    labs = stall_labels(stalls) if len(stalls) else pd.Series(dtype=object)
+    strict = bool(len(labs)) and bool((labs == "strict saddle").all())
     allst = w[w["escaped"] == 0]
     pk = allst["stall_perturb_escapes"].sum() if len(allst) else 0.0
     pn = allst["stall_perturb_draws"].sum() if len(allst) else 0.0

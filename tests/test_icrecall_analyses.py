@@ -278,11 +278,13 @@ def _dyn(escaped: bool, label: str | None = None, escapes: int = 0, one_sided: b
     m = {"escaped": float(escaped), "escape_step": 10.0, "final_loss": 1e-3,
          "relation_prob_confusing": 0.99 if escaped else 0.75, "one_sided": float(one_sided),
          **kw}
-    if not escaped:
-        m.update({"stall_label_code": float(LABELS.index(label)), "stall_eig1": -1e-3,
-                  "stall_grad_norm": 1e-4, "stall_escape_radius": 0.2, "stall_line_minus": -1e-3,
-                  "stall_line_plus": 1e-5, "stall_perturb_escapes": float(escapes),
-                  "stall_perturb_draws": 5.0})
+    if not escaped:  # curvature values that curvature.label maps to ``label``
+        eig1, plus = {"strict saddle": (-1e-3, -1e-4), "one-sided saddle": (-1e-3, 1e-5),
+                      "minimum": (1e-3, 1e-5)}[label]
+        m.update({"stall_label_code": float(LABELS.index(label)), "stall_eig1": eig1,
+                  "stall_tol": 1e-14, "stall_grad_norm": 1e-4, "stall_escape_radius": 0.2,
+                  "stall_line_minus": -1e-3, "stall_line_plus": plus,
+                  "stall_perturb_escapes": float(escapes), "stall_perturb_draws": 5.0})
     return m
 
 

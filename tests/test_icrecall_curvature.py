@@ -95,12 +95,15 @@ def test_spectrum_of_a_known_block():
     (-1e-3, 2.0, -1e-4, -1e-4, 0.0, "degenerate plateau"),  # slope beats the curvature
     (-1e-16, 0.3, -1e-4, -1e-4, 0.0, "degenerate plateau"),  # within noise
     (1e-3, float("inf"), 1e-5, 1e-5, 0.1, "minimum"),
-    (1e-3, float("inf"), 1e-5, 1e-5, 5.0, "degenerate plateau"),  # minimum far away
+    (1e-3, float("inf"), 1e-5, 1e-5, 5.0, "minimum"),  # convex; its minimiser far away
+    (-1e-3, 0.3, 1e-5, 1e-5, 0.0, "degenerate plateau"),  # negative but rises on both sides
 ])
 def test_label_rule(lam, esc, minus, plus, newton, want):
     s = {"eigenvalues": torch.tensor([lam, 1.0]), "tol": 1e-14, "escape_radius": esc,
          "line_minus": minus, "line_plus": plus, "newton_step": newton}
     assert label(s, reach=0.5) == want and want in LABELS
+    flat = {"eig1": lam, **{k: v for k, v in s.items() if k != "eigenvalues"}}
+    assert label(flat, reach=0.5) == want  # the same rule from a table row
 
 
 def test_classify_state_and_perturbation_escapes_restore_W():

@@ -14,9 +14,10 @@ l_1 <= l_2 <= ... and eigenvector u_1 (``reach`` = 0.5 by default, PGD's perturb
   actually falls at distance ``reach`` on BOTH sides, W -/+ reach u_1 (the quadratic picture holds);
 - "one-sided saddle": as above but the loss falls on one side only (the cubic term dominates,
   e.g. an AND unit that wakes up on one side and stays dead on the other);
-- "minimum": every effective l_i > tol and the Newton step |H^-1 g| is <= reach;
-- "degenerate plateau": everything else (a zero eigenvalue within tolerance, or curvature too
-  weak for the slope).
+- "minimum": every effective l_i > tol (locally convex; with cross-entropy the minimiser may lie
+  at infinity, and the Newton step |H^-1 g| says how far the quadratic model puts it);
+- "degenerate plateau": everything else (a zero eigenvalue within tolerance, or negative
+  curvature too weak for the slope within ``reach``).
 tol = 10 x the largest ||H u|| over exact null directions + 64 eps ||H||_2 (float64 eps).
 """
 
@@ -144,15 +145,17 @@ def classify_state(model: ICRecallModel, prompts: Prompts, answer_weight: float 
 
 
 def label(s: dict[str, object], reach: float = 0.5) -> str:
-    """The class of a state from its spectrum and line losses (rule in the module docstring)."""
-    lam, tol = float(s["eigenvalues"][0]), float(s["tol"])
-    if lam < -tol and float(s["escape_radius"]) <= reach:
+    """The class of a state from its lowest effective eigenvalue (``eigenvalues[0]`` or
+    ``eig1``), ``tol``, ``escape_radius`` and the line losses (rule in the module docstring)."""
+    lam = float(s["eigenvalues"][0]) if "eigenvalues" in s else float(s["eig1"])
+    tol, esc = float(s["tol"]), float(s["escape_radius"])
+    if lam < -tol and esc <= reach:  # nan (not stored) compares False: not a saddle
         down = int(s["line_minus"] < 0) + int(s["line_plus"] < 0)
         if down == 2:
             return "strict saddle"
         if down == 1:
             return "one-sided saddle"
-    if lam > tol and float(s["newton_step"]) <= reach:
+    if lam > tol:
         return "minimum"
     return "degenerate plateau"
 
@@ -176,3 +179,15 @@ def perturb_escapes(model: ICRecallModel, prompts: Prompts, score, radius: float
     with torch.no_grad():
         model.W_PP.copy_(W0)
     return hits
+
+
+def label_from_row(row, prefix: str = "stall", reach: float = 0.5) -> str:
+    """:func:`label` of a state stored as table columns ``{prefix}_eig1``, ``_tol``,
+    ``_escape_radius`` (absent or nan = inf), ``_line_minus`` and ``_line_plus``."""
+    def get(name: str, default: float = float("nan")) -> float:
+        v = row.get(f"{prefix}_{name}", default)
+        return default if v != v else float(v)
+
+    return label({"eig1": get("eig1"), "tol": get("tol"),
+                  "escape_radius": get("escape_radius", float("inf")),
+                  "line_minus": get("line_minus"), "line_plus": get("line_plus")}, reach)
