@@ -35,11 +35,13 @@ GAP, OFF = 0.05, 0.05  # pattern: within-pair gap, mass on s_query + '?'
 TELL = 0.99  # P(correct relation | confusing prompt), every seed
 REL, ANS = 0.999, 0.995  # sampled two-step accuracy (relation, answer), pooled Wilson bound
 REACH = 0.5  # curvature labels: PGD's perturbation radius rho_p (TrainConfig's default)
-PATTERN_RULE = (f"every seed: within-pair gap <= {GAP}, mass on s_query+'?' <= {OFF} and "
-                f"P(conf) >= {TELL}; 'partly' with twice the gap and mass tolerances")
-ACCURACY_RULE = (f"accuracy of two-step decoding sampled at the memory's temperature, pooled "
-                 f"over seeds: relation >= {REL} and answer >= {ANS}, 'yes' when the Wilson 95% "
-                 f"lower bounds reach them, 'partly' when only the point estimates do")
+PATTERN_RULE = (f"a seed passes when its within-pair gap <= {GAP}, mass on s_query+'?' <= "
+                f"{OFF} and P(conf) >= {TELL}; 'yes' if every seed passes, 'partly' if at "
+                f"least half the seeds pass with twice the gap and mass tolerances, else 'no'")
+ACCURACY_RULE = (f"a seed passes when the Wilson 95% lower bounds of its two-step accuracies "
+                 f"sampled at the memory's temperature reach relation >= {REL} and answer >= "
+                 f"{ANS}; 'yes' if every seed passes, 'partly' if at least half the seeds reach "
+                 f"them by point estimate, else 'no'")
 
 
 def _setting(out: Path, name: str, analysis: str, metric: str) -> float:
@@ -85,34 +87,47 @@ def tell_text(w: pd.DataFrame) -> str:
             f"{worst['relation_prob_confusing']:.4f}{own}")
 
 
+def _pattern_ok(r: pd.Series, scale: float = 1.0) -> bool:
+    return bool(r["relation_prob_confusing"] >= TELL and r["pair_gap_max"] <= scale * GAP
+                and r["offpair_mass"] <= scale * OFF)
+
+
 def pattern_verdict(w: pd.DataFrame) -> tuple[str, str]:
-    """The pairwise-pattern rule (PATTERN_RULE) over the runs in ``w``."""
+    """The pairwise-pattern rule (PATTERN_RULE) over the runs (seeds) in ``w``."""
     gap, off = w["pair_gap_max"].max(), w["offpair_mass"].max()
     lo, hi = w["pair_mass_min"].min(), w["pair_mass_max"].max()
-    tell = w["relation_prob_confusing"].min()
-    txt = (f"max within-pair gap {gap:.3f}, max mass on s_query+'?' {off:.3f}, pair masses "
-           f"{lo:.3f}-{hi:.3f}, {tell_text(w)} ({len(w)} runs)")
-    if tell >= TELL and gap <= GAP and off <= OFF:
-        return "yes", txt
-    if tell >= TELL and gap <= 2 * GAP and off <= 2 * OFF:
-        return "partly", txt
-    return "no", txt
+    strict = [_pattern_ok(r) for _, r in w.iterrows()]
+    loose = [_pattern_ok(r, 2.0) for _, r in w.iterrows()]
+    txt = (f"{sum(strict)}/{len(w)} seeds pass; max within-pair gap {gap:.3f}, max mass on "
+           f"s_query+'?' {off:.3f}, pair masses {lo:.3f}-{hi:.3f}, {tell_text(w)}")
+    return _verdict(strict, loose), txt
+
+
+def _verdict(strict: list[bool], loose: list[bool]) -> str:
+    """yes: every seed passes; partly: at least half the seeds pass the looser test; else no."""
+    if strict and all(strict):
+        return "yes"
+    return "partly" if loose and 2 * sum(loose) >= len(loose) else "no"
+
+
+def _seed_accuracy(r: pd.Series, bound: bool) -> bool:
+    n = r["n_all"]
+    rel = wilson(round(r["relation_sampled"] * n), n)[0] if bound else r["relation_sampled"]
+    ans = wilson(round(r["answer_sampled"] * n), n)[0] if bound else r["answer_sampled"]
+    return bool(rel >= REL and ans >= ANS)
 
 
 def accuracy_verdict(w: pd.DataFrame) -> tuple[str, str]:
-    """The accuracy rule (ACCURACY_RULE) over the runs in ``w``; argmax reported beside."""
-    rel, rel_lo, _ = pooled(w, "relation_sampled")
-    ans, ans_lo, _ = pooled(w, "answer_sampled")
-    txt = (f"sampled relation {_prop(w, 'relation_sampled')} (confusing "
+    """The accuracy rule (ACCURACY_RULE) over the runs (seeds) in ``w``; argmax beside."""
+    strict = [_seed_accuracy(r, True) for _, r in w.iterrows()]
+    loose = [_seed_accuracy(r, False) for _, r in w.iterrows()]
+    txt = (f"{sum(strict)}/{len(w)} seeds pass; pooled: sampled relation "
+           f"{_prop(w, 'relation_sampled')} (confusing "
            f"{_prop(w, 'relation_sampled_confusing', 'n_confusing')}), sampled answer "
            f"{_prop(w, 'answer_sampled')}; argmax relation {_prop(w, 'relation_acc')}, answer "
            f"{_prop(w, 'answer_acc')}; {int(w['n_all'].sum())} fresh prompts, "
            f"{int(w['n_confusing'].sum())} confusing")
-    if rel_lo >= REL and ans_lo >= ANS:
-        return "yes", txt
-    if rel >= REL and ans >= ANS:
-        return "partly", txt
-    return "no", txt
+    return _verdict(strict, loose), txt
 
 
 def combine(*verdicts: str) -> str:
