@@ -25,11 +25,12 @@ import numpy as np
 import pandas as pd
 
 from pythia_probe.fileio import write_text
-from pythia_probe.results import read_shard
+from pythia_probe.results import read_manifest, read_shard
 from pythia_probe.toy.icrecall.curvature import LABELS, label_from_row
 from pythia_probe.toy.icrecall.experiment import CONTROL_ROWS
 from pythia_probe.toy.icrecall.intervals import bootstrap, wilson
 from pythia_probe.toy.icrecall.report import OUT, wide
+from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
 
 GAP, OFF = 0.05, 0.05  # pattern: within-pair gap, mass on s_query + '?'
 TELL = 0.99  # P(correct relation | confusing prompt), every seed
@@ -98,7 +99,8 @@ def pattern_verdict(w: pd.DataFrame) -> tuple[str, str]:
     lo, hi = w["pair_mass_min"].min(), w["pair_mass_max"].max()
     strict = [_pattern_ok(r) for _, r in w.iterrows()]
     loose = [_pattern_ok(r, 2.0) for _, r in w.iterrows()]
-    txt = (f"{sum(strict)}/{len(w)} seeds pass; max within-pair gap {gap:.3f}, max mass on "
+    txt = (f"pattern passes on {sum(strict)}/{len(w)} seeds; max within-pair gap {gap:.3f}, "
+           f"max mass on "
            f"s_query+'?' {off:.3f}, pair masses {lo:.3f}-{hi:.3f}, {tell_text(w)}")
     return _verdict(strict, loose), txt
 
@@ -121,7 +123,7 @@ def accuracy_verdict(w: pd.DataFrame) -> tuple[str, str]:
     """The accuracy rule (ACCURACY_RULE) over the runs (seeds) in ``w``; argmax beside."""
     strict = [_seed_accuracy(r, True) for _, r in w.iterrows()]
     loose = [_seed_accuracy(r, False) for _, r in w.iterrows()]
-    txt = (f"{sum(strict)}/{len(w)} seeds pass; pooled: sampled relation "
+    txt = (f"sampled accuracy passes on {sum(strict)}/{len(w)} seeds; pooled: sampled relation "
            f"{_prop(w, 'relation_sampled')} (confusing "
            f"{_prop(w, 'relation_sampled_confusing', 'n_confusing')}), sampled answer "
            f"{_prop(w, 'answer_sampled')}; argmax relation {_prop(w, 'relation_acc')}, answer "
@@ -182,6 +184,7 @@ def item1_2(out: Path) -> list[dict]:
     pgd, gd = w[w["method"] == "pgd"], w[w["method"] == "gd"]
     ok1, pat = pattern_verdict(pgd)
     ok2, acc = accuracy_verdict(pgd)
+    pat += failures_note(out, "manifest_main", pgd)
     gd_txt = f"; GD for comparison: {pattern_verdict(gd)[1]}" if len(gd) else ""
     return [
         _row(1, "pairwise pattern at '?'", "v* = (a, a, 1/2-a, 1/2-a, 0, 0)", "PGD: " + pat,
@@ -192,6 +195,25 @@ def item1_2(out: Path) -> list[dict]:
              "PGD: " + acc, ok2, ACCURACY_RULE + control_failures(ctl),
              "sampled two-step accuracy"),
     ]
+
+
+def failures_note(out: Path, manifest: str, w: pd.DataFrame) -> str:
+    """Name the seeds with P(conf) < TELL and whether their training prompts are one-sided
+    (every ambiguous prompt ambiguous on the same pair: attending the other pair is then a global
+    minimum of their training loss), from the run's manifest (TaskConfig, n_train)."""
+    bad = w[w["relation_prob_confusing"] < TELL]
+    path = out / manifest
+    if not len(bad) or not (path / "manifest.json").exists():
+        return ""
+    cfg = read_manifest(path)["config"]
+    kb = make_kb(TaskConfig(**cfg.get("TaskConfig", {})))
+    notes = []
+    for seed in bad["seed"].astype(int):
+        amb = sample_prompts(kb, int(cfg["n_train"]), seed=seed).ambiguous
+        a, b = int(amb[:, 0].sum()), int(amb[:, 1].sum())
+        notes.append(f"seed {seed} ({a} training prompts ambiguous on pair 1, {b} on pair 2"
+                     + (": one-sided)" if a == 0 or b == 0 else ")"))
+    return "; P(conf) < " + f"{TELL}: " + ", ".join(notes)
 
 
 def _count(s: pd.Series) -> str:
@@ -330,6 +352,7 @@ def item5(out: Path) -> list[dict]:
     pgd, gd = w[w["method"] == "pgd"], w[w["method"] == "gd"]
     ok1, pat = pattern_verdict(pgd)
     ok2, acc = accuracy_verdict(pgd)
+    pat += failures_note(out, "manifest_pretrained", pgd)
     rec = (f"; memory's own answer recall {mem['memory_answer_recall'].iloc[0]:.4f}"
            if mem is not None and "memory_answer_recall" in mem else "")
     gd_txt = f"; GD: {pattern_verdict(gd)[1]}" if len(gd) else ""
