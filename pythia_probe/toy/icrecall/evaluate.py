@@ -7,6 +7,7 @@ import torch
 
 from pythia_probe.errors import BadInputError
 from pythia_probe.toy.icrecall.intervals import bootstrap
+from pythia_probe.toy.icrecall.model import _pick
 from pythia_probe.toy.icrecall.task import Prompts
 
 
@@ -99,13 +100,6 @@ def _decode_batch(model, p: Prompts, temperature: float, g: torch.Generator,
         tokens[:, -1] = model.kb.relation_token(out[r_key])
         out[a_key] = _pick(model.answer_logits(tokens).double(), temp, g)
     return out
-
-
-def _pick(logits: torch.Tensor, temperature: float, g: torch.Generator) -> torch.Tensor:
-    if temperature == 0.0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits / temperature, -1)
-    return torch.multinomial(probs, 1, generator=g).squeeze(-1)
 
 
 def prob_metrics(pr: torch.Tensor, pa: torch.Tensor, prompts: Prompts) -> dict[str, float]:
