@@ -281,6 +281,7 @@ def item3(out: Path) -> list[dict]:
                 f"{stalls['stall_escape_radius'].median():.2f}, loss change at distance rho_p "
                 f"along -u1 / +u1 median {stalls['stall_line_minus'].median():.1e} / "
                 f"{stalls['stall_line_plus'].median():.1e}")
+    txt += _states_text(out)
     if pn:
         pert = _count_pair(allst["stall_perturb_escapes"], allst["stall_perturb_draws"])
         txt += f"; random perturbations (radius rho_p) at the stalls of all arms escape {pert}"
@@ -295,6 +296,23 @@ def item3(out: Path) -> list[dict]:
     return [_row(3, "two-phase dynamics (GD stalls at a saddle, PGD escapes)",
                  "GD stalls at a saddle confusing r with a confusing relation; PGD's "
                  "perturbation escapes", txt, verdict, rule, "P(conf), exact Hessian in W_PP")]
+
+
+def _states_text(out: Path) -> str:
+    """Labels at W = 0 and after PGD's large step (no perturbation), per seed."""
+    w = _load(out, "dynamics", "icrecall_dynamics_states")
+    if w is None:
+        return ""
+    parts = []
+    for prefix, name in (("init", "at W = 0 (uniform attention)"),
+                         ("after_large", "after the large step")):
+        labs = pd.Series([label_from_row(r, prefix, REACH) for _, r in w.iterrows()])
+        counts = ", ".join(f"{int((labs == lab).sum())} {lab}" for lab in LABELS
+                           if (labs == lab).any())
+        parts.append(f"{name}: {counts} (lowest eigenvalue median "
+                     f"{w[f'{prefix}_eig1'].median():.1e}, |grad| median "
+                     f"{w[f'{prefix}_grad_norm'].median():.1e})")
+    return "; curvature " + "; ".join(parts)
 
 
 def item4(out: Path) -> list[dict]:
