@@ -4,13 +4,14 @@ The model is fine-tuned (PGD) and tested on prompts with k pairs; the andprod me
 k with experiment.memory_for_k (its threshold keeps its place between the uniform-attention and the
 pairwise-pattern read-outs). Writes results/icrecall/kpairs.parquet and kpairs.png.
 
-    python analyses/icrecall_kpairs.py              # ~3 min on one CPU core
+    python analyses/icrecall_kpairs.py              # ~15 min on one CPU core
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
 import torch
@@ -40,7 +41,7 @@ class Config:
     one pair)."""
 
     ks: str = "2,3,4"
-    seeds: int = 3
+    seeds: int = 5
     n_train: int = 16
     n_test: int = 20000
     d_model: int = 4096
@@ -56,6 +57,7 @@ class Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
@@ -72,17 +74,19 @@ def main(argv: list[str] | None = None) -> int:
             rows_by_k.setdefault(k, {})[f"seed {seed}"] = out.model.attention_row(
                 out.model.q_rel).detach()
             m = out.metrics
-            print(f"k={k} seed {seed}: relation {m['relation_acc']:.5f} (confusing "
-                  f"{m['relation_acc_confusing']:.5f}), answer {m['answer_acc']:.5f}, "
-                  f"within-pair gap {m['pair_gap_max']:.3f}, off-pair {m['offpair_mass']:.3f}, "
-                  f"pair mass {m['pair_mass_min']:.3f}-{m['pair_mass_max']:.3f}")
+            print(f"k={k} seed {seed}: P(correct | confusing) {m['relation_prob_confusing']:.4f}, "
+                  f"sampled relation {m['relation_sampled']:.5f}, answer "
+                  f"{m['answer_sampled']:.5f}, within-pair gap {m['pair_gap_max']:.3f}, "
+                  f"off-pair {m['offpair_mass']:.3f}, pair mass {m['pair_mass_min']:.3f}-"
+                  f"{m['pair_mass_max']:.3f}", flush=True)
     save(frames, "kpairs")
     fig, axes = plt.subplots(1, len(rows_by_k), figsize=(5 * len(rows_by_k), 4), squeeze=False)
     for ax, (k, rows) in zip(axes[0], rows_by_k.items(), strict=True):
         plot_rows(ax, rows, f"k={k} pairs (PGD, N={cfg.n_train})")
     savefig(fig, "kpairs")
     write_manifest(OUT / "manifest_kpairs", {**dataclasses.asdict(cfg), "memories": mems,
-                                             **config_dict(TrainConfig())}, argv=argv)
+                                             **config_dict(TrainConfig())},
+                   argv=argv, started=started)
     return 0
 
 

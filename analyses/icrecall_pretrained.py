@@ -1,20 +1,23 @@
 """Section C item 5: the same fine-tuning with a memory pre-trained by gradient descent.
 
-An MLP memory (pretrained.py) is trained by Adam on the triples, frozen, and W_PP is fine-tuned
-on top of it (PGD and plain GD). Also records the memory's own recall of the triples with ideal
-inputs, which caps what any attention pattern can reach. Writes results/icrecall/pretrained.parquet
-and pretrained.png.
+An MLP memory (pretrained.py: fresh examples every epoch) is trained by Adam on the triples and
+on two-pair prompts, frozen, and W_PP is fine-tuned on top of it (PGD and plain GD) with the
+CLI's defaults. Also records the memory's own recall of the triples with ideal inputs, and the
+reference rows (uniform, stuck, one pair, ideal) on this memory. Writes
+results/icrecall/pretrained.parquet and pretrained.png.
 
-    python analyses/icrecall_pretrained.py          # ~5-8 min on one CPU core (pre-training)
+    python analyses/icrecall_pretrained.py          # ~8 min on one CPU core
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
 import torch
+from icrecall_main import _print, controls
 
 from pythia_probe.results import write_manifest
 from pythia_probe.toy.icrecall.experiment import EvalConfig, metric_rows, run_experiment
@@ -33,24 +36,24 @@ from pythia_probe.toy.icrecall.report import (
 from pythia_probe.toy.icrecall.task import TaskConfig, make_kb
 from pythia_probe.toy.icrecall.train import TrainConfig
 
+_MEM = MemoryConfig(kind="pretrained")
+
 
 @dataclass(frozen=True)
 class Config:
-    """Memory: d_model, d_hidden, epochs, lr, mix, beta (inverse temperature at fine-tuning);
-    fine-tuning: seeds, n_train, methods, eta, eta0 (smaller than the constructed memory's 3.0:
-    at eta0 = 3 the large step lands on a single token with this memory); n_test fresh prompts."""
+    """Memory: d_model, d_hidden, epochs, lr, mix, beta (defaults: MemoryConfig's for
+    kind='pretrained', i.e. what the CLI uses); fine-tuning: seeds, n_train, methods (TrainConfig
+    defaults otherwise, as in the CLI); n_test fresh prompts."""
 
-    d_model: int = 256
-    d_hidden: int = 2048
-    epochs: int = 100
-    lr: float = 3e-3
-    mix: float = 0.5
-    beta: float = 10.0
-    seeds: int = 3
+    d_model: int = _MEM.d_model
+    d_hidden: int = _MEM.d_hidden
+    epochs: int = _MEM.pretrain_epochs
+    lr: float = _MEM.pretrain_lr
+    mix: float = _MEM.pretrain_mix
+    beta: float = _MEM.inverse_temperature
+    seeds: int = 5
     n_train: int = 32
     methods: str = "pgd,gd"
-    eta: float = 0.1
-    eta0: float = 0.5
     n_test: int = 20000
 
     def memory(self) -> MemoryConfig:
@@ -74,6 +77,7 @@ def memory_recall(mem: PretrainedMemory) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     cfg = config_from(Config, p.parse_args(argv))
     torch.set_num_threads(1)
@@ -86,25 +90,22 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     for method in cfg.methods.split(","):
         for seed in range(cfg.seeds):
-            tr = TrainConfig(method=method, n_train=cfg.n_train, seed=seed, eta=cfg.eta,
-                             eta0=cfg.eta0)
+            tr = TrainConfig(method=method, n_train=cfg.n_train, seed=seed)
             out = run_experiment(task, mcfg, tr, EvalConfig(n_test=cfg.n_test, n_monitor=0),
                                  memory=mem)
             frames.append(outcome_rows(out, "icrecall_pretrained", tr.steps, method=method,
                                        seed=seed, n_train=cfg.n_train))
             rows[f"{method.upper()} seed {seed}"] = out.model.attention_row(
                 out.model.q_rel).detach()
-            m = out.metrics
-            print(f"{method} seed {seed}: relation {m['relation_acc']:.4f} (confusing "
-                  f"{m['relation_acc_confusing']:.4f}), answer {m['answer_acc']:.4f}, within-pair "
-                  f"gap {m['pair_gap_max']:.3f}, off-pair {m['offpair_mass']:.3f}, pair mass "
-                  f"{m['pair_mass_min']:.3f}-{m['pair_mass_max']:.3f}")
+            _print(f"{method} seed {seed}", out.metrics)
+    frames += controls(out.model, cfg.n_test, memory="pretrained")
     save(frames, "pretrained")
     fig, ax = plt.subplots(figsize=(9, 4))
     plot_rows(ax, rows, "pre-trained MLP memory: relation-step rows")
     savefig(fig, "pretrained")
     write_manifest(OUT / "manifest_pretrained", {**dataclasses.asdict(cfg),
-                                                 **config_dict(task, mcfg)}, argv=argv)
+                                                 **config_dict(task, mcfg)},
+                   argv=argv, started=started)
     return 0
 
 

@@ -1,9 +1,26 @@
-"""Section C item 4: accuracy against the number N of fine-tuning samples, for n = |S||R| stored
-triples over two orders of magnitude, several seeds; the smallest N reaching the target accuracy.
+"""Section C item 4: the fine-tuning samples needed as the memory grows, in a regime where n
+matters.
 
-Writes results/icrecall/samples.parquet and results/icrecall/samples.png.
+Regime. n = |S||R| stored triples (R fixed, S = n / R). The memory is the quadratic AND of spec
+B2 (vote = <e_s, h><e_a, h>, no threshold): every stored triple adds interference to every
+relation logit, with standard deviation ~ sqrt(S) / d against a pair's vote ~ 1/16, so a
+d-dimensional memory keeps about d^2 facts apart (the capacity of a bilinear associative memory,
+n ~ d^2). We therefore scale the embedding dimension with n, d = c sqrt(n): the memory holds its n
+facts at a fixed margin, and the same constant c is used at every n. The thresholded default
+memory does not show this (its threshold removes the interference, so n barely enters), and with
+d fixed the memory itself fails as n grows; both are shown by the capacity rows this script writes
+(the ideal pairwise row at d = c sqrt(n) and at the fixed d of the smallest n).
 
-    python analyses/icrecall_samples.py             # ~10 min on one CPU core (n = 1e5 dominates)
+Measure. P(correct relation | confusing prompt) at the memory's temperature on n_test fresh
+prompts; the smallest N (from Ns) from which every larger N reaches ``target``, per (n, seed).
+Only the relation column is trained (answer_weight = 0: the relation loss does not depend on the
+answer column, so the relation row's trajectory is the same). Growth law: least-squares slope of
+log N* on log n and exponent k of N* ~ (log n)^k, each with a percentile bootstrap 95% interval
+(seeds resampled within each n); seeds that never reach the target count as 2 x max(Ns).
+
+Writes results/icrecall/samples.parquet and samples.png.
+
+    python analyses/icrecall_samples.py             # ~40-60 min on one CPU core (n = 1e5 dominates)
     python analyses/icrecall_samples.py --ns 1000,10000 --seeds 2    # quicker
 """
 
@@ -12,18 +29,28 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import make_rows, read_shard, write_manifest
-from pythia_probe.toy.icrecall.experiment import MODEL, EvalConfig, build_memory, run_experiment
-from pythia_probe.toy.icrecall.memory import MemoryConfig
+from pythia_probe.toy.icrecall.experiment import (
+    MODEL,
+    EvalConfig,
+    evaluate_controls,
+    metric_rows,
+    run_experiment,
+)
+from pythia_probe.toy.icrecall.intervals import bootstrap_slope
+from pythia_probe.toy.icrecall.memory import ConstructedMemory, MemoryConfig
+from pythia_probe.toy.icrecall.model import ICRecallModel
 from pythia_probe.toy.icrecall.report import (
     OUT,
-    config_dict,
     config_from,
     config_parser,
     key,
@@ -32,30 +59,33 @@ from pythia_probe.toy.icrecall.report import (
     savefig,
     wide,
 )
-from pythia_probe.toy.icrecall.task import TaskConfig, make_kb
+from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
 from pythia_probe.toy.icrecall.train import TrainConfig
 
 
 @dataclass(frozen=True)
 class Config:
     """ns: stored triples n (comma list; n_subjects = n / n_relations); Ns: fine-tuning sample
-    counts; seeds per (n, N); steps of PGD; n_test fresh prompts per run; target accuracy."""
+    counts; seeds per (n, N); d_scale: c in d = c sqrt(n); beta: the quadratic memory's inverse
+    temperature; steps of PGD; n_test fresh prompts per run; target P(correct | confusing)."""
 
     ns: str = "1000,10000,100000"
-    Ns: str = "2,4,8,16,32,64"
-    seeds: int = 3
+    Ns: str = "2,4,8,16,32,64,128"
+    seeds: int = 5
     n_relations: int = 20
-    steps: int = 300
-    n_test: int = 2000
+    d_scale: float = 6.0
+    beta: float = 300.0
+    steps: int = 1000
+    n_test: int = 3000
     target: float = 0.99
 
     def __post_init__(self) -> None:
         for n in self.n_list:
             if n % self.n_relations:
-                raise ValueError(f"each n must be a multiple of n_relations={self.n_relations}, "
-                                 f"got {n}")
+                raise BadInputError(f"each n must be a multiple of n_relations="
+                                    f"{self.n_relations}, got {n}")
         if min(self.N_list) < 1 or self.seeds < 1 or self.steps < 1 or not 0 < self.target <= 1:
-            raise ValueError(f"invalid samples config {self}")
+            raise BadInputError(f"invalid samples config {self}")
 
     @property
     def n_list(self) -> list[int]:
@@ -65,8 +95,19 @@ class Config:
     def N_list(self) -> list[int]:
         return [int(x) for x in self.Ns.split(",")]
 
+    def d_model(self, n: int) -> int:
+        return int(round(self.d_scale * math.sqrt(n)))
 
-def smallest_N(w, target: float, metric: str = "relation_acc") -> dict[tuple[int, int], float]:
+    def memory(self, n: int, d: int | None = None) -> MemoryConfig:
+        return MemoryConfig(vote="product", threshold=0.0, smooth=0.0, beta=self.beta,
+                            d_model=self.d_model(n) if d is None else d)
+
+    def task(self, n: int) -> TaskConfig:
+        return TaskConfig(n_subjects=n // self.n_relations, n_relations=self.n_relations)
+
+
+def smallest_N(w, target: float, metric: str = "relation_prob_confusing"
+               ) -> dict[tuple[int, int], float]:
     """(n, seed) -> smallest N from which every run with N' >= N reaches ``target`` (nan if the
     largest N does not)."""
     out = {}
@@ -79,74 +120,122 @@ def smallest_N(w, target: float, metric: str = "relation_acc") -> dict[tuple[int
     return out
 
 
+def growth_fit(best: dict[tuple[int, int], float], cap: float) -> dict[str, float]:
+    """Log-log slope of N* on n and polylog exponent k (N* ~ (log n)^k), with bootstrap 95%
+    intervals; N* = nan (never reached) counts as ``cap``."""
+    by_n: dict[int, list[float]] = {}
+    for (n, _), v in best.items():
+        by_n.setdefault(n, []).append(cap if math.isnan(v) else v)
+    logs = {math.log(n): np.log(v) for n, v in by_n.items()}
+    loglogs = {math.log(math.log(n)): np.log(v) for n, v in by_n.items()}
+    out = {f"loglog_{k}": v for k, v in bootstrap_slope(logs).items()}
+    out.update({f"polylog_{k}": v for k, v in bootstrap_slope(loglogs).items()})
+    out["censored"] = float(sum(math.isnan(v) for v in best.values()))
+    return out
+
+
+def capacity_rows(cfg: Config) -> pd.DataFrame:
+    """The ideal, uniform and stuck rows at d = c sqrt(n) and at the fixed d of the smallest n."""
+    frames, d0 = [], cfg.d_model(min(cfg.n_list))
+    for n in cfg.n_list:
+        kb = make_kb(cfg.task(n))
+        test = sample_prompts(kb, cfg.n_test, seed=10**6)
+        for scaling, d in (("scaled", cfg.d_model(n)), ("fixed", d0)):
+            model = ICRecallModel(kb, ConstructedMemory(kb, cfg.memory(n, d)))
+            for state, m in evaluate_controls(model, test, rows=None).items():
+                m = {**m, "d_model": d}
+                frames.append(metric_rows(m, "icrecall_samples_capacity", 0, int(m["n_all"]),
+                                          run_id=key(n=n, d=scaling, state=state)))
+                if state == "ideal":
+                    print(f"capacity n={n} d={d} ({scaling}): ideal row P(correct | confusing) "
+                          f"{m['relation_prob_confusing']:.4f}", flush=True)
+    return pd.concat(frames, ignore_index=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = datetime.now(timezone.utc)
     p = config_parser(Config, __doc__)
     p.add_argument("--replot", action="store_true",
-                   help="recompute smallest N and redraw from results/icrecall/samples.parquet")
+                   help="recompute smallest N and the fit and redraw from samples.parquet")
     ns = p.parse_args(argv)
     cfg = config_from(Config, ns)
     torch.set_num_threads(1)
     if ns.replot:
         old = read_shard(OUT / "samples.parquet")
-        frames = [old[old["analysis"] == "icrecall_samples"]]
-        return _finish(frames, cfg, argv, manifest=False)
-    mem_cfg, frames = MemoryConfig(), []
+        keep = old["analysis"].isin(["icrecall_samples", "icrecall_samples_capacity"])
+        return _finish([old[keep]], cfg, argv, manifest=False)
+    frames = [capacity_rows(cfg)]
     runs = [(n, N, s) for n in cfg.n_list for N in cfg.N_list for s in range(cfg.seeds)]
-    memories = {}
+    memory, at = None, None
     for n, N, seed in tqdm(runs, desc="icrecall samples"):
-        task = TaskConfig(n_subjects=n // cfg.n_relations, n_relations=cfg.n_relations)
-        if n not in memories:
-            memories = {n: build_memory(make_kb(task), mem_cfg)[0]}  # keep one n in memory
-        tr = TrainConfig(n_train=N, steps=cfg.steps, seed=seed)
-        out = run_experiment(task, mem_cfg, tr, EvalConfig(n_test=cfg.n_test, n_monitor=0),
-                             memory=memories[n])
+        task = cfg.task(n)
+        if at != n:  # keep one n in memory
+            kb = make_kb(task)
+            memory, at = ConstructedMemory(kb, cfg.memory(n)), n
+        tr = TrainConfig(n_train=N, steps=cfg.steps, seed=seed, answer_weight=0.0)
+        out = run_experiment(task, cfg.memory(n), tr, EvalConfig(n_test=cfg.n_test, n_monitor=0),
+                             memory=memory)
         frames.append(outcome_rows(out, "icrecall_samples", cfg.steps, n=n, N=N, seed=seed))
-    return _finish(frames, cfg, argv)
+    return _finish(frames, cfg, argv, started=started)
 
 
-def _finish(frames, cfg: Config, argv, manifest: bool = True) -> int:
-    """Smallest-N rows, the table, the figure and (after a real run) the manifest."""
-    w = wide(pd.concat(frames))
+def _finish(frames, cfg: Config, argv, manifest: bool = True, started=None) -> int:
+    """Smallest-N rows, the growth fit, the table, the figure and (after a run) the manifest."""
+    df = pd.concat(frames, ignore_index=True)
+    w = wide(df[df["analysis"] == "icrecall_samples"])
     w[["n", "N", "seed"]] = w[["n", "N", "seed"]].astype(int)
     best = smallest_N(w, cfg.target)
-    frames.append(make_rows([{"metric": "smallest_N_at_target", "value": v,
-                              "run_id": key(n=n, seed=s)} for (n, s), v in best.items()],
-                            model=MODEL, analysis="icrecall_samples_smallest_N"))
-    frames.append(make_rows([{"metric": "target", "value": cfg.target}], model=MODEL,
-                            analysis="icrecall_samples_settings"))
+    fit = growth_fit(best, 2.0 * max(cfg.N_list))
+    best_rows = [{"metric": "reached_target", "value": float(v == v), "run_id": key(n=n, seed=s)}
+                 for (n, s), v in best.items()]
+    best_rows += [{"metric": "smallest_N_at_target", "value": v, "run_id": key(n=n, seed=s)}
+                  for (n, s), v in best.items() if v == v]  # absent: never reached
+    frames = [df, make_rows(best_rows, model=MODEL, analysis="icrecall_samples_smallest_N"),
+              make_rows([{"metric": k, "value": v} for k, v in fit.items()], model=MODEL,
+                        analysis="icrecall_samples_fit"),
+              make_rows([{"metric": "target", "value": cfg.target},
+                         {"metric": "d_scale", "value": cfg.d_scale},
+                         {"metric": "max_N", "value": float(max(cfg.N_list))}],
+                        model=MODEL, analysis="icrecall_samples_settings")]
     save(frames, "samples")
     _figure(w, best, cfg)
     if manifest:
         write_manifest(OUT / "manifest_samples", {**dataclasses.asdict(cfg),
-                                                  **config_dict(MemoryConfig(), TrainConfig())},
-                       argv=argv)
+                                                  "TrainConfig": dataclasses.asdict(
+                                                      TrainConfig(answer_weight=0.0))},
+                       argv=argv, started=started)
     for (n, s), v in sorted(best.items()):
-        print(f"n={n:>7} seed {s}: smallest N from which relation_acc >= {cfg.target}: {v}")
+        print(f"n={n:>7} seed {s}: smallest N with P(correct | confusing) >= {cfg.target}: {v}")
+    print(f"log-log slope {fit['loglog_slope']:.3f} [{fit['loglog_slope_lo']:.3f}, "
+          f"{fit['loglog_slope_hi']:.3f}]; polylog exponent {fit['polylog_slope']:.2f} "
+          f"[{fit['polylog_slope_lo']:.2f}, {fit['polylog_slope_hi']:.2f}]")
     return 0
 
 
 def _figure(w, best, cfg: Config) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for n, g in w.groupby("n"):
-        m = g.groupby("N")[["relation_acc", "answer_acc"]].agg(["mean", "min"])
-        axes[0].errorbar(m.index, m[("relation_acc", "mean")],
-                         yerr=[m[("relation_acc", "mean")] - m[("relation_acc", "min")],
-                               0 * m[("relation_acc", "mean")]],
-                         marker="o", capsize=3, label=f"n={n}")
-        axes[1].plot(m.index, m[("answer_acc", "mean")], marker="o", label=f"n={n}")
-    for ax, t in zip(axes[:2], ("relation accuracy", "answer accuracy (two-step)"), strict=True):
-        ax.set(xscale="log", xlabel="fine-tuning samples N", title=f"{t}: mean (bar to min)")
-        ax.set_xticks(cfg.N_list, [str(N) for N in cfg.N_list])
-        ax.minorticks_off()
-        ax.axhline(cfg.target, color="gray", ls="--")
-        ax.legend()
+        m = g.groupby("N")["relation_prob_confusing"].agg(["median", "min", "max"])
+        err = [m["median"] - m["min"], m["max"] - m["median"]]
+        axes[0].errorbar(m.index, m["median"], yerr=err, marker="o", capsize=3,
+                         label=f"n={n} (d={cfg.d_model(n)})")
+    axes[0].set(xscale="log", xlabel="fine-tuning samples N", ylabel="P(correct | confusing)",
+                title="median over seeds (bars: min-max)")
+    axes[0].set_xticks(cfg.N_list, [str(N) for N in cfg.N_list])
+    axes[0].minorticks_off()
+    axes[0].axhline(cfg.target, color="gray", ls="--")
+    axes[0].legend(fontsize=8)
     ns = sorted({n for n, _ in best})
+    cap = 2 * max(cfg.N_list)
     for s in range(cfg.seeds):
-        axes[2].plot([math.log(n) for n in ns], [best[(n, s)] for n in ns], "o-", alpha=0.6,
+        ys = [best.get((n, s), float("nan")) for n in ns]
+        axes[1].plot(ns, [cap if math.isnan(y) else y for y in ys], "o-", alpha=0.6,
                      label=f"seed {s}")
-    axes[2].set(xlabel="log n", ylabel=f"smallest N (all larger N reach {cfg.target})",
-                yscale="log", title="sample complexity vs log n")
-    axes[2].legend()
+    axes[1].axhline(cap, color="gray", ls=":", label="never (plotted at 2 x max N)")
+    axes[1].set(xscale="log", yscale="log", xlabel="stored triples n",
+                ylabel=f"smallest N (all larger N reach {cfg.target})",
+                title=f"sample complexity, d = {cfg.d_scale:g} sqrt(n)")
+    axes[1].legend(fontsize=7)
     savefig(fig, "samples")
 
 

@@ -1,6 +1,7 @@
 """CLI: fine-tune the IC-recall model once and report accuracy and the attention pattern.
 
     python -m pythia_probe.toy.icrecall --method pgd --n-train 8 --out results/icrecall/cli
+    python -m pythia_probe.toy.icrecall --kind pretrained --method pgd --n-train 32
 
 Every field of TaskConfig, MemoryConfig, TrainConfig and EvalConfig is a flag (underscores become
 dashes); the three seeds are --kb-seed, --memory-seed and --seed (training prompts, perturbation).
@@ -39,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
         g = p.add_argument_group(group, cls.__doc__)
         for f in dataclasses.fields(cls):
             name = rename.get(f.name, f.name)
-            g.add_argument("--" + name.replace("_", "-"), dest=name, type=type(f.default),
+            kind = float if f.default is None else type(f.default)  # beta: None = by kind
+            g.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
                            default=f.default, help=f"default {f.default!r}")
     p.add_argument("--out", default="results/icrecall/cli", help="output folder")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     try:
         cfg = configs(ns)
-    except ValueError as e:
+    except ValueError as e:  # BadInputError and argparse-valid but invalid values
         print(f"error: {e}", file=sys.stderr)
         return 2
     torch.set_num_threads(ns.threads)
@@ -81,13 +83,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(m: dict[str, float]) -> None:
-    keys = ["relation_acc", "relation_acc_confusing", "relation_prob_confusing", "answer_acc",
-            "answer_acc_confusing", "pair_gap_max", "offpair_mass", "pattern_dist"]
+    keys = ["relation_prob_confusing", "relation_sampled", "relation_sampled_confusing",
+            "answer_sampled", "relation_acc", "relation_acc_confusing", "answer_acc",
+            "pair_gap_max", "offpair_mass", "pattern_dist"]
     row = [f"attn_{x}{i}" for i in (1, 2) for x in "sa"] + ["attn_s_query", "attn_last"]
     print("relation-step attention row:", " ".join(f"{m[k]:.3f}" for k in row if k in m))
     for k in keys:
-        print(f"{k:>24s}: {m[k]:.5f}")
-    print(f"{'n_test (confusing)':>24s}: {int(m['n_all'])} ({int(m['n_confusing'])})")
+        if k in m:
+            print(f"{k:>26s}: {m[k]:.5f}")
+    print(f"{'n_test (confusing)':>26s}: {int(m['n_all'])} ({int(m['n_confusing'])})")
+    print("relation_prob_confusing = P(correct relation | confusing prompt) at the memory's "
+          "temperature; *_sampled: two-step decoding sampled at that temperature; *_acc: argmax")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""Accuracy (true two-step decoding; all, confusing, non-confusing) and the attention pattern."""
+"""Accuracy (true two-step decoding, argmax and sampled at the memory's temperature; all,
+confusing, non-confusing), probability of the truth, and the attention pattern."""
 
 from __future__ import annotations
 
 import torch
 
+from pythia_probe.errors import BadInputError
+from pythia_probe.toy.icrecall.intervals import bootstrap
+from pythia_probe.toy.icrecall.model import _pick
 from pythia_probe.toy.icrecall.task import Prompts
 
 
@@ -31,7 +35,7 @@ def pattern_metrics(row: torch.Tensor) -> dict[str, float]:
     = sqrt(sum_i (v_si - v_ai)^2 / 2 + v_{s_{k+1}}^2 + v_?^2)."""
     v = row.detach().double().flatten()
     if v.numel() < 4 or v.numel() % 2:
-        raise ValueError(f"relation row must have 2k+2 >= 4 entries, got {v.numel()}")
+        raise BadInputError(f"relation row must have 2k+2 >= 4 entries, got {v.numel()}")
     k = (v.numel() - 2) // 2
     s, a = v[0:2 * k:2], v[1:2 * k:2]
     out = {f"attn_s{i + 1}": float(s[i]) for i in range(k)}
@@ -47,35 +51,55 @@ def pattern_metrics(row: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model, prompts: Prompts, temperature: float = 0.0, seed: int = 0,
-             batch: int = 4096) -> dict[str, float]:
-    """Decode ``prompts`` in batches and return accuracy plus the relation-row pattern metrics."""
-    r_parts, a_parts, pr_parts, pa_parts = [], [], [], []
-    for i in range(0, len(prompts), batch):
-        sub = _slice(prompts, slice(i, i + batch))
-        r, a = model.decode(sub, temperature, seed + i)
-        r_parts.append(r)
-        a_parts.append(a)
-        pr, pa = correct_probs(model, sub)
-        pr_parts.append(pr)
-        pa_parts.append(pa)
-    out = accuracy_metrics(torch.cat(r_parts), torch.cat(a_parts), prompts)
-    out.update(prob_metrics(torch.cat(pr_parts), torch.cat(pa_parts), prompts))
+             batch: int = 4096, answers: bool = True, n_boot: int = 1000) -> dict[str, float]:
+    """Decode ``prompts`` in batches; return accuracy, probability and pattern metrics.
+
+    relation_acc / answer_acc: two-step decoding at ``temperature`` (0 = argmax, the paper's
+    low-temperature decoding; reported, but argmax breaks ties on vanishing vote differences);
+    relation_sampled / answer_sampled: two-step decoding by sampling at the memory's own
+    temperature (softmax of its logits, inverse temperature beta included); relation_prob /
+    answer_prob: mean probability of the true relation at "?" and of the true answer given the
+    true r* (the expected sampled accuracy); each overall and on _confusing / _nonconfusing
+    prompts, with relation_prob_confusing_lo / _hi a percentile bootstrap 95% interval over the
+    confusing prompts. answers=False skips the answer step (its metrics are NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [_decode_batch(model, _slice(prompts, slice(i, i + batch)), temperature, g, answers)
+             for i in range(0, len(prompts), batch)]
+    cat = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    out = accuracy_metrics(cat["r_dec"], cat["a_dec"], prompts)
+    sampled = accuracy_metrics(cat["r_smp"], cat["a_smp"], prompts)
+    out.update({k.replace("_acc", "_sampled"): v for k, v in sampled.items() if "_acc" in k})
+    out.update(prob_metrics(cat["pr"], cat["pa"], prompts))
+    conf = cat["pr"][prompts.confusing].numpy()
+    out["relation_prob_confusing_lo"], out["relation_prob_confusing_hi"] = bootstrap(
+        conf, n_boot=n_boot, seed=seed)
     out.update(pattern_metrics(model.attention_row(model.q_rel)))
-    ans_row = model.attention_row(model.q_ans).detach()
-    out["ans_attn_s_query"] = float(ans_row[-3])
+    out["ans_attn_s_query"] = float(model.attention_row(model.q_ans).detach()[-3])
+    if not answers:
+        out = {k: (float("nan") if k.startswith("answer_") else v) for k, v in out.items()}
     return out
 
 
-@torch.no_grad()
-def correct_probs(model, prompts: Prompts) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax probability (memory logits at their inverse temperature beta) of the true relation
-    at "?" and of the true answer given the true r*: the expected accuracy of sampling, which
-    exposes ties that argmax breaks on vanishing differences."""
-    tokens = prompts.tokens(model.kb)
-    pr = torch.softmax(model.relation_logits(tokens).double(), -1)
+def _decode_batch(model, p: Prompts, temperature: float, g: torch.Generator,
+                  answers: bool) -> dict[str, torch.Tensor]:
+    """Decoded (r_dec, a_dec at ``temperature``; r_smp, a_smp sampled at the memory's
+    temperature) and the true-token probabilities pr, pa for one batch."""
+    tokens = p.tokens(model.kb)
+    rl = model.relation_logits(tokens).double()
+    probs = torch.softmax(rl, -1)
+    out = {"r_dec": _pick(rl, temperature, g),
+           "r_smp": torch.multinomial(probs, 1, generator=g)[:, 0],
+           "pr": probs.gather(1, p.relation[:, None])[:, 0]}
+    if not answers:
+        nan = torch.full_like(out["pr"], float("nan"))
+        return {**out, "a_dec": torch.full_like(out["r_dec"], -1),
+                "a_smp": torch.full_like(out["r_dec"], -1), "pa": nan}
     pa = torch.softmax(model.answer_logits(tokens).double(), -1)
-    return (pr.gather(1, prompts.relation[:, None])[:, 0],
-            pa.gather(1, prompts.answers[:, -1:])[:, 0])
+    out["pa"] = pa.gather(1, p.answers[:, -1:])[:, 0]
+    for r_key, a_key, temp in (("r_dec", "a_dec", temperature), ("r_smp", "a_smp", 1.0)):
+        tokens[:, -1] = model.kb.relation_token(out[r_key])
+        out[a_key] = _pick(model.answer_logits(tokens).double(), temp, g)
+    return out
 
 
 def prob_metrics(pr: torch.Tensor, pa: torch.Tensor, prompts: Prompts) -> dict[str, float]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 import torch
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import make_rows
 from pythia_probe.toy.icrecall.evaluate import evaluate, pattern_metrics
 from pythia_probe.toy.icrecall.memory import ConstructedMemory, MemoryConfig
@@ -30,7 +31,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if self.n_test < 1 or self.n_monitor < 0 or self.temperature < 0:
-            raise ValueError(f"need n_test >= 1, n_monitor >= 0, temperature >= 0; got "
+            raise BadInputError(f"need n_test >= 1, n_monitor >= 0, temperature >= 0; got "
                              f"{self.n_test}, {self.n_monitor}, {self.temperature}")
 
 
@@ -59,7 +60,8 @@ def memory_for_k(cfg: MemoryConfig, k: int, k_ref: int = 2) -> MemoryConfig:
     lam = (cfg.threshold - u0) / (p0 - u0)
     t1 = u1 + lam * (p1 - u1)
     ratio = (p1 - t1) / (p0 - cfg.threshold)
-    return replace(cfg, threshold=t1, beta=cfg.beta / ratio, smooth=cfg.smooth * ratio)
+    return replace(cfg, threshold=t1, beta=cfg.inverse_temperature / ratio,
+                   smooth=cfg.smooth * ratio)
 
 
 def build_memory(kb: KnowledgeBase, cfg: MemoryConfig, progress: bool = False):
@@ -74,7 +76,9 @@ def build_memory(kb: KnowledgeBase, cfg: MemoryConfig, progress: bool = False):
 def run_experiment(task: TaskConfig, mem_cfg: MemoryConfig, tr: TrainConfig, ev: EvalConfig,
                    memory=None, progress: bool = False, scale_for_k: bool = False) -> Outcome:
     """Build (or reuse) the memory, fine-tune W_PP on n_train prompts, evaluate on fresh ones.
-    scale_for_k: rescale an andprod memory to task.k_pairs with :func:`memory_for_k`."""
+    scale_for_k: rescale an andprod memory to task.k_pairs with :func:`memory_for_k`. With
+    tr.answer_weight == 0 only the relation column is trained and the answer step is not
+    evaluated (its metrics are dropped)."""
     torch.manual_seed(tr.seed)
     kb = make_kb(task)
     mem_cfg = memory_for_k(mem_cfg, task.k_pairs) if scale_for_k else mem_cfg
@@ -83,17 +87,18 @@ def run_experiment(task: TaskConfig, mem_cfg: MemoryConfig, tr: TrainConfig, ev:
         memory, info = build_memory(kb, mem_cfg, progress)
     model = ICRecallModel(kb, memory)
     train_prompts = sample_prompts(kb, tr.n_train, seed=tr.seed)
-    monitor = None
+    monitor, answers = None, tr.answer_weight > 0
     if ev.n_monitor:
         mon_prompts = sample_prompts(kb, ev.n_monitor, seed=ev.test_seed + 1)
         keep = ("relation_acc", "relation_acc_confusing", "relation_prob",
                 "relation_prob_confusing", "answer_acc")
 
         def monitor(m):
-            return {k: v for k, v in evaluate(m, mon_prompts, ev.temperature).items() if k in keep}
+            return {k: v for k, v in evaluate(m, mon_prompts, ev.temperature, answers=answers,
+                                              n_boot=1).items() if k in keep}
     res = train(model, train_prompts, tr, monitor=monitor, progress=progress)
     test = sample_prompts(kb, ev.n_test, seed=ev.test_seed)
-    metrics = evaluate(model, test, ev.temperature, seed=ev.test_seed)
+    metrics = evaluate(model, test, ev.temperature, seed=ev.test_seed, answers=answers)
     metrics["final_train_loss"] = res.history[-1]["loss"]
     metrics.update(info)
     return Outcome(metrics, res, model, kb, info)
@@ -115,3 +120,47 @@ def history_rows(res: TrainResult, analysis: str, **common) -> pd.DataFrame:
         rows += [{"metric": f"snapshot_{name}_{k}", "value": v, "step": None}
                  for k, v in pattern_metrics(row).items()]
     return make_rows(rows, model=MODEL, analysis=analysis, dtype="float32", **common)
+
+
+# Reference attention rows at '?' over (s1, a1, s2, a2, s3, ?): what a verdict measure must fail
+# (uniform; the one-pair GD state the first review found stuck; all mass on one pair) or pass
+# (the ideal pairwise pattern). The stuck row is the state quoted in issue #12.
+CONTROL_ROWS = {
+    "uniform": (1 / 6,) * 6,
+    "stuck": (0.273, 0.273, 0.134, 0.134, 0.093, 0.093),
+    "one_pair": (0.5, 0.5, 0.0, 0.0, 0.0, 0.0),
+    "ideal": (0.25, 0.25, 0.25, 0.25, 0.0, 0.0),
+}
+
+
+@torch.no_grad()
+def set_rows(model: ICRecallModel, relation_row, answer_row=None, floor: float = 1e-9) -> None:
+    """Set W_PP so the attention row at '?' is ``relation_row`` and the row at r* is
+    ``answer_row`` (default: all mass on the query subject); zeros become ``floor``."""
+    model.W_PP.zero_()
+    L = model.L
+    if answer_row is None:
+        answer_row = [0.0] * (L - 3) + [1.0, 0.0, 0.0]
+    for q, row in ((model.q_rel, relation_row), (model.q_ans, answer_row)):
+        v = torch.tensor(row, dtype=torch.float64).clamp_min(floor)
+        if v.numel() != q + 1:
+            raise BadInputError(f"row at position {q} needs {q + 1} entries, got {v.numel()}")
+        model.W_PP[: q + 1, q] = torch.log(v / v.sum()).to(model.W_PP.dtype)
+
+
+def evaluate_controls(model: ICRecallModel, prompts, seed: int = 0,
+                      rows: dict | None = None) -> dict[str, dict[str, float]]:
+    """Metrics of :func:`evaluate` for each reference row (W_PP restored afterwards). The uniform
+    control is W_PP = 0 (both rows uniform); the others use the ideal answer row."""
+    W0 = model.W_PP.detach().clone()
+    out = {}
+    for name, row in (CONTROL_ROWS if rows is None else rows).items():
+        if name == "uniform":
+            with torch.no_grad():
+                model.W_PP.zero_()
+        else:
+            set_rows(model, row)
+        out[name] = evaluate(model, prompts, seed=seed)
+    with torch.no_grad():
+        model.W_PP.copy_(W0)
+    return out

@@ -11,8 +11,8 @@ threshold, concave in a pair's mass for power < 1) or "andprod" (relu(x*y - thre
 an AND of the two tokens whose threshold sits between the uniform-attention read-out and the
 pairwise-pattern read-out; the default). ``smooth`` softens relu into a softplus. Token
 embeddings are random N(0, I/d) (the interference noise that makes ties real) or one-hot.
-<e_t, h> is read from the Gram matrix G = E E^T, so no (n x d) matrix is built; votes are
-gathered per triple in batch chunks.
+<e_t, h> is read from the Gram matrix E E^T while it fits in ``gram_elems`` entries, else as
+h E^T (so large vocabularies fit); votes are gathered per triple in batch chunks.
 """
 
 from __future__ import annotations
@@ -22,19 +22,23 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.toy.icrecall.task import KnowledgeBase
 
 VOTES = ("product", "minpow", "andprod")
 EMBEDDINGS = ("random", "onehot")
+BETA_DEFAULT = {"constructed": 400.0, "pretrained": 2.0}
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
     """kind: constructed | pretrained. embedding: random | onehot; d_model for random.
     vote, threshold, power, smooth: the constructed memory's AND unit (see module doc).
-    beta: inverse temperature applied to memory logits. Pre-trained MLP: d_hidden,
-    pretrain_epochs, pretrain_lr, pretrain_mix (fraction of relation examples that are two
-    same-relation pairs summed)."""
+    beta: inverse temperature applied to memory logits (None: the kind's default, BETA_DEFAULT:
+    400 for the constructed votes; 2 for the pre-trained MLP, i.e. twice its logits as trained,
+    sharp enough that sampling from the ideal row is near-certain). Pre-trained MLP: d_hidden,
+    pretrain_epochs, pretrain_lr, pretrain_mix (fraction of relation examples that are two-pair
+    prompts; see pretrained.py)."""
 
     kind: str = "constructed"
     embedding: str = "random"
@@ -43,31 +47,38 @@ class MemoryConfig:
     threshold: float = 0.035
     power: float = 1.0
     smooth: float = 0.0025
-    beta: float = 400.0
+    beta: float | None = None
     d_hidden: int = 1024
-    pretrain_epochs: int = 60
-    pretrain_lr: float = 3e-3
-    pretrain_mix: float = 0.5
+    pretrain_epochs: int = 150
+    pretrain_lr: float = 1e-2
+    pretrain_mix: float = 0.75
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("constructed", "pretrained"):
-            raise ValueError("memory kind must be 'constructed' or 'pretrained', "
+            raise BadInputError("memory kind must be 'constructed' or 'pretrained', "
                              f"got {self.kind!r}")
         if self.embedding not in EMBEDDINGS:
-            raise ValueError(f"embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
+            raise BadInputError(f"embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
         if self.vote not in VOTES:
-            raise ValueError(f"vote must be one of {VOTES}, got {self.vote!r}")
+            raise BadInputError(f"vote must be one of {VOTES}, got {self.vote!r}")
         if self.kind == "pretrained" and self.embedding != "random":
-            raise ValueError("the pre-trained memory needs embedding='random'")
+            raise BadInputError("the pre-trained memory needs embedding='random'")
         for name in ("d_model", "d_hidden", "pretrain_epochs"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.beta <= 0 or self.power <= 0 or self.threshold < 0 or self.smooth < 0:
-            raise ValueError("beta and power must be > 0 and threshold >= 0, got "
-                             f"beta={self.beta}, power={self.power}, threshold={self.threshold}")
+                raise BadInputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        bad_beta = self.beta is not None and self.beta <= 0
+        if bad_beta or self.power <= 0 or self.threshold < 0 or self.smooth < 0:
+            raise BadInputError("beta and power must be > 0 and threshold, smooth >= 0, got "
+                             f"beta={self.beta}, power={self.power}, threshold={self.threshold}, "
+                             f"smooth={self.smooth}")
         if not 0.0 <= self.pretrain_mix <= 1.0:
-            raise ValueError(f"pretrain_mix must be in [0, 1], got {self.pretrain_mix}")
+            raise BadInputError(f"pretrain_mix must be in [0, 1], got {self.pretrain_mix}")
+
+    @property
+    def inverse_temperature(self) -> float:
+        """beta, or the kind's default when beta is None."""
+        return BETA_DEFAULT[self.kind] if self.beta is None else float(self.beta)
 
 
 def make_embeddings(kb: KnowledgeBase, cfg: MemoryConfig, dtype=torch.float32) -> torch.Tensor:
@@ -98,17 +109,24 @@ class ConstructedMemory(torch.nn.Module):
     """Frozen associative memory with one relation unit and one answer unit per triple."""
 
     def __init__(self, kb: KnowledgeBase, cfg: MemoryConfig, dtype=torch.float32,
-                 chunk_elems: int = 2**24):
+                 chunk_elems: int = 2**24, gram_elems: int = 2**26):
         super().__init__()
         self.kb, self.cfg, self.chunk_elems = kb, cfg, chunk_elems
         W_E = make_embeddings(kb, cfg, dtype)
         self.register_buffer("W_E", W_E)
-        self.register_buffer("G", W_E @ W_E.T)
+        V = W_E.shape[0]
+        gram = W_E @ W_E.T if V * V <= gram_elems else None
+        self.register_buffer("G", gram, persistent=False)
 
     def _reads(self, tokens: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """p[b, t] = <e_t, sum_j w_j e_{x_j}> for every token t: (B, d_vocab)."""
-        w = weights.expand(tokens.shape).to(self.G.dtype)
-        return torch.einsum("bl,blv->bv", w, self.G[tokens])
+        """p[b, t] = <e_t, h> with h = sum_j w_j e_{x_j}, for every token t: (B, d_vocab).
+        From the Gram matrix G = E E^T when it fits (cost B L V per call, independent of d),
+        else as h E^T."""
+        w = weights.expand(tokens.shape).to(self.W_E.dtype)
+        if self.G is not None:
+            return torch.einsum("bl,blv->bv", w, self.G[tokens])
+        h = torch.einsum("bl,bld->bd", w, self.W_E[tokens])
+        return h @ self.W_E.T
 
     def _chunks(self, B: int) -> list[slice]:
         step = max(1, self.chunk_elems // self.kb.cfg.n_triples)
@@ -127,7 +145,7 @@ class ConstructedMemory(torch.nn.Module):
             x = p[:, :S].unsqueeze(-1)
             y = p[:, S + self.kb.f]  # (b, S, R)
             outs.append(self._vote(x, y).sum(1))
-        return self.cfg.beta * torch.cat(outs)
+        return self.cfg.inverse_temperature * torch.cat(outs)
 
     def answer_logits(self, tokens: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """(B, N_A): beta * sum over triples (s, r, a) of vote(<e_s,h>, <e_r,h>) into a."""
@@ -142,4 +160,4 @@ class ConstructedMemory(torch.nn.Module):
             v = self._vote(x, y).reshape(p.shape[0], -1)
             out = torch.zeros(p.shape[0], NA, dtype=v.dtype)
             outs.append(out.scatter_add(1, idx.expand(p.shape[0], -1), v))
-        return self.cfg.beta * torch.cat(outs)
+        return self.cfg.inverse_temperature * torch.cat(outs)

@@ -43,26 +43,36 @@ class ICRecallModel(torch.nn.Module):
         W = self.W_PP if W_PP is None else W_PP
         return torch.softmax(W[: q + 1, q], dim=0)
 
-    def _weights(self, q: int, residual: bool) -> torch.Tensor:
-        w = self.attention_row(q)
+    def _weights(self, q: int, residual: bool, W_PP: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.attention_row(q, W_PP)
         if residual:
             w = w + F.one_hot(torch.tensor(q), q + 1).to(w.dtype)
         return w
 
-    def relation_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def relation_logits(self, tokens: torch.Tensor,
+                        W_PP: torch.Tensor | None = None) -> torch.Tensor:
+        """Memory logits over relations at "?" (W_PP: use this matrix instead of the parameter)."""
         q = self.q_rel
         return self.memory.relation_logits(tokens[:, : q + 1],
-                                           self._weights(q, self.residual_relation))
+                                           self._weights(q, self.residual_relation, W_PP))
 
-    def answer_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def answer_logits(self, tokens: torch.Tensor, W_PP: torch.Tensor | None = None) -> torch.Tensor:
+        """Memory logits over answers at the r* position (W_PP as in :meth:`relation_logits`)."""
         q = self.q_ans
-        return self.memory.answer_logits(tokens[:, : q + 1], self._weights(q, self.residual_answer))
+        return self.memory.answer_logits(tokens[:, : q + 1],
+                                         self._weights(q, self.residual_answer, W_PP))
 
-    def loss(self, prompts: Prompts, answer_weight: float = 1.0) -> dict[str, torch.Tensor]:
-        """Chain-of-thought cross-entropy: relation at "?" plus answer at the teacher-forced r*."""
+    def loss(self, prompts: Prompts, answer_weight: float = 1.0,
+             W_PP: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Chain-of-thought cross-entropy: relation at "?" plus answer at the teacher-forced r*.
+        The two terms depend on disjoint columns of W_PP (q_rel and q_ans); answer_weight = 0
+        skips the answer memory entirely (its loss is reported as NaN)."""
         tokens = prompts.tokens(self.kb)
-        rel = F.cross_entropy(self.relation_logits(tokens), prompts.relation)
-        ans = F.cross_entropy(self.answer_logits(tokens), prompts.answers[:, -1])
+        rel = F.cross_entropy(self.relation_logits(tokens, W_PP), prompts.relation)
+        if answer_weight == 0:
+            return {"loss": rel, "loss_relation": rel,
+                    "loss_answer": torch.full_like(rel.detach(), float("nan"))}
+        ans = F.cross_entropy(self.answer_logits(tokens, W_PP), prompts.answers[:, -1])
         return {"loss": rel + answer_weight * ans, "loss_relation": rel, "loss_answer": ans}
 
     @torch.no_grad()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pythia_probe.errors import BadInputError
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -36,16 +38,16 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         if self.n_relations < 2 or self.n_relations % 2:
-            raise ValueError(f"n_relations must be even and >= 2, got {self.n_relations}")
+            raise BadInputError(f"n_relations must be even and >= 2, got {self.n_relations}")
         if self.n_subjects < self.k_pairs + 1:
-            raise ValueError(f"n_subjects must be >= k_pairs + 1 = {self.k_pairs + 1}, "
+            raise BadInputError(f"n_subjects must be >= k_pairs + 1 = {self.k_pairs + 1}, "
                              f"got {self.n_subjects}")
         if self.n_answers < 2:
-            raise ValueError(f"n_answers must be >= 2, got {self.n_answers}")
+            raise BadInputError(f"n_answers must be >= 2, got {self.n_answers}")
         if not 0.0 <= self.rho < 1.0:
-            raise ValueError(f"rho must be in [0, 1), got {self.rho}")
+            raise BadInputError(f"rho must be in [0, 1), got {self.rho}")
         if self.k_pairs < 1:
-            raise ValueError(f"k_pairs must be >= 1, got {self.k_pairs}")
+            raise BadInputError(f"k_pairs must be >= 1, got {self.k_pairs}")
 
     @property
     def n_triples(self) -> int:
@@ -145,9 +147,9 @@ def sample_prompts(kb: KnowledgeBase, n: int, seed: int, k: int | None = None) -
     (the k pairs together must be consistent with r only)."""
     k = kb.cfg.k_pairs if k is None else k
     if n < 1:
-        raise ValueError(f"number of prompts must be >= 1, got {n}")
+        raise BadInputError(f"number of prompts must be >= 1, got {n}")
     if kb.cfg.n_subjects < k + 1:
-        raise ValueError(f"k={k} pairs need at least {k + 1} subjects")
+        raise BadInputError(f"k={k} pairs need at least {k + 1} subjects")
     g = torch.Generator().manual_seed(seed)
     parts: list[tuple[torch.Tensor, ...]] = []
     have = 0

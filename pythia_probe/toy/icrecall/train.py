@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from pythia_probe.errors import BadInputError
 from pythia_probe.toy.icrecall.evaluate import pattern_metrics
 from pythia_probe.toy.icrecall.model import ICRecallModel
 from pythia_probe.toy.icrecall.task import Prompts
@@ -39,14 +40,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+            raise BadInputError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.perturb not in PERTURBATIONS:
-            raise ValueError(f"perturb must be one of {PERTURBATIONS}, got {self.perturb!r}")
+            raise BadInputError(f"perturb must be one of {PERTURBATIONS}, got {self.perturb!r}")
         if self.n_train < 1 or self.steps < 1 or self.log_every < 1:
-            raise ValueError("n_train, steps and log_every must be >= 1, got "
+            raise BadInputError("n_train, steps and log_every must be >= 1, got "
                              f"{self.n_train}, {self.steps}, {self.log_every}")
         if self.eta <= 0 or self.eta0 <= 0 or self.rho_p < 0 or self.answer_weight < 0:
-            raise ValueError("eta, eta0 must be > 0 and rho_p, answer_weight >= 0")
+            raise BadInputError("eta, eta0 must be > 0 and rho_p, answer_weight >= 0")
 
 
 @dataclass
@@ -79,7 +80,8 @@ def perturbation(L: int, rho: float, kind: str, g: torch.Generator,
     return out.to(dtype)
 
 
-def _step(model: ICRecallModel, train: Prompts, lr: float, aw: float) -> dict[str, float]:
+def gd_step(model: ICRecallModel, train: Prompts, lr: float, aw: float) -> dict[str, float]:
+    """One full-batch gradient step on W_PP; returns the losses before it."""
     model.zero_grad()
     losses = model.loss(train, aw)
     losses["loss"].backward()
@@ -99,7 +101,7 @@ def train(model: ICRecallModel, train_prompts: Prompts, cfg: TrainConfig,
     res.snapshots["init"] = model.attention_row(model.q_rel).detach().clone()
     for t in tqdm(range(cfg.steps), disable=not progress, desc=f"icrecall {cfg.method}"):
         large = cfg.method == "pgd" and t == 0
-        losses = _step(model, train_prompts, cfg.eta0 if large else cfg.eta, cfg.answer_weight)
+        losses = gd_step(model, train_prompts, cfg.eta0 if large else cfg.eta, cfg.answer_weight)
         if large:
             res.snapshots["after_large_step"] = model.attention_row(model.q_rel).detach().clone()
             with torch.no_grad():
