@@ -26,9 +26,9 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import matplotlib.pyplot as plt
 import torch
 
+from pythia_probe.cli import parse_configs
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import make_rows, read_shard, write_manifest
 from pythia_probe.toy.icrecall.curvature import LABELS, classify_state, perturb_escapes
@@ -45,13 +45,12 @@ from pythia_probe.toy.icrecall.memory import MemoryConfig
 from pythia_probe.toy.icrecall.model import ICRecallModel
 from pythia_probe.toy.icrecall.report import (
     OUT,
-    config_from,
-    config_parser,
     key,
     parse_key,
     plot_rows,
     save,
     savefig,
+    subplots,
 )
 from pythia_probe.toy.icrecall.task import Prompts, TaskConfig, make_kb, sample_prompts
 from pythia_probe.toy.icrecall.train import TrainConfig, gd_step
@@ -182,7 +181,7 @@ def _print(arm: str, seed: int, s: dict) -> None:
 def figure(df, n_train: int) -> None:
     """Curves per arm and the snapshot rows of PGD seed 0, read back from the table."""
     hist = df[df["analysis"] == "icrecall_dynamics"]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    fig, axes = subplots(2, 2, figsize=(11, 8))
     colors = {"gd": "tab:red", "large_only": "tab:orange", "perturb_only": "tab:green",
               "pgd": "tab:blue"}
     panels = [("loss", "training loss (CoT: relation + answer)"),
@@ -214,12 +213,16 @@ def figure(df, n_train: int) -> None:
     savefig(fig, "dynamics")
 
 
+@dataclass(frozen=True)
+class Replot:
+    replot: bool = False
+    """Only redraw the figure from the table."""
+
+
 def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
-    p = config_parser(Config, __doc__)
-    p.add_argument("--replot", action="store_true", help="redraw the figure from the table")
-    ns = p.parse_args(argv)
-    cfg = config_from(Config, ns)
+    values = parse_configs([Config, Replot], argv, "python analyses/icrecall_dynamics.py", __doc__)
+    cfg, ns = Config(**values[0]), Replot(**values[1])
     torch.set_num_threads(1)
     if ns.replot:
         figure(read_shard(OUT / "dynamics.parquet"), cfg.n_train)

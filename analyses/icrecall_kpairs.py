@@ -13,21 +13,20 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import matplotlib.pyplot as plt
 import torch
 
+from pythia_probe.cli import parse_config
 from pythia_probe.results import write_manifest
 from pythia_probe.toy.icrecall.experiment import EvalConfig, memory_for_k, run_experiment
 from pythia_probe.toy.icrecall.memory import MemoryConfig
 from pythia_probe.toy.icrecall.report import (
     OUT,
     config_dict,
-    config_from,
-    config_parser,
     outcome_rows,
     plot_rows,
     save,
     savefig,
+    subplots,
 )
 from pythia_probe.toy.icrecall.task import TaskConfig
 from pythia_probe.toy.icrecall.train import TrainConfig
@@ -58,8 +57,7 @@ class Config:
 
 def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
-    p = config_parser(Config, __doc__)
-    cfg = config_from(Config, p.parse_args(argv))
+    cfg = parse_config(Config, argv, "python analyses/icrecall_kpairs.py")
     torch.set_num_threads(1)
     frames, rows_by_k, mems = [], {}, {}
     for k in cfg.k_list:
@@ -80,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"off-pair {m['offpair_mass']:.3f}, pair mass {m['pair_mass_min']:.3f}-"
                   f"{m['pair_mass_max']:.3f}", flush=True)
     save(frames, "kpairs")
-    fig, axes = plt.subplots(1, len(rows_by_k), figsize=(5 * len(rows_by_k), 4), squeeze=False)
+    fig, axes = subplots(1, len(rows_by_k), figsize=(5 * len(rows_by_k), 4), squeeze=False)
     for ax, (k, rows) in zip(axes[0], rows_by_k.items(), strict=True):
         plot_rows(ax, rows, f"k={k} pairs (PGD, N={cfg.n_train})")
     savefig(fig, "kpairs")

@@ -16,9 +16,9 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import matplotlib.pyplot as plt
 import torch
 
+from pythia_probe.cli import parse_config
 from pythia_probe.results import write_manifest
 from pythia_probe.toy.icrecall.experiment import (
     EvalConfig,
@@ -30,13 +30,12 @@ from pythia_probe.toy.icrecall.memory import MemoryConfig
 from pythia_probe.toy.icrecall.report import (
     OUT,
     config_dict,
-    config_from,
-    config_parser,
     key,
     outcome_rows,
     plot_rows,
     save,
     savefig,
+    subplots,
 )
 from pythia_probe.toy.icrecall.task import TaskConfig, sample_prompts
 from pythia_probe.toy.icrecall.train import TrainConfig
@@ -61,8 +60,7 @@ class Config:
 
 def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
-    p = config_parser(Config, __doc__)
-    cfg = config_from(Config, p.parse_args(argv))
+    cfg = parse_config(Config, argv, "python analyses/icrecall_main.py")
     torch.set_num_threads(1)
     task, mem = TaskConfig(), MemoryConfig()
     frames, rows = [], {}
@@ -78,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             _print(f"{method} seed {seed}", m)
     save(frames, "main")
     save(controls(out.model, cfg.n_test), "controls")
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = subplots(figsize=(9, 4))
     plot_rows(ax, rows, f"converged relation-step rows, N={cfg.n_train} "
               "(paper: v* = (a, a, 1/2-a, 1/2-a, 0, 0))")
     savefig(fig, "pattern")

@@ -15,10 +15,10 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import matplotlib.pyplot as plt
 import torch
 from icrecall_main import _print, controls
 
+from pythia_probe.cli import parse_config
 from pythia_probe.results import write_manifest
 from pythia_probe.toy.icrecall.experiment import EvalConfig, metric_rows, run_experiment
 from pythia_probe.toy.icrecall.memory import MemoryConfig
@@ -26,12 +26,11 @@ from pythia_probe.toy.icrecall.pretrained import PretrainedMemory, pretrain
 from pythia_probe.toy.icrecall.report import (
     OUT,
     config_dict,
-    config_from,
-    config_parser,
     outcome_rows,
     plot_rows,
     save,
     savefig,
+    subplots,
 )
 from pythia_probe.toy.icrecall.task import TaskConfig, make_kb
 from pythia_probe.toy.icrecall.train import TrainConfig
@@ -78,8 +77,7 @@ def memory_recall(mem: PretrainedMemory) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
-    p = config_parser(Config, __doc__)
-    cfg = config_from(Config, p.parse_args(argv))
+    cfg = parse_config(Config, argv, "python analyses/icrecall_pretrained.py")
     torch.set_num_threads(1)
     task, mcfg = TaskConfig(), cfg.memory()
     mem = PretrainedMemory(make_kb(task), mcfg)
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             _print(f"{method} seed {seed}", out.metrics)
     frames += controls(out.model, cfg.n_test, memory="pretrained")
     save(frames, "pretrained")
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = subplots(figsize=(9, 4))
     plot_rows(ax, rows, "pre-trained MLP memory: relation-step rows")
     savefig(fig, "pretrained")
     write_manifest(OUT / "manifest_pretrained", {**dataclasses.asdict(cfg),

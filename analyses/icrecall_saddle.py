@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 import torch
 from icrecall_dynamics import one_sided, state_metrics
 
+from pythia_probe.cli import parse_configs
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_shard, write_manifest
 from pythia_probe.toy.icrecall.curvature import LABELS, label_from_row, perturb_escapes
@@ -32,7 +33,7 @@ from pythia_probe.toy.icrecall.experiment import (
     run_experiment,
 )
 from pythia_probe.toy.icrecall.memory import MemoryConfig
-from pythia_probe.toy.icrecall.report import OUT, config_from, config_parser, key, save, wide
+from pythia_probe.toy.icrecall.report import OUT, key, save, wide
 from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
 from pythia_probe.toy.icrecall.train import TrainConfig
 
@@ -135,12 +136,16 @@ def write_csv(path) -> None:
     w[cols].round(6).to_csv(path.parent / "saddle.csv", index=False)
 
 
+@dataclass(frozen=True)
+class CsvOnly:
+    csv_only: bool = False
+    """Only rewrite saddle.csv from the table."""
+
+
 def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
-    p = config_parser(Config, __doc__)
-    p.add_argument("--csv-only", action="store_true", help="rewrite saddle.csv from the table")
-    ns = p.parse_args(argv)
-    cfg = config_from(Config, ns)
+    values = parse_configs([Config, CsvOnly], argv, "python analyses/icrecall_saddle.py", __doc__)
+    cfg, ns = Config(**values[0]), CsvOnly(**values[1])
     torch.set_num_threads(1)
     if ns.csv_only:
         write_csv(OUT / "saddle.parquet")

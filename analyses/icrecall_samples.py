@@ -31,12 +31,12 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from pythia_probe.cli import parse_configs
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import make_rows, read_shard, write_manifest
 from pythia_probe.toy.icrecall.experiment import (
@@ -51,12 +51,11 @@ from pythia_probe.toy.icrecall.memory import ConstructedMemory, MemoryConfig
 from pythia_probe.toy.icrecall.model import ICRecallModel
 from pythia_probe.toy.icrecall.report import (
     OUT,
-    config_from,
-    config_parser,
     key,
     outcome_rows,
     save,
     savefig,
+    subplots,
     wide,
 )
 from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
@@ -152,13 +151,16 @@ def capacity_rows(cfg: Config) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+@dataclass(frozen=True)
+class Replot:
+    replot: bool = False
+    """Only recompute smallest N and the fit and redraw from samples.parquet."""
+
+
 def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
-    p = config_parser(Config, __doc__)
-    p.add_argument("--replot", action="store_true",
-                   help="recompute smallest N and the fit and redraw from samples.parquet")
-    ns = p.parse_args(argv)
-    cfg = config_from(Config, ns)
+    values = parse_configs([Config, Replot], argv, "python analyses/icrecall_samples.py", __doc__)
+    cfg, ns = Config(**values[0]), Replot(**values[1])
     torch.set_num_threads(1)
     if ns.replot:
         old = read_shard(OUT / "samples.parquet")
@@ -213,7 +215,7 @@ def _finish(frames, cfg: Config, argv, manifest: bool = True, started=None) -> i
 
 
 def _figure(w, best, cfg: Config) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     for n, g in w.groupby("n"):
         m = g.groupby("N")["relation_prob_confusing"].agg(["median", "min", "max"])
         err = [m["median"] - m["min"], m["max"] - m["median"]]

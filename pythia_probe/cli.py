@@ -54,6 +54,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def dest(f: dataclasses.Field) -> str:
+    """A field's name on the command line (``metadata={"flag": ...}`` renames it, e.g. the
+    ``seed`` of one of several configs parsed together)."""
+    return f.metadata.get("flag", f.name)
+
+
 def _csv(kind: type):
     def parse(text: str) -> tuple:
         return tuple(kind(p.strip()) for p in text.split(",") if p.strip())
@@ -83,20 +89,22 @@ def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str 
     if required:
         kw.pop("default")
         kw["required"] = True
-    p.add_argument(flag(f.name), **kw)
+    p.add_argument(flag(dest(f)), dest=dest(f), **kw)
 
 
 def config_parser(cls: type, prog: str, description: str | None = None,
-                  parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+                  parser: argparse.ArgumentParser | None = None,
+                  group: bool = False) -> argparse.ArgumentParser:
     """An argparse parser with one flag per field of the dataclass ``cls`` (fields whose
-    metadata has ``cli=False`` are left out)."""
+    metadata has ``cli=False`` are left out); ``group``: under a heading with the class doc."""
     p = parser or argparse.ArgumentParser(
         prog=prog, description=description or inspect.getdoc(cls),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = p.add_argument_group(cls.__name__, inspect.getdoc(cls)) if group else p
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get("cli", True):
-            _add(p, f, hints[f.name], docs.get(f.name))
+            _add(target, f, hints[f.name], docs.get(f.name))
     return p
 
 
@@ -126,9 +134,9 @@ def parse_configs(classes: Sequence[type], argv: Sequence[str] | None, prog: str
     p = argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(classes[0]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for cls in classes:
-        config_parser(cls, prog, parser=p)
+        config_parser(cls, prog, parser=p, group=len(classes) > 2)
     ns = _parse(p, argv)
-    return [{f.name: ns[f.name] for f in dataclasses.fields(cls) if f.name in ns}
+    return [{f.name: ns[dest(f)] for f in dataclasses.fields(cls) if dest(f) in ns}
             for cls in classes]
 
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from pythia_probe.cli import parse_configs
 from pythia_probe.errors import BadInputError
-from pythia_probe.toy.icrecall.__main__ import _parser, configs
+from pythia_probe.toy.icrecall.__main__ import CONFIGS
 from pythia_probe.toy.icrecall.evaluate import evaluate
 from pythia_probe.toy.icrecall.experiment import (
     CONTROL_ROWS,
@@ -150,9 +151,15 @@ def test_beta_defaults_by_kind_and_scales_the_pretrained_logits():
                                3.0 * mem.raw_relation_logits(tokens, w))
 
 
+def _configs(argv):
+    values = parse_configs(CONFIGS, argv, "icrecall")
+    return [cls(**v) for cls, v in zip(CONFIGS, values, strict=True)]
+
+
 def test_cli_flags_for_the_pretrained_memory_parse():
-    ns = _parser().parse_args(["--kind", "pretrained", "--beta", "3", "--n-train", "32"])
-    cfg = configs(ns)
-    assert cfg["memory"].kind == "pretrained" and cfg["memory"].inverse_temperature == 3.0
-    default = configs(_parser().parse_args(["--kind", "pretrained"]))["memory"]
+    task, mem, train, *_ = _configs(["--kind", "pretrained", "--beta", "3", "--n-train", "32",
+                                     "--kb-seed", "4", "--memory-seed", "5", "--seed", "6"])
+    assert mem.kind == "pretrained" and mem.inverse_temperature == 3.0 and train.n_train == 32
+    assert (task.seed, mem.seed, train.seed) == (4, 5, 6)  # three seeds, three flags
+    default = _configs(["--kind", "pretrained"])[1]
     assert default.beta is None and default.inverse_temperature == BETA_DEFAULT["pretrained"]

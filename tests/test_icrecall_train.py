@@ -97,7 +97,8 @@ def test_cli_writes_tidy_tables(tmp_path):
 
 
 def test_cli_rejects_bad_input(capsys):
-    assert main(["--n-relations", "5"]) == 2
+    from pythia_probe.cli import run_main
+    assert run_main(lambda: main(["--n-relations", "5"]), "icrecall") == 2
     assert "n_relations" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["--help"])

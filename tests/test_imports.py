@@ -86,3 +86,20 @@ def test_imports_at_module_top():
                     if mod.split(".")[0] not in HEAVY:
                         lazy.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {mod}")
     assert not lazy, "imports inside functions:\n" + "\n".join(lazy)
+
+
+def test_importing_a_module_has_no_side_effect():
+    """No backend switched, no logging configured, no pyplot loaded by any library module."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, logging, pkgutil, sys, matplotlib; import pythia_probe as p\n"
+            "backend = dict.__getitem__(matplotlib.rcParams, 'backend')\n"
+            "for m in pkgutil.walk_packages(p.__path__, 'pythia_probe.'):\n"
+            "    if not m.name.rsplit('.', 1)[-1].startswith('_'):  # __main__, C libraries\n"
+            "        importlib.import_module(m.name)\n"
+            "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
+            "assert dict.__getitem__(matplotlib.rcParams, 'backend') == backend, 'backend set'\n"
+            "assert not logging.getLogger('pythia_probe').handlers, 'logging configured'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -5,18 +5,20 @@
 
 Every field of TaskConfig, MemoryConfig, TrainConfig and EvalConfig is a flag (underscores become
 dashes); the three seeds are --kb-seed, --memory-seed and --seed (training prompts, perturbation).
+Invalid values are one-line errors (exit 2).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.results import new_run_id, write_manifest, write_shard
 from pythia_probe.toy.icrecall.experiment import (
     EvalConfig,
@@ -28,55 +30,35 @@ from pythia_probe.toy.icrecall.memory import MemoryConfig
 from pythia_probe.toy.icrecall.task import TaskConfig
 from pythia_probe.toy.icrecall.train import TrainConfig
 
-GROUPS = {"task": (TaskConfig, {"seed": "kb_seed"}),
-          "memory": (MemoryConfig, {"seed": "memory_seed"}),
-          "train": (TrainConfig, {}), "eval": (EvalConfig, {})}
+
+@dataclass(frozen=True)
+class RunFlags:
+    """Where the run goes and how it shows."""
+
+    out: str = "results/icrecall/cli"
+    """Output folder (metrics.parquet, history.parquet, manifest.json)."""
+    threads: int = 1
+    """torch CPU threads."""
+    progress: bool = True
+    """Show progress bars."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pythia_probe.toy.icrecall", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    for group, (cls, rename) in GROUPS.items():
-        g = p.add_argument_group(group, cls.__doc__)
-        for f in dataclasses.fields(cls):
-            name = rename.get(f.name, f.name)
-            kind = float if f.default is None else type(f.default)  # beta: None = by kind
-            g.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
-                           default=f.default, help=f"default {f.default!r}")
-    p.add_argument("--out", default="results/icrecall/cli", help="output folder")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    return p
-
-
-def configs(ns: argparse.Namespace) -> dict[str, object]:
-    """Build the four frozen configs from parsed arguments (validation errors propagate)."""
-    out = {}
-    for group, (cls, rename) in GROUPS.items():
-        kw = {f.name: getattr(ns, rename.get(f.name, f.name)) for f in dataclasses.fields(cls)}
-        out[group] = cls(**kw)
-    return out
+CONFIGS = (TaskConfig, MemoryConfig, TrainConfig, EvalConfig, RunFlags)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
-    try:
-        cfg = configs(ns)
-    except ValueError as e:  # BadInputError and argparse-valid but invalid values
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    torch.set_num_threads(ns.threads)
+    values = parse_configs(CONFIGS, argv, "python -m pythia_probe.toy.icrecall", __doc__)
+    task, mem, train, ev, flags = (cls(**v) for cls, v in zip(CONFIGS, values, strict=True))
+    torch.set_num_threads(flags.threads)
     started, run_id = datetime.now(timezone.utc), new_run_id()
-    out = run_experiment(cfg["task"], cfg["memory"], cfg["train"], cfg["eval"],
-                         progress=not ns.no_progress)
-    steps = cfg["train"].steps
-    n_test = cfg["eval"].n_test
-    write_shard(metric_rows(out.metrics, "icrecall_run", steps, n_test, run_id=run_id),
-                Path(ns.out) / "metrics.parquet")
+    out = run_experiment(task, mem, train, ev, progress=flags.progress)
+    write_shard(metric_rows(out.metrics, "icrecall_run", train.steps, ev.n_test, run_id=run_id),
+                Path(flags.out) / "metrics.parquet")
     write_shard(history_rows(out.result, "icrecall_history", run_id=run_id),
-                Path(ns.out) / "history.parquet")
-    flat = {f"{g}.{k}": v for g, c in cfg.items() for k, v in dataclasses.asdict(c).items()}
-    write_manifest(ns.out, flat, argv=sys.argv if argv is None else argv, started=started,
+                Path(flags.out) / "history.parquet")
+    groups = {"task": task, "memory": mem, "train": train, "eval": ev}
+    flat = {f"{g}.{k}": v for g, c in groups.items() for k, v in dataclasses.asdict(c).items()}
+    write_manifest(flags.out, flat, argv=sys.argv if argv is None else argv, started=started,
                    run_id=run_id)
     _print(out.metrics)
     return 0
@@ -97,6 +79,4 @@ def _print(m: dict[str, float]) -> None:
 
 
 if __name__ == "__main__":
-    from pythia_probe.cli import run_main
-
     raise SystemExit(run_main(main, "python -m pythia_probe.toy.icrecall"))

@@ -17,7 +17,7 @@ h E^T (so large vocabularies fit); votes are gathered per triple in batch chunks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +52,7 @@ class MemoryConfig:
     pretrain_epochs: int = 150
     pretrain_lr: float = 1e-2
     pretrain_mix: float = 0.75
-    seed: int = 0
+    seed: int = field(default=0, metadata={"flag": "memory_seed"})
 
     def __post_init__(self) -> None:
         if self.kind not in ("constructed", "pretrained"):

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-
-from pythia_probe.results import write_shard  # noqa: E402
-from pythia_probe.toy.icrecall.experiment import Outcome, metric_rows  # noqa: E402
+from pythia_probe.results import write_shard
+from pythia_probe.toy.icrecall.experiment import Outcome, metric_rows
 
 OUT = Path("results/icrecall")
 
@@ -50,20 +46,6 @@ def wide(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([settings, w], axis=1).reset_index(drop=True)
 
 
-def config_parser(cls, doc: str | None) -> argparse.ArgumentParser:
-    """A parser with one ``--flag`` per field of the config dataclass ``cls`` (its defaults)."""
-    p = argparse.ArgumentParser(description=doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(cls):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    return p
-
-
-def config_from(cls, ns: argparse.Namespace):
-    """The ``cls`` instance held by a namespace from :func:`config_parser` (extra flags ignored)."""
-    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
-
-
 def config_dict(*cfgs) -> dict:
     return {type(c).__name__: dataclasses.asdict(c) for c in cfgs}
 
@@ -86,10 +68,16 @@ def plot_rows(ax, rows: dict[str, torch.Tensor], title: str = "") -> None:
     ax.legend(fontsize=7)
 
 
+def subplots(nrows: int = 1, ncols: int = 1, **kw):
+    """(figure, axes) without pyplot (no backend is chosen by importing or drawing)."""
+    figsize = kw.pop("figsize", None)
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
 def savefig(fig, name: str, out_dir: Path = OUT) -> Path:
     path = Path(out_dir) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

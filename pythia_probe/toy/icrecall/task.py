@@ -13,7 +13,7 @@ relation draws from the same ``N_A`` answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,7 +34,7 @@ class TaskConfig:
     n_answers: int = 1000
     rho: float = 0.2
     k_pairs: int = 2
-    seed: int = 0
+    seed: int = field(default=0, metadata={"flag": "kb_seed"})
 
     def __post_init__(self) -> None:
         if self.n_relations < 2 or self.n_relations % 2:
