@@ -142,7 +142,7 @@ def run(cfg: Config, progress: bool = True):
     for seed in range(cfg.seeds):
         p = sample_prompts(kb, cfg.n_train, seed=seed)
         states = seed_states(ICRecallModel(kb, memory), p, TrainConfig())
-        frames.append(metric_rows(states, "icrecall_dynamics_states", 0, run_id=key(seed=seed)))
+        frames.append(metric_rows(states, "icrecall_dynamics_states", 0, settings=key(seed=seed)))
         for arm in ARMS:
             tr = _train_cfg(cfg, arm, seed)
             out = run_experiment(task, mem_cfg, tr, EvalConfig(n_test=cfg.n_test,
@@ -158,8 +158,8 @@ def run(cfg: Config, progress: bool = True):
                     level=cfg.escape_at, seed=seed))
                 summ["stall_perturb_draws"] = float(cfg.draws)
             k = key(arm=arm, seed=seed)
-            frames.append(history_rows(out.result, "icrecall_dynamics", run_id=k))
-            frames.append(metric_rows(summ, "icrecall_dynamics_summary", cfg.steps, run_id=k))
+            frames.append(history_rows(out.result, "icrecall_dynamics", settings=k))
+            frames.append(metric_rows(summ, "icrecall_dynamics_summary", cfg.steps, settings=k))
             summary.append((arm, seed, summ))
             _print(arm, seed, summ)
     frames.append(make_rows([{"metric": "escape_level", "value": cfg.escape_at},
@@ -187,8 +187,8 @@ def figure(df, n_train: int) -> None:
     panels = [("loss", "training loss (CoT: relation + answer)"),
               ("relation_prob_confusing", "confusing prompts: P(correct relation)"),
               ("relation_acc_confusing", "confusing prompts: argmax relation accuracy")]
-    for run_id, g in hist.groupby("run_id"):
-        kv = parse_key(run_id)
+    for settings, g in hist.groupby("settings"):
+        kv = parse_key(settings)
         kw = dict(color=colors[kv["arm"]], alpha=0.5, lw=1,
                   label=kv["arm"] if kv["seed"] == "0" else None)
         for ax, (metric, _) in zip(axes.flat, panels, strict=False):
@@ -198,8 +198,8 @@ def figure(df, n_train: int) -> None:
         ax.set(title=title, xlabel="step + 1", xscale="log",
                yscale="log" if metric == "loss" else "linear")
         ax.legend(fontsize=7)
-    snap = hist[hist["run_id"] == key(arm="pgd", seed=0)]
-    gd = hist[hist["run_id"] == key(arm="gd", seed=0)]
+    snap = hist[hist["settings"] == key(arm="pgd", seed=0)]
+    gd = hist[hist["settings"] == key(arm="gd", seed=0)]
     names = [f"attn_{x}" for x in ("s1", "a1", "s2", "a2", "s_query", "last")]
 
     def row(frame, name):

@@ -100,7 +100,7 @@ def controls(model, n_test: int, memory: str = "constructed") -> list:
     frames = []
     for state, m in evaluate_controls(model, test, seed=EvalConfig().test_seed).items():
         frames.append(metric_rows(m, "icrecall_controls", 0, int(m["n_all"]),
-                                  run_id=key(memory=memory, state=state)))
+                                  settings=key(memory=memory, state=state)))
         _print(f"control {state}", m)
     return frames
 

@@ -104,7 +104,7 @@ def run_design(name: str, cfg: Config) -> list:
                     level=cfg.escape_at, seed=seed))
                 m["stall_perturb_draws"] = float(cfg.draws)
             frames.append(metric_rows(m, "icrecall_saddle", cfg.steps,
-                                      run_id=key(design=name, method=method, seed=seed)))
+                                      settings=key(design=name, method=method, seed=seed)))
             _print(name, method, seed, m)
     return frames
 

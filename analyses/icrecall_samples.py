@@ -144,7 +144,7 @@ def capacity_rows(cfg: Config) -> pd.DataFrame:
             for state, m in evaluate_controls(model, test, rows=None).items():
                 m = {**m, "d_model": d}
                 frames.append(metric_rows(m, "icrecall_samples_capacity", 0, int(m["n_all"]),
-                                          run_id=key(n=n, d=scaling, state=state)))
+                                          settings=key(n=n, d=scaling, state=state)))
                 if state == "ideal":
                     print(f"capacity n={n} d={d} ({scaling}): ideal row P(correct | confusing) "
                           f"{m['relation_prob_confusing']:.4f}", flush=True)
@@ -188,9 +188,9 @@ def _finish(frames, cfg: Config, argv, manifest: bool = True, started=None) -> i
     w[["n", "N", "seed"]] = w[["n", "N", "seed"]].astype(int)
     best = smallest_N(w, cfg.target)
     fit = growth_fit(best, 2.0 * max(cfg.N_list))
-    best_rows = [{"metric": "reached_target", "value": float(v == v), "run_id": key(n=n, seed=s)}
+    best_rows = [{"metric": "reached_target", "value": float(v == v), "settings": key(n=n, seed=s)}
                  for (n, s), v in best.items()]
-    best_rows += [{"metric": "smallest_N_at_target", "value": v, "run_id": key(n=n, seed=s)}
+    best_rows += [{"metric": "smallest_N_at_target", "value": v, "settings": key(n=n, seed=s)}
                   for (n, s), v in best.items() if v == v]  # absent: never reached
     frames = [df, make_rows(best_rows, model=MODEL, analysis="icrecall_samples_smallest_N"),
               make_rows([{"metric": k, "value": v} for k, v in fit.items()], model=MODEL,

@@ -43,6 +43,7 @@ SCHEMA: dict[str, tuple[pa.DataType, bool]] = {
     "dtype": (pa.string(), True),
     "code_version": (pa.string(), False),
     "run_id": (pa.string(), True),
+    "settings": (pa.string(), True),  # run settings that vary within one run's table (k=v;...)
 }
 COLUMNS = list(SCHEMA)
 ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.items()])
@@ -124,6 +125,8 @@ def read_shard(path: str | os.PathLike) -> pd.DataFrame:
     except (OSError, pa.ArrowInvalid) as e:
         raise ResultsError(f"cannot read results shard {path}: {e}") from e
     df = table.to_pandas()
+    if "settings" not in df.columns:  # shards written before the column existed
+        df["settings"] = None
     _check_columns(df)
     return validate(_coerce(df))
 

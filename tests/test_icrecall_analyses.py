@@ -100,7 +100,7 @@ def test_dynamics_ablation_arms_states_and_stalls(runs, scripts):
     df = read_shard(runs / "dynamics.parquet")
     hist = df[df["analysis"] == "icrecall_dynamics"]
     arms = set(scripts["icrecall_dynamics"].ARMS)
-    assert {parse_key(r)["arm"] for r in hist["run_id"]} == arms
+    assert {parse_key(r)["arm"] for r in hist["settings"]} == arms
     loss = hist[(hist["metric"] == "loss") & hist["step"].notna()]
     assert (loss["value"] >= 0).all() and loss["step"].max() <= 40
     s = _table(runs, "dynamics", "icrecall_dynamics_summary")
@@ -230,7 +230,7 @@ ONE_PAIR = {**STUCK, "offpair_mass": 0.0, "pair_mass_min": 0.0, "pair_mass_max":
 
 def _write(out: Path, name: str, analysis: str, runs: list[tuple[dict, dict]]) -> None:
     """runs: (settings for the run_id key, metrics) -> out/name.parquet."""
-    save([metric_rows(m, analysis, 1, run_id=key(**kv)) for kv, m in runs], name, out)
+    save([metric_rows(m, analysis, 1, settings=key(**kv)) for kv, m in runs], name, out)
 
 
 @pytest.mark.parametrize("state", [UNIFORM, STUCK, ONE_PAIR])
@@ -317,9 +317,9 @@ def test_item_3_verdicts(scripts, tmp_path, gd_label, escapes, pgd_ok, verdict):
 
 
 def _samples(tmp_path, per_n: dict[int, list[float]], fit: dict) -> None:
-    best = [{"metric": "smallest_N_at_target", "value": v, "run_id": key(n=n, seed=s)}
+    best = [{"metric": "smallest_N_at_target", "value": v, "settings": key(n=n, seed=s)}
             for n, vals in per_n.items() for s, v in enumerate(vals) if v == v]
-    best += [{"metric": "reached_target", "value": float(v == v), "run_id": key(n=n, seed=s)}
+    best += [{"metric": "reached_target", "value": float(v == v), "settings": key(n=n, seed=s)}
              for n, vals in per_n.items() for s, v in enumerate(vals)]
     settings = [{"metric": "target", "value": 0.99}, {"metric": "d_scale", "value": 6.0},
                 {"metric": "max_N", "value": 128.0}]
@@ -357,8 +357,8 @@ def test_item_4_fails_when_most_seeds_never_reach_the_target(scripts, tmp_path):
 def test_item_5_needs_pattern_and_accuracy(scripts, tmp_path, change, verdict):
     runs = [({"method": "pgd", "seed": 0}, {**GOOD, **change})]
     frames = [metric_rows({"memory_answer_recall": 0.875}, "icrecall_pretrained_memory", 1,
-                          run_id=key(part="memory")),
-              *[metric_rows(m, "icrecall_pretrained", 1, run_id=key(**kv)) for kv, m in runs]]
+                          settings=key(part="memory")),
+              *[metric_rows(m, "icrecall_pretrained", 1, settings=key(**kv)) for kv, m in runs]]
     save(frames, "pretrained", tmp_path)
     (row,) = scripts["icrecall_summary"].item5(tmp_path)
     assert row["reproduces"] == verdict

@@ -16,7 +16,7 @@ OUT = Path("results/icrecall")
 
 
 def key(**kw) -> str:
-    """Settings of one run as a stable string, stored in the table's run_id column."""
+    """Settings of one run as a stable string, stored in the table's settings column."""
     return ";".join(f"{k}={v}" for k, v in kw.items())
 
 
@@ -25,9 +25,9 @@ def parse_key(s: str) -> dict[str, str]:
 
 
 def outcome_rows(out: Outcome, analysis: str, steps: int, **settings) -> pd.DataFrame:
-    """Final metrics of one run, tagged with its settings (run_id = key(**settings))."""
+    """Final metrics of one run, tagged with its settings (settings = key(**settings))."""
     return metric_rows(out.metrics, analysis, steps, int(out.metrics["n_all"]),
-                       run_id=key(**settings))
+                       settings=key(**settings))
 
 
 def save(frames: list[pd.DataFrame], name: str, out_dir: Path = OUT) -> Path:
@@ -38,10 +38,10 @@ def save(frames: list[pd.DataFrame], name: str, out_dir: Path = OUT) -> Path:
 def wide(df: pd.DataFrame) -> pd.DataFrame:
     """One row per run (settings split into columns), one column per metric.
 
-    Rows without settings (run_id null, e.g. the pre-trained memory's own recall) form one run.
+    Rows without settings (null, e.g. the pre-trained memory's own recall) form one run.
     """
-    df = df.assign(run_id=df["run_id"].fillna(""))
-    w = df.pivot_table(index="run_id", columns="metric", values="value", aggfunc="first")
+    df = df.assign(settings=df["settings"].fillna(""))
+    w = df.pivot_table(index="settings", columns="metric", values="value", aggfunc="first")
     settings = pd.DataFrame([parse_key(r) for r in w.index], index=w.index)
     return pd.concat([settings, w], axis=1).reset_index(drop=True)
 
