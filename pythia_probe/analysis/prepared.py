@@ -27,6 +27,7 @@ from torch import Tensor
 
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK, Theory, prepare_theory
 from pythia_probe.errors import BadInputError, CorruptFileError
+from pythia_probe.fileio import atomic_write
 
 FORMAT = "pythia_probe.prepared_theory/1"
 TENSOR = "CT_T"
@@ -103,14 +104,14 @@ def write_prepared(th: Theory, path: str | os.PathLike, stats_id: str,
                                              "data_offsets": [0, V * V * itemsize]}}
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for s in range(0, V, chunk):
-            f.write(th.columns(s, s + chunk).T.contiguous().cpu().numpy().tobytes())
-    os.replace(tmp, path)
-    return path
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            for s in range(0, V, chunk):
+                f.write(th.columns(s, s + chunk).T.contiguous().cpu().numpy().tobytes())
+
+    return atomic_write(path, write, V * V * itemsize)
 
 
 def cache_path(cache_dir: str | os.PathLike, name: str, dtype: torch.dtype) -> Path:

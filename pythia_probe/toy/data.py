@@ -22,6 +22,7 @@ from torch import Tensor
 
 from pythia_probe.corpus import iter_documents
 from pythia_probe.errors import BadInputError
+from pythia_probe.fileio import atomic_write, write_json
 from pythia_probe.tokenizer import (
     build_word_tokenizer,
     d_vocab,
@@ -145,10 +146,10 @@ def load_toy_data(cfg: ToyDataConfig, cache_dir: str | Path | None = None) -> To
 
 
 def _write_cache(path: Path, data: ToyData) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": data.tokens.contiguous()}, str(path / "tokens.safetensors"))
-    meta = {"d_vocab": data.d_vocab, "vocab": data.vocab, "meta": data.meta}
-    (path / "vocab.json").write_text(json.dumps(meta, default=str))
+    tokens = {"tokens": data.tokens.contiguous()}
+    atomic_write(path / "tokens.safetensors", lambda tmp: save_file(tokens, str(tmp)))
+    write_json(path / "vocab.json", {"d_vocab": data.d_vocab, "vocab": data.vocab,
+                                     "meta": data.meta})
 
 
 def _read_cache(path: Path, cfg: ToyDataConfig) -> ToyData | None:
