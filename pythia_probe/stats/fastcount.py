@@ -33,29 +33,37 @@ class FastKernelError(BadInputError):
     """The C kernel refused its input (message names what was wrong)."""
 
 
-def library_path() -> Path | None:
-    """The built ``_fastcount`` shared library next to this module, or None."""
+def library_path(stem: str = "_fastcount") -> Path | None:
+    """A built shared library ``stem`` next to this module, or None."""
     here = Path(__file__).resolve().parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = here / f"_fastcount{suffix}"
+        p = here / f"{stem}{suffix}"
         if p.is_file():
             return p
     return None
 
 
-@lru_cache(maxsize=1)
-def _lib() -> ctypes.CDLL | None:
-    path = library_path()
+def open_library(stem: str, abi_symbol: str, abi_version: int) -> ctypes.CDLL | None:
+    """The C library ``stem`` loaded with ctypes when it is built and speaks ``abi_version``
+    (else None: the caller falls back to its torch / numpy kernels)."""
+    path = library_path(stem)
     if path is None:
         return None
     try:
         lib = ctypes.CDLL(str(path))
     except OSError:
         return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.fc_abi_version.restype = i64
-    if lib.fc_abi_version() != ABI_VERSION:
+    version = getattr(lib, abi_symbol)
+    version.restype = ctypes.c_int64
+    return lib if version() == abi_version else None
+
+
+@lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL | None:
+    lib = open_library("_fastcount", "fc_abi_version", ABI_VERSION)
+    if lib is None:
         return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.fc_context.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr]
     lib.fc_context.restype = ctypes.c_int
     lib.fc_q.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, i64, ptr, ptr, i64]

@@ -11,14 +11,14 @@ function here has a numpy / scipy / torch twin (``sparse_tables``, ``outofcore``
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from pythia_probe.stats import kernels
+from pythia_probe.errors import BadInputError
+from pythia_probe.stats import fastcount, kernels
 
 ABI_VERSION = 4
 _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position past it)",
@@ -26,33 +26,21 @@ _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position p
            -3: "out of memory for the kernel's scratch buffers"}
 
 
-class SparseKernelError(ValueError):
+class SparseKernelError(BadInputError):
     """The C kernel refused its input (message names what was wrong)."""
 
 
 def library_path() -> Path | None:
     """The built ``_sparsecount`` shared library next to this module, or None."""
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = here / f"_sparsecount{suffix}"
-        if p.is_file():
-            return p
-    return None
+    return fastcount.library_path("_sparsecount")
 
 
 @lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL | None:
-    path = library_path()
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+    lib = fastcount.open_library("_sparsecount", "sc_abi_version", ABI_VERSION)
+    if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.sc_abi_version.restype = i64
-    if lib.sc_abi_version() != ABI_VERSION:
-        return None
     lib.sc_pairs.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, ptr, ptr, ptr]
     lib.sc_pairs.restype = i64
     lib.sc_drain.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
