@@ -23,3 +23,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def hub(hub_root, monkeypatch):
+    """A loopback hub serving the test module's ``hub_root`` (each module builds its own repos;
+    a module may define its own ``hub``)."""
+    from huggingface_hub import constants
+
+    from pythia_probe.testing.hub import HubServer
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    with HubServer(hub_root) as server:
+        yield server

@@ -13,7 +13,6 @@ from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.errors import UnsafeFileError, UserError
 from pythia_probe.fileio import remove
 from pythia_probe.testing.caches import hf_populate, tree_snapshot
-from pythia_probe.testing.hub import HubServer
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 
 REPO = "EleutherAI/pythia-tiny"
@@ -28,13 +27,6 @@ def hub_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
     build_pythia_like_repo(root, REPO, steps=STEPS, with_main=False)
     return root
-
-
-@pytest.fixture
-def hub(hub_root, monkeypatch):
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    with HubServer(hub_root) as server:
-        yield server
 
 
 def source(hub, cache, **kw) -> CheckpointSource:

@@ -4,7 +4,6 @@ and every failure a user can fix is a one-line UserError naming the file, tensor
 import json
 
 import pytest
-from huggingface_hub import constants
 
 from pythia_probe import arch, checkpoints, weights_io
 from pythia_probe.checkpoints import (
@@ -26,7 +25,7 @@ from pythia_probe.errors import (
     UserError,
 )
 from pythia_probe.sweep import sources
-from pythia_probe.testing.hub import Fault, HubServer
+from pythia_probe.testing.hub import Fault
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 
 REPO = "EleutherAI/pythia-tiny"
@@ -39,13 +38,6 @@ def hub_root(tmp_path_factory):
     build_pythia_like_repo(root, REPO, steps=(0, 2, 64), with_main=False,
                            layouts={64: ("safetensors", 1)})
     return root
-
-
-@pytest.fixture
-def hub(hub_root, monkeypatch):
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    with HubServer(hub_root) as server:
-        yield server
 
 
 def source(hub, tmp_path, model=REPO) -> CheckpointSource:
@@ -99,7 +91,8 @@ def test_unknown_model_on_the_hub_is_a_missing_file_error(hub, tmp_path):
 
 @pytest.mark.parametrize("model", ["./runs/no_such_dir", "runs/demo/", "/no/such/folder",
                                    "~/nowhere/pythia"])
-def test_a_mistyped_local_path_is_not_a_hub_error(hub, tmp_path, model):
+def test_a_mistyped_local_path_is_not_a_hub_error(hub, tmp_path, monkeypatch, model):
+    monkeypatch.chdir(tmp_path)  # relative paths must not exist (a demo run makes runs/demo)
     with pytest.raises(CheckpointNotCachedError, match="no such folder, and not a hub id") as e:
         source(hub, tmp_path, model)
     one_line_user_error(e.value)

@@ -13,7 +13,7 @@ from pythia_probe.checkpoints import CheckpointSource, ChecksumError, RetryPolic
 from pythia_probe.errors import CorruptFileError, UserError
 from pythia_probe.sweep import sources
 from pythia_probe.testing.caches import hf_populate, plain_copy, tree_snapshot
-from pythia_probe.testing.hub import Fault, HubServer
+from pythia_probe.testing.hub import Fault
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 from pythia_probe.tokenizer import build_word_tokenizer
 
@@ -31,13 +31,6 @@ def hub_root(tmp_path_factory):
     repo = build_pythia_like_repo(root, REPO, steps=STEPS, with_main=False)
     build_word_tokenizer(["the cat sat on the mat"] * 3, 50).save_pretrained(str(repo / "step2"))
     return root
-
-
-@pytest.fixture
-def hub(hub_root, monkeypatch):
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    with HubServer(hub_root) as server:
-        yield server
 
 
 def source(hub, cache, **kw) -> CheckpointSource:
