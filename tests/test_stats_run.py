@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,28 +14,12 @@ from hypothesis import strategies as st
 from pythia_probe import ranks
 from pythia_probe.stats import CorpusStats, batch_stats, run
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
+from pythia_probe.testing.shards import IdShard, encode_ids
 
 NAMES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
 
 
-@dataclass(frozen=True)
-class FakeShard:
-    """A shard of space-separated integer ids; ``fail`` raises mid-shard (a killed run)."""
-
-    name: str
-    texts: tuple[str, ...]
-    fail: bool = False
-
-    def documents(self):
-        for i, t in enumerate(self.texts):
-            if self.fail and i == 1:
-                raise KeyboardInterrupt("killed")
-            yield t
-
-
-def encode(docs):
-    for d in docs:
-        yield [int(w) for w in d.split()]
+FakeShard, encode = IdShard, encode_ids
 
 
 def make_shards(n_shards: int = 5, docs: int = 6, V: int = 11, seed: int = 0):

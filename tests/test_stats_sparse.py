@@ -37,6 +37,7 @@ from pythia_probe.stats import (
 from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import SparseCountAccumulator
+from pythia_probe.testing.shards import IdShard, encode_ids
 
 NAMES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
 EXACT = ("Bbar", "Phibar")
@@ -263,23 +264,7 @@ def test_auto_choice_dense_when_it_fits_else_sparse():
     assert plan.tile_width(50277) == 640 and plan.tile_width(10, 1) == 1
 
 
-# -- the shard driver ------------------------------------------------------------------------
-class Shard:
-    """Space-separated integer ids; ``fail`` raises mid-shard (a killed run)."""
-
-    def __init__(self, name: str, texts: tuple[str, ...], fail: bool = False) -> None:
-        self.name, self.texts, self.fail = name, texts, fail
-
-    def documents(self):
-        for i, t in enumerate(self.texts):
-            if self.fail and i == 1:
-                raise KeyboardInterrupt("killed")
-            yield t
-
-
-def encode(docs):
-    for d in docs:
-        yield [int(w) for w in d.split()]
+Shard, encode = IdShard, encode_ids
 
 
 def make_shards(n: int = 4, docs: int = 6, V: int = 15, seed: int = 0) -> list[Shard]:
