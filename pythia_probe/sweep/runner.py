@@ -46,6 +46,7 @@ from pythia_probe.sweep.layout import (
 from pythia_probe.sweep.manifest import RunRecord
 from pythia_probe.sweep.plan import (
     check_heads,
+    check_local_files,
     checkpoint_plan,
     downloads,
     plan_lines,
@@ -205,7 +206,7 @@ def _model(parts: SweepParts, source):
             raise  # a local folder's or the hub's own answer (e.g. no such repository)
         if parts.plan.dry_run:
             print("\n".join(_local_lines(parts)), flush=True)
-        raise offline_advice(parts.source.model, err) from err
+        raise offline_advice(parts.source.model, err, source.offline) from err
     return steps, first, model_config(source, first)
 
 
@@ -220,6 +221,7 @@ def _local_lines(parts: SweepParts) -> list[str]:
 
 def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
     src, st, sc = parts.source, parts.statistics, parts.scoring
+    check_local_files(parts)
     steps, first, c = _model(parts, source)
     check_heads(sc, c.n_layers)
     tok = model_tokenizer(source, first, st.tokenizer, src.model)

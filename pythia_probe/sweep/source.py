@@ -72,14 +72,18 @@ def select_steps(spec: str, source) -> list[int]:
     return parse_steps(spec, available)
 
 
-def offline_advice(model: str, err: BaseException) -> HubError:
-    """The one line for a hub that cannot be reached (or an offline cache without the model)."""
-    return HubError(
-        f"cannot list the checkpoints of {model} ({' '.join(str(err).split())[:200]}). "
-        f"Offline: set HF_HUB_OFFLINE=1 to use the cache, or pass --cache-dir with an existing "
-        f"Hugging Face cache that holds the model (fill one where the hub is reachable, e.g. "
-        f"`hf download {model} --revision step1000 --cache-dir DIR`), or a local folder of "
-        f"step*/ checkpoints as --model (hub: {endpoint()})")
+def offline_advice(model: str, err: BaseException, offline: bool) -> HubError:
+    """The one line for a hub that cannot be reached, or (``offline``: HF_HUB_OFFLINE is set)
+    a cache without the model: what to do offline."""
+    fill = (f"fill one where the hub is reachable, e.g. `hf download {model} --revision "
+            "step1000 --cache-dir DIR`")
+    todo = (f"HF_HUB_OFFLINE is set: pass --cache-dir with a Hugging Face cache that holds the "
+            f"model ({fill}), or a local folder of step*/ checkpoints as --model" if offline
+            else f"Offline? Set HF_HUB_OFFLINE=1 to use the cache, or pass --cache-dir with an "
+            f"existing Hugging Face cache that holds the model ({fill}), or a local folder of "
+            f"step*/ checkpoints as --model (hub: {endpoint()})")
+    return HubError(f"cannot list the checkpoints of {model} "
+                    f"({' '.join(str(err).split())[:200]}). {todo}")
 
 
 def tensor_names(needs: Needs):
