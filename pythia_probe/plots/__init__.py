@@ -14,9 +14,9 @@
 from pythia_probe.plots.figures import curve_figure, head_figure, layer_figure, layerless_figure
 from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, figure6, figure7, paper_figures
 from pythia_probe.plots.run import PlotsConfig, main, metric_figures, plot_run
-from pythia_probe.plots.table import PAPER_STEPS, paper_layers, pivot
+from pythia_probe.plots.table import PAPER_STEPS, pivot
+from pythia_probe.summary import paper_layers
 
-__all__ = ["PAPER_HEAD_LAYERS", "PAPER_STEPS", "PlotsConfig",
-           "curve_figure", "figure6", "figure7", "head_figure", "layer_figure",
-           "layerless_figure", "main", "metric_figures",
-           "paper_figures", "paper_layers", "pivot", "plot_run"]
+__all__ = ["PAPER_HEAD_LAYERS", "PAPER_STEPS", "PlotsConfig", "curve_figure", "figure6",
+           "figure7", "head_figure", "layer_figure", "layerless_figure", "main",
+           "metric_figures", "paper_figures", "paper_layers", "pivot", "plot_run"]

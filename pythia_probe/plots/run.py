@@ -21,8 +21,9 @@ from pythia_probe.errors import BadInputError
 from pythia_probe.plots import figures
 from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, paper_figures
 from pythia_probe.plots.table import head_layers as clip_layers
-from pythia_probe.plots.table import paper_layers, series
+from pythia_probe.plots.table import series
 from pythia_probe.results import MANIFEST, ResultsError, read_manifest, read_results
+from pythia_probe.summary import paper_layers
 
 
 def metric_figures(df: pd.DataFrame, out_dir: str | os.PathLike, *,
@@ -59,10 +60,11 @@ def plot_run(df: pd.DataFrame, out_dir: str | os.PathLike, *,
     ``paper``: Figures 6 and 7 (``figure6.png``, ``figure7.png``); ``every_metric``: a picture
     of every metric. ``head_layers``: layers of the per-head maps (1-based; default the paper's
     2, 13, 24, clipped to the model's layers). ``manifest``: the run's manifest.json, for the
-    statistics named in the titles."""
+    statistics named in the titles. A table of several models gets a folder per model."""
     layers = tuple(head_layers or PAPER_HEAD_LAYERS)
+    df = paper_layers(df)
     paths: list[Path] = []
-    for name, part in series(paper_layers(df)):
+    for name, part in series(df):
         out = Path(out_dir) / name if name else Path(out_dir)
         if paper:
             paths += paper_figures(part, out, manifest=manifest, head_layers=layers)

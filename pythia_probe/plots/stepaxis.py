@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.transforms import ScaledTranslation
 
+from pythia_probe.summary import step_label as label
+
 #: closest two tick labels may sit, in octaves
 MIN_TICK_GAP = 0.45
 
@@ -40,11 +42,6 @@ def width(steps: Sequence[int], per_octave: float = 0.6, least: float = 2.5) -> 
     """Inches for a panel showing ``steps``: proportional to the octaves the axis spans."""
     e = edges(sorted({int(s) for s in steps}))
     return max(least, per_octave * float(e[-1] - e[0]))
-
-
-def label(step: int) -> str:
-    """``512`` -> "512", ``1000`` -> "1k", ``143000`` -> "143k", ``1500`` -> "1500"."""
-    return f"{step // 1000}k" if step >= 1000 and step % 1000 == 0 else str(step)
 
 
 def _pow2(n: int) -> bool:

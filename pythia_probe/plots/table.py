@@ -1,62 +1,29 @@
 """What the figures read from a tidy results table (pythia_probe.results), and nothing else.
 
 - Optional columns (``chance``, ``ceiling``, ``ci_low``, ``ci_high``, ``revision_status``) may
-  be absent (older tables) or null: :func:`column` gives an all-null column then.
+  be absent (older tables) or null: :func:`~pythia_probe.summary.column` gives an all-null
+  column then (the summary reads the table the same way).
 - ``layer`` is numbered as the paper numbers layers, from 1 (layer l = the l-th transformer
-  block). Tables written before that convention number blocks from 0; a layer 0 cannot occur in
-  a 1-based table, so :func:`paper_layers` shifts such a model's layers by one and says so.
+  block); :func:`~pythia_probe.summary.paper_layers` shifts tables written 0-based.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 
-import numpy as np
 import pandas as pd
 
 from pythia_probe.errors import BadInputError
-
-log = logging.getLogger(__name__)
+from pythia_probe.summary import FLAGGED, column
 
 OPTIONAL_FLOATS = ("chance", "ceiling", "ci_low", "ci_high")
-#: revision_status values that mean "these weights may not be the step the row names"
-FLAGGED = ("suspect", "duplicate")
 #: the steps of the paper's Figures 6-8 (leading-terms section 5), besides step 0
 PAPER_STEPS = tuple(2**k for k in range(10))
-
-
-def column(df: pd.DataFrame, name: str) -> pd.Series:
-    """``df[name]`` as float (or string for revision_status); all null when the table lacks it."""
-    if name == "revision_status":
-        if name not in df:
-            return pd.Series(pd.NA, index=df.index, dtype="string")
-        return df[name].astype("string")
-    if name not in df:
-        return pd.Series(np.nan, index=df.index, dtype="float64")
-    return pd.to_numeric(df[name], errors="coerce").astype("float64")
 
 
 def has(df: pd.DataFrame, name: str) -> bool:
     """Whether ``df`` holds at least one non-null ``name``."""
     return bool(column(df, name).notna().any())
-
-
-def paper_layers(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with layers numbered from 1; a model whose table holds a layer 0 (0-based, older
-    tables) has its layers shifted by one, with a warning."""
-    if df.empty or df["layer"].notna().sum() == 0:
-        return df
-    zero_based = df.loc[df["layer"] == 0, "model"].unique()
-    if len(zero_based) == 0:
-        return df
-    df = df.copy()
-    shift = df["model"].isin(zero_based) & df["layer"].notna()
-    df.loc[shift, "layer"] = df.loc[shift, "layer"] + 1
-    log.warning("%s: the table numbers layers from 0 (written before the 1-based convention); "
-                "drawn and summarised as layer + 1, the paper's numbering",
-                ", ".join(map(str, zero_based)))
-    return df
 
 
 def select(df: pd.DataFrame, analysis: str, metric: str) -> pd.DataFrame:
