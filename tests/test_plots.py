@@ -207,7 +207,9 @@ def test_every_metric_gets_a_picture_layerless_as_curves(tmp_path, drawn):
 def test_several_models_get_a_folder_each(tmp_path):
     df = pd.concat([table(model="EleutherAI/pythia-70m"), table(model="EleutherAI/pythia-1b")])
     paths = plots.plot_run(df, tmp_path, paper=True, every_metric=False)
-    assert sorted(str(p.relative_to(tmp_path)) for p in paths) == [
+    compared = [f"compare_{m}.{ext}" for m in ("attention_lnfold_cos_mean", "embedding_cos_attn",
+                                               "embedding_cos_post") for ext in ("png", "txt")]
+    assert sorted(str(p.relative_to(tmp_path)) for p in paths) == compared + [
         "pythia-1b/figure6.png", "pythia-1b/figure7.png", "pythia-70m/figure6.png",
         "pythia-70m/figure7.png"]
 
@@ -261,3 +263,81 @@ def test_cli_refuses_zero_based_head_layers_and_undrawable_tables(tmp_path, caps
     assert run_main(lambda: plots.main(["--results", str(tmp_path / "toy"), "--paper"]),
                     "p") == 2
     assert "nothing to draw for Figures 6 and 7" in capsys.readouterr().err
+
+
+CSTEPS = [0, 1, 2, 4, 8, 16, 32, 64, 128]
+
+
+def bump_model(model, n_layers, peak_index):
+    """value 0.9 at step CSTEPS[peak_index(l)], 0.5 one step later, 0.1 after, 0.3 before."""
+    rows = []
+    for layer in range(1, n_layers + 1):
+        p = peak_index(layer)
+        for i, s in enumerate(CSTEPS):
+            v = 0.3 if i < p else 0.9 if i == p else 0.5 if i == p + 1 else 0.1
+            rows.append({"step": s, "analysis": "embedding", "layer": layer,
+                         "metric": "cos_post", "value": v})
+    return make_rows(rows, model=model, stats_id="abc123")
+
+
+def two_models():
+    return pd.concat([bump_model("EleutherAI/pythia-160m", 12, lambda l: 1 + l // 2),
+                      bump_model("EleutherAI/pythia-70m", 6, lambda l: l + 1)])
+
+
+def test_model_sizes_from_names_or_given(caplog):
+    assert plots.model_size("EleutherAI/pythia-1.4b-deduped") == pytest.approx(1.4e9)
+    assert plots.model_size("pythia-70m") == pytest.approx(7e7)
+    assert plots.model_size("runs/demo-neox") is None
+    names = ["EleutherAI/pythia-1b", "demo-neox", "EleutherAI/pythia-160m",
+             "EleutherAI/pythia-1.4b"]
+    with caplog.at_level(logging.WARNING):
+        assert plots.order_models(names) == ["EleutherAI/pythia-160m", "EleutherAI/pythia-1b",
+                                             "EleutherAI/pythia-1.4b", "demo-neox"]
+    assert "no size in the name of demo-neox" in caplog.text
+    assert plots.order_models(names, {"demo-neox": 1e6})[0] == "demo-neox"
+
+
+def test_compare_table_has_each_models_peak_and_exit_per_layer():
+    t = plots.compare_table(two_models(), "embedding", "cos_post")
+    assert len(t) == 12 + 6
+    small = t[t["model"] == "EleutherAI/pythia-70m"]
+    assert list(small["n_layers"]) == [6] * 6
+    assert list(small["depth"]) == pytest.approx([l / 6 for l in range(1, 7)])
+    assert list(small["peak_step"]) == [CSTEPS[l + 1] for l in range(1, 7)]
+    # exit two steps after the peak (0.5 >= 0.45 one step later); the last layer never falls
+    # within the steps measured
+    assert list(small["exit_step"].astype("float")[:5]) == [CSTEPS[l + 3] for l in range(1, 6)]
+    assert list(small["censored"]) == [False] * 5 + [True]
+    big = t[t["model"] == "EleutherAI/pythia-160m"]
+    assert list(big["peak_step"]) == [CSTEPS[1 + l // 2] for l in range(1, 13)]
+    text = plots.format_compare(t, ["EleutherAI/pythia-70m", "EleutherAI/pythia-160m"])
+    assert text.index("pythia-70m (6 layers)") < text.index("pythia-160m (12 layers)")
+    assert "censored" in text
+
+
+def test_compare_figure_small_multiples_on_relative_depth(tmp_path, drawn):
+    paths = plots.plot_run(two_models(), tmp_path, paper=False, every_metric=False)
+    assert sorted(p.name for p in paths) == ["compare_embedding_cos_post.png",
+                                             "compare_embedding_cos_post.txt"]
+    fig = drawn["compare_embedding_cos_post.png"]
+    axes = panels(fig)
+    assert [ax.get_title() for ax in axes] == ["pythia-70m (6 layers)",
+                                               "pythia-160m (12 layers)"]  # smallest first
+    for ax, n in zip(axes, (6, 12), strict=True):
+        m = mesh(ax)
+        assert (m.norm.vmin, m.norm.vmax) == (0.0, 1.0)  # one colour scale
+        ys = list(np.asarray(m.get_coordinates())[:, 0, 1])
+        assert ys == pytest.approx(np.arange(n + 1) / n)  # layer l spans ((l-1)/n, l/n]
+        assert ax.get_ylim() == pytest.approx((0.0, 1.0))
+    x = dict(zip(CSTEPS, stepaxis.positions(CSTEPS), strict=True))
+    peaks = np.array([(line.get_xdata()[0], line.get_ydata()[0]) for line in axes[0].lines
+                      if line.get_marker() == "o"])
+    expect = np.array([(x[CSTEPS[l + 1]], (l - 0.5) / 6) for l in range(1, 7)])
+    assert peaks.shape == expect.shape and np.allclose(peaks, expect)
+    censored = [line.get_ydata()[0] for line in axes[0].lines if line.get_marker() == ">"]
+    assert censored == pytest.approx([5.5 / 6])
+    exits = [line.get_xdata()[0] for line in axes[0].lines if line.get_marker() == "X"]
+    assert exits == pytest.approx([x[CSTEPS[l + 3]] for l in range(1, 6)])
+    text = (tmp_path / "compare_embedding_cos_post.txt").read_text()
+    assert "EleutherAI/pythia-70m (6 layers)" in text

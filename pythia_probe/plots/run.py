@@ -3,13 +3,14 @@
 :func:`plot_run` is what a sweep calls: the paper's Figures 6 and 7 (:mod:`.paper`), then for
 every metric a picture: layer x step heat map and curves for per-layer metrics, head x step
 maps for per-head metrics, curves for layerless ones (one figure per analysis). A table holding
-several models (or settings) gets one subfolder each.
+several models (or settings) gets one subfolder each, and the models side by side
+(:mod:`.compare`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pandas as pd
 from pythia_probe.cli import parse_config
 from pythia_probe.errors import BadInputError
 from pythia_probe.plots import figures
+from pythia_probe.plots.compare import compare_run
 from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, paper_figures
 from pythia_probe.plots.table import head_layers as clip_layers
 from pythia_probe.plots.table import series
@@ -54,16 +56,18 @@ def metric_figures(df: pd.DataFrame, out_dir: str | os.PathLike, *,
 def plot_run(df: pd.DataFrame, out_dir: str | os.PathLike, *,
              manifest: dict[str, Any] | None = None,
              head_layers: Sequence[int] | None = None, paper: bool = True,
-             every_metric: bool = True) -> list[Path]:
+             every_metric: bool = True, sizes: Mapping[str, float] | None = None) -> list[Path]:
     """Draw the figures of a results table into ``out_dir``; returns the paths written.
 
     ``paper``: Figures 6 and 7 (``figure6.png``, ``figure7.png``); ``every_metric``: a picture
     of every metric. ``head_layers``: layers of the per-head maps (1-based; default the paper's
     2, 13, 24, clipped to the model's layers). ``manifest``: the run's manifest.json, for the
-    statistics named in the titles. A table of several models gets a folder per model."""
+    statistics named in the titles. A table of several models gets a folder per model and, in
+    ``out_dir``, the comparative figures and tables (:func:`~.compare.compare_run`; ``sizes``:
+    parameters per model where the names hold none)."""
     layers = tuple(head_layers or PAPER_HEAD_LAYERS)
     df = paper_layers(df)
-    paths: list[Path] = []
+    paths: list[Path] = compare_run(df, out_dir, manifest=manifest, sizes=sizes)
     for name, part in series(df):
         out = Path(out_dir) / name if name else Path(out_dir)
         if paper:
