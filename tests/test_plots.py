@@ -178,6 +178,15 @@ def test_chance_ceiling_intervals_and_revisions_are_marked(tmp_path, drawn):
     assert any(np.allclose(line.get_ydata(), 0.9) for line in bar.lines)  # ceiling line
 
 
+def test_the_share_panel_only_where_the_metric_has_chance_and_ceiling(tmp_path, drawn):
+    df = with_scale(table())
+    df.loc[df["metric"] != "cos_post", ["chance", "ceiling"]] = np.nan
+    plots.metric_figures(df, tmp_path)
+    assert len(panels(drawn["embedding_cos_post.png"])) == 2
+    assert len(panels(drawn["embedding_cos_attn.png"])) == 1
+    assert "no chance level or ceiling" in drawn["embedding_cos_attn.png"]._supxlabel.get_text()
+
+
 def test_curves_show_interval_chance_and_ceiling(tmp_path, drawn):
     df = with_scale(table())
     plots.metric_figures(df, tmp_path)

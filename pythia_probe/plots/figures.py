@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from pythia_probe.fileio import atomic_write
 from pythia_probe.plots import curves, heatmap, stepaxis
 from pythia_probe.plots.describe import color_range, statistics_label, title, what
-from pythia_probe.plots.table import OPTIONAL_FLOATS, has, pivot, short_model, step_status
+from pythia_probe.plots.table import OPTIONAL_FLOATS, pivot, short_model, step_status
 
 DPI = 120
 
@@ -94,7 +94,7 @@ def layer_figure(df: pd.DataFrame, analysis: str, metric: str, path: str | os.Pa
                  extra: Sequence[str] = ()) -> Path:
     """Save the layer x step heat map of one (analysis, metric) on its fixed colour range."""
     c = cells(df, analysis, metric, steps=steps)
-    share = has(df, "chance") and has(df, "ceiling")
+    share = bool(c["chance"].notna().to_numpy().any() and c["ceiling"].notna().to_numpy().any())
     n_rows = len(c["value"])
     height = 1.6 + 0.2 * n_rows
     fig = Figure(figsize=(1.8 + stepaxis.width(c["value"].columns),

@@ -21,11 +21,6 @@ OPTIONAL_FLOATS = ("chance", "ceiling", "ci_low", "ci_high")
 PAPER_STEPS = tuple(2**k for k in range(10))
 
 
-def has(df: pd.DataFrame, name: str) -> bool:
-    """Whether ``df`` holds at least one non-null ``name``."""
-    return bool(column(df, name).notna().any())
-
-
 def select(df: pd.DataFrame, analysis: str, metric: str) -> pd.DataFrame:
     """The rows of one (analysis, metric); a BadInputError naming what the table has."""
     sel = df[(df["analysis"] == analysis) & (df["metric"] == metric)]
