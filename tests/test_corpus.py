@@ -345,20 +345,20 @@ def test_empty_corpus(tmp_path):
 
 
 def test_missing_text_field(tmp_path):
-    """Wrong or non-text fields are user errors (one line, exit 2), still KeyError/TypeError."""
+    """Wrong or non-text fields are user errors (one line, exit 2)."""
     (tmp_path / "d.jsonl").write_text(json.dumps({"body": "x"}) + "\n", encoding="utf-8")
-    with pytest.raises(KeyError, match=r"line 1 has no text field 'text'; fields present: "
+    with pytest.raises(BadInputError, match=r"line 1 has no text field 'text'; fields present: "
                                         r"\['body'\]") as e1:
         list(iter_documents(str(tmp_path / "d.jsonl")))
     write_parquet(tmp_path / "d.parquet", body=["x"], id=[1])
-    with pytest.raises(KeyError, match=r"no text field 'content'; columns present: "
+    with pytest.raises(BadInputError, match=r"no text field 'content'; columns present: "
                                         r"\['body', 'id'\]") as e2:
         list(iter_documents(str(tmp_path / "d.parquet"), text_field="content"))
     (tmp_path / "n.jsonl").write_text(json.dumps({"text": 3}) + "\n", encoding="utf-8")
-    with pytest.raises(TypeError, match="field 'text' is int, not a string") as e3:
+    with pytest.raises(BadInputError, match="field 'text' is int, not a string") as e3:
         list(iter_documents(str(tmp_path / "n.jsonl")))
     write_parquet(tmp_path / "i.parquet", text=[1, 2])
-    with pytest.raises(TypeError, match=r"i\.parquet: field 'text' is int") as e4:
+    with pytest.raises(BadInputError, match=r"i\.parquet: field 'text' is int") as e4:
         list(iter_documents(str(tmp_path / "i.parquet")))
     for e in (e1, e2, e3, e4):
         assert isinstance(e.value, UserError) and "\n" not in str(e.value)

@@ -6,13 +6,7 @@ from pythia_probe.corpus.sources import (
     FILE_SUFFIXES,
     SEPARATOR,
     VALID_SOURCES,
-    CorpusFileError,
-    CorpusNotFoundError,
-    DatasetHubError,
-    FieldTypeError,
     HubParquet,
-    MissingFieldError,
-    OptionError,
     Shard,
     builtin_shards,
     corpus_shards,
@@ -25,8 +19,6 @@ from pythia_probe.corpus.sources import (
     select_split,
 )
 
-__all__ = ["CorpusFileError", "CorpusNotFoundError", "DatasetHubError", "FILE_SUFFIXES",
-           "FieldTypeError", "HubParquet", "MissingFieldError", "OptionError", "SEPARATOR",
-           "Shard", "VALID_SOURCES", "builtin_shards", "corpus_shards", "file_fingerprint",
-           "file_shard", "file_split", "hub_parquet_files", "iter_documents", "parse_hf_path",
-           "select_split"]
+__all__ = ["FILE_SUFFIXES", "HubParquet", "SEPARATOR", "Shard", "VALID_SOURCES",
+           "builtin_shards", "corpus_shards", "file_fingerprint", "file_shard", "file_split",
+           "hub_parquet_files", "iter_documents", "parse_hf_path", "select_split"]

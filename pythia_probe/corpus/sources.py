@@ -83,33 +83,6 @@ def file_fingerprint(path: str | Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path)}
 
 
-class MissingFieldError(BadInputError, KeyError):
-    """A record or file without the asked text field (names the fields there are)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-class FieldTypeError(BadInputError, TypeError):
-    """A text field that holds something other than a string."""
-
-
-class OptionError(BadInputError, TypeError):
-    """Options that do not apply to the chosen source."""
-
-
-class CorpusFileError(CorruptFileError):
-    """A corpus file that cannot be read (not UTF-8, not JSON, not parquet)."""
-
-
-class CorpusNotFoundError(MissingFileError):
-    """A corpus path, directory, glob or hub dataset that is not there."""
-
-
-class DatasetHubError(HubError):
-    """Listing or reading a hub dataset kept failing, or the hub refused it."""
-
-
 # ---------------------------------------------------------------- readers
 def _builtin_docs(start: int, stop: int, seed: int, length: int, min_tokens: int,
                   p_topic: float) -> Iterator[str]:
@@ -134,7 +107,7 @@ def _txt_docs(path: str) -> Iterator[str]:
                         yield doc
                 buf = [pieces[-1]]
         except UnicodeDecodeError as e:
-            raise CorpusFileError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must "
+            raise CorruptFileError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must "
                                   "be UTF-8 with stories separated by <|endoftext|> lines") from e
     doc = "".join(buf).strip()
     if doc:
@@ -149,7 +122,7 @@ def _jsonl_docs(path: str, text_field: str) -> Iterator[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise CorpusFileError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
+                raise CorruptFileError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
                                       "corpus has one JSON object per line") from e
             yield _text_of(record, text_field, f"{path} line {lineno}")
 
@@ -157,11 +130,11 @@ def _jsonl_docs(path: str, text_field: str) -> Iterator[str]:
 def _text_of(record: object, text_field: str, where: str) -> str:
     if not isinstance(record, dict) or text_field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise MissingFieldError(f"{where} has no text field {text_field!r}; fields present: "
+        raise BadInputError(f"{where} has no text field {text_field!r}; fields present: "
                                 f"{keys} (choose one with text_field=...)")
     text = record[text_field]
     if not isinstance(text, str):
-        raise FieldTypeError(f"{where}: field {text_field!r} is {type(text).__name__}, not a "
+        raise BadInputError(f"{where}: field {text_field!r} is {type(text).__name__}, not a "
                              "string (choose a text column with text_field=...)")
     return text
 
@@ -173,12 +146,12 @@ def _open_parquet(data_file: str, text_field: str, name: str):
                                    streaming=True)
         features = ds.features
     except FileNotFoundError as e:
-        raise CorpusNotFoundError(f"parquet file {name} not found ({e})") from e
+        raise MissingFileError(f"parquet file {name} not found ({e})") from e
     except Exception as e:  # noqa: BLE001 - pyarrow/datasets raise many kinds for bad files
-        raise CorpusFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
+        raise CorruptFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
                               "expected a valid .parquet file with a string text column") from e
     if features is not None and text_field not in features:
-        raise MissingFieldError(f"{name} has no text field {text_field!r}; columns present: "
+        raise BadInputError(f"{name} has no text field {text_field!r}; columns present: "
                                 f"{sorted(features)} (choose one with text_field=...)")
     return ds.select_columns([text_field])
 
@@ -193,7 +166,7 @@ def _parquet_docs(data_file: str, text_field: str, name: str | None = None) -> I
         except StopIteration:
             return
         except Exception as e:  # noqa: BLE001 - pyarrow/datasets raise many kinds
-            raise CorpusFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
+            raise CorruptFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
                                   "the file is corrupt or not parquet") from e
         yield _text_of(record, text_field, name)
 
@@ -221,7 +194,7 @@ def _api():
 
 def _hub_call(fn, what: str):
     """``fn()`` under the retry policy; failures become one-line dataset errors."""
-    return hubio.call(fn, what, fail=DatasetHubError, missing=CorpusNotFoundError)
+    return hubio.call(fn, what, fail=HubError, missing=MissingFileError)
 
 
 def _pin(repo_id: str, revision: str | None) -> str:
@@ -259,7 +232,7 @@ def _describe(ref: HubParquet) -> HubParquet:
                       f"looking up {ref.name}")
     files = [e for e in found if hasattr(e, "size")]
     if not files:
-        raise CorpusNotFoundError(f"{ref.name}: no such file in the hub dataset {ref.repo_id}")
+        raise MissingFileError(f"{ref.name}: no such file in the hub dataset {ref.repo_id}")
     return _described(pinned, files[0])
 
 
@@ -325,7 +298,7 @@ def file_shard(path: str | Path, text_field: str = "text") -> Shard:
         raise BadInputError(f"unsupported corpus file {path}: the suffix must be one of "
                          f"{', '.join(FILE_SUFFIXES)}")
     if not path.is_file():
-        raise CorpusNotFoundError(f"corpus file {path} does not exist")
+        raise MissingFileError(f"corpus file {path} does not exist")
     readers = {".txt": partial(_txt_docs, str(path)),
                ".jsonl": partial(_jsonl_docs, str(path), text_field),
                ".parquet": partial(_parquet_docs, str(path), text_field)}
@@ -366,7 +339,7 @@ def hub_parquet_files(repo_id: str, split: str = "train", revision: str | None =
         commit, entries = _list_dataset(repo_id, revision)
     except UserError as e:
         cause = e.__cause__ if e.__cause__ is not None else e
-        kind = CorpusNotFoundError if isinstance(e, MissingFileError) else DatasetHubError
+        kind = MissingFileError if isinstance(e, MissingFileError) else HubError
         raise kind(f"{repo_id!r} is no local path, and listing it as a hub dataset failed "
                    f"({hubio.one_line(cause)}); check the path or id and the network "
                    "(HF_HUB_OFFLINE=1 uses the cache only)") from e
@@ -400,7 +373,7 @@ def _hf_glob(pattern: str) -> list[str]:
     found = sorted("hf://" + p for p in _hub_call(lambda: HfFileSystem().glob(pattern),
                                                    f"listing {pattern}"))
     if not found:
-        raise CorpusNotFoundError(f"no files match {pattern}")
+        raise MissingFileError(f"no files match {pattern}")
     return found
 
 
@@ -432,7 +405,7 @@ def corpus_shards(source: str = "builtin", *, text_field: str = "text", split: s
                              f"for held-out stories, not split={split!r}")
         return builtin_shards(**builtin_opts)
     if builtin_opts:
-        raise OptionError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
+        raise BadInputError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
     return _source_shards(source, text_field, split, revision, data_dir)
 
 
@@ -448,13 +421,13 @@ def _source_shards(source: str, text_field: str, split: str, revision: str | Non
                              f"glob {source!r}")
     elif path.exists() or path.suffix.lower() in FILE_SUFFIXES:
         if not path.exists():
-            raise CorpusNotFoundError(f"corpus file {path} does not exist; valid sources: "
+            raise MissingFileError(f"corpus file {path} does not exist; valid sources: "
                                     f"{VALID_SOURCES}")
         files = [path]
     elif _HUB_ID.match(source):
         return _hub_shards(source, text_field, split, revision, data_dir)
     else:
-        raise CorpusNotFoundError(f"corpus source {source!r} not found; valid sources: "
+        raise MissingFileError(f"corpus source {source!r} not found; valid sources: "
                                 f"{VALID_SOURCES}")
     return [file_shard(f, text_field) for f in files]
 

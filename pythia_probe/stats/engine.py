@@ -17,10 +17,11 @@ from torch import Tensor
 
 from pythia_probe import __version__ as CODE_VERSION
 from pythia_probe.errors import BadInputError
+from pythia_probe.resources import memory_budget
 from pythia_probe.stats import compose, kernels
 from pythia_probe.stats.corpus_stats import FORMAT, CorpusStats
 
-if TYPE_CHECKING:  # the accumulators call into this module (finalize)
+if TYPE_CHECKING:
     from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
 
 TILE_ROWS = 1 << 10
@@ -92,11 +93,11 @@ def first_pass(acc: CountAccumulator, *, consume: bool = False,
 
 
 def needs_offload(d_vocab: int, device: torch.device) -> bool:
-    """True when a CUDA device cannot hold six V x V float64 matrices at once."""
+    """True when a CUDA device's memory budget cannot hold six V x V float64 matrices."""
     if device.type != "cuda":
         return False
-    total = torch.cuda.get_device_properties(device).total_memory
-    return 6 * 8 * d_vocab * d_vocab > 0.8 * total
+    limit, _ = memory_budget(str(device))
+    return limit is None or 6 * 8 * d_vocab * d_vocab > limit
 
 
 def top_k_ids(token_counts: Tensor, k: int) -> Tensor:
