@@ -17,7 +17,7 @@ LAYERS = [
     "testing | demo",
     "sweep",
     "toy | plots",
-    "analysis | theory | checkpoints",
+    "analysis | theory | checkpoints | summary",
     "stats",
     "tokenizer",
     "corpus | catalog",
