@@ -208,6 +208,19 @@ class CheckpointCatalog:
                       if p.is_file())
         return Revision(self.model, step, branch, None, files, local_dir=str(folder))
 
+    def resolve_branch(self, branch: str, step: int) -> Revision | None:
+        """The revision on a branch that is no step (``main``), labelled ``step``; None when
+        the source has no such branch (local sources: no sub-folder of that name)."""
+        if self.local_dir is not None:
+            folder = self.local_dir / branch
+            return self._local_revision(step, branch, folder) if folder.is_dir() else None
+        branches = self.branches()  # offline: the cached refs
+        if branch not in branches:
+            return None
+        commit = self._commit(branches[branch], branch)
+        files = self._cached_files(branch) if self.offline else self._hub_files(commit)
+        return Revision(self.model, step, branch, commit, files)
+
     def _call(self, fn: Callable, what: str):
         return hubio.call(fn, what, self.retry, fail=HubDownloadError, missing=HubNotFoundError,
                           hint=hubio.offline_hint(self.model, "stepN"))

@@ -70,6 +70,7 @@ from pythia_probe.weights_io import (
     load_weight_files,
     read_json,
     shards_for,
+    weights_digest,
 )
 
 __all__ = ["CheckpointSource", "FileInfo", "Loaded", "Names", "Revision", "RetryPolicy",
@@ -94,19 +95,27 @@ class CheckpointSource(CheckpointCatalog):
         self.holdings = Holdings(self.cache)  # leases and the disk budget of this source
 
     # ---- duplicates ----------------------------------------------------------------------------
-    def weights_key(self, rev: Revision) -> tuple:
-        """Identity of a revision's weight bytes (hub hashes; hashed locally when unknown)."""
-        if rev.local_dir is not None or any(f.sha256 is None for f in rev.weight_files):
-            return tuple((f.path, file_digest(self.fetch_file(rev, f.path), True))
-                         for f in rev.weight_files)
-        return tuple((f.path, f.sha256, f.size) for f in rev.weight_files)
+    def file_identity(self, rev: Revision, f: FileInfo) -> str:
+        """A weight file's identity, never downloading it: the hub's sha256 (else its git blob
+        id, ``git-blob:<id>``); local folders, and cached copies whose listing gives no
+        sha256, are hashed where they lie."""
+        if rev.local_dir is None and f.sha256:
+            return f.sha256
+        if rev.local_dir is None and not self.offline:
+            return f"git-blob:{f.git_oid}"
+        return file_digest(self.fetch_file(rev, f.path), True)
+
+    def weights_digest(self, rev: Revision) -> str:
+        """One digest of the revision's weight files
+        (:func:`~pythia_probe.weights_io.weights_digest`): equal digests, equal bytes."""
+        return weights_digest({f.path: self.file_identity(rev, f) for f in rev.weight_files})
 
     def duplicates(self, revisions: Iterable[Revision]) -> dict[int, int]:
         """``{step: earlier step}`` for revisions whose weights are byte-identical to an earlier."""
-        first: dict[tuple, int] = {}
+        first: dict[str, int] = {}
         dups = {}
         for rev in sorted(revisions, key=lambda r: r.step):
-            key = self.weights_key(rev)
+            key = self.weights_digest(rev)
             if key in first:
                 dups[rev.step] = first[key]
             else:

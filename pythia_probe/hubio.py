@@ -201,8 +201,8 @@ def user_error(err: BaseException, what: str, fail: type[HubError] = HubDownload
         return fail(f"{what}: HF_HUB_OFFLINE is set, so the hub is not asked; unset it or use "
                     "files already in the cache")
     if isinstance(err, HfHubHTTPError):
-        hint = "check the access token" if status_of(err) in (401, 403) else "retry later"
-        return fail(f"{what}: the hub refused it ({one_line(err)}); {hint}")
+        todo = "check the access token" if status_of(err) in (401, 403) else "retry later"
+        return fail(f"{what}: the hub refused it ({one_line(err)}); {todo}")
     why = hubnet.unreachable(err)
     if why:
         return HubUnreachableError(f"{what}: cannot reach {hubnet.host_of(err, _host())} "

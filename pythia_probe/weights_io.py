@@ -7,7 +7,9 @@ The file-level half of :mod:`pythia_probe.checkpoints` (which resolves, download
   name and hash the tree API gives before it can become a path); ``Revision`` (a step's branch,
   commit and files; its ``layout``: bin / safetensors, single or sharded).
 - Hashes: ``sha256_file``, ``git_blob_oid``; :func:`file_matches` checks size and hash (each
-  file hashed once per process while it stays unchanged).
+  file hashed once per process while it stays unchanged); :func:`weights_digest`: one digest
+  of a revision's weight files (what the duplicate check, the revision ledger and the
+  download plan compare).
 - ``load_tensors(path, want)``: one weight file, only the names ``want`` accepts; safetensors
   tensor by tensor, ``.bin`` with ``torch.load(weights_only=True, mmap=True)`` (a pickle holding
   anything but tensors raises :class:`UnsafeCheckpointError`; a truncated or garbled file
@@ -27,7 +29,7 @@ import os
 import pickle
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +56,7 @@ from pythia_probe.hubio import (
 __all__ = ["INDEX_NAMES", "WEIGHT_SUFFIXES", "FileInfo", "Names", "Revision", "dir_bytes",
            "file_matches", "git_blob_oid", "hub_cache_layout", "load_tensors",
            "load_weight_files", "name_predicate", "partial_path", "read_json", "sha256_file",
-           "shards_for"]
+           "shards_for", "weights_digest"]
 
 Names = Iterable[str] | Callable[[str], bool] | None
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -198,6 +200,14 @@ def file_matches(p: Path, f: FileInfo) -> bool:
     if f.git_oid:
         return file_digest(p, False) == f.git_oid
     return True
+
+
+def weights_digest(identities: Mapping[str, str]) -> str:
+    """One digest of a revision's weight files: the sha256 of the lines ``"<file> <identity>"``
+    sorted by file name, where a file's identity is its hub-listed sha256 (``git-blob:<id>`` for
+    a file the hub lists without one), or the sha256 of a local file."""
+    lines = "".join(f"{name} {identities[name]}\n" for name in sorted(identities))
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def dir_bytes(root: Path) -> int:

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pythia_probe"
 LAYERS = [
     "testing | demo",
     "sweep",
-    "toy | plots",
+    "toy | plots | revisions",
     "analysis | theory | checkpoints | summary",
     "stats",
     "tokenizer",
