@@ -63,6 +63,8 @@ ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.ite
 LATER_COLUMNS = ("settings", "chance", "ceiling", "ci_low", "ci_high", "revision_status")
 MANIFEST = "manifest.json"
 LAYERS = "1-based: layer l is the l-th transformer block, as the papers number them"
+#: tables beside the shards in a run folder: the summary (pythia_probe.summary), the ledger
+NOT_SHARDS = ("summary.parquet", "revisions.parquet")
 
 
 def new_run_id() -> str:
@@ -147,8 +149,9 @@ def read_shard(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """Concatenate every ``*.parquet`` shard under ``run_dir`` (recursively), validated."""
-    shards = sorted(Path(run_dir).rglob("*.parquet"))
+    """Concatenate every ``*.parquet`` shard under ``run_dir`` (recursively), validated; the
+    tables a run folder holds beside its shards (:data:`NOT_SHARDS`) are not rows."""
+    shards = sorted(p for p in Path(run_dir).rglob("*.parquet") if p.name not in NOT_SHARDS)
     if not shards:
         raise ResultsError(f"no *.parquet result shards under {run_dir}")
     return pd.concat([read_shard(p) for p in shards], ignore_index=True)

@@ -17,7 +17,6 @@ import torch
 from pythia_probe.cli import run_main
 from pythia_probe.errors import (
     FolderLockedError,
-    HubError,
     MismatchError,
     OutOfRangeError,
     ResourceError,
