@@ -232,7 +232,8 @@ def test_offline_without_the_model_in_the_cache_says_what_to_do(tmp_path, capsys
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
     line = _one_line(["--steps", "1000-143000", "--dry-run"], capsys, monkeypatch)
-    for hint in ("HF_HUB_OFFLINE is set", "--cache-dir", "hf download EleutherAI/pythia-1.4b"):
+    for hint in ("HF_HUB_OFFLINE is set", "--cache-dir", "hf download EleutherAI/pythia-1.4b",
+                 "is not in the cache"):
         assert hint in line
     capsys.readouterr()
     assert run_main(lambda: sweep_main(["--steps", "1000-143000", "--dry-run"]), "sweep") == 2
@@ -259,6 +260,7 @@ def test_offline_with_the_model_in_the_cache_prints_the_whole_plan(setup, tmp_pa
                         keep=True))
         src.close()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    real_connect = socket.create_connection
     monkeypatch.setattr(socket, "create_connection",
                         lambda *a, **k: pytest.fail("a network call was made"))
     argv = _argv("org/tiny", stats, tmp_path / "o", "--cache-dir", str(cache))
@@ -267,6 +269,14 @@ def test_offline_with_the_model_in_the_cache_prints_the_whole_plan(setup, tmp_pa
     assert "model org/tiny: 3 steps" in plan and "download 0 B still" in plan
     assert sweep_main(argv) == 0 and sorted(read_results(tmp_path / "o")["step"].unique()) == \
         list(STEPS)
+    # the hub unreachable, HF_HUB_OFFLINE unset: the dry run says the cache holds the steps
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused
+    monkeypatch.setattr(socket, "create_connection", real_connect)
+    assert run_main(lambda: sweep_main([*argv, "--dry-run"]), "sweep") == 2
+    out, err = capsys.readouterr()
+    assert f"the cache {cache}" in out and "holds 3 of them ([0, 1, 2])" in out
+    assert "HF_HUB_OFFLINE=1 plans and scores from it" in out and "cannot be reached" in err
 
 
 def test_an_unreachable_hub_is_one_line_with_the_offline_advice(tmp_path, capsys, monkeypatch):
@@ -282,7 +292,8 @@ def test_an_unreachable_hub_is_one_line_with_the_offline_advice(tmp_path, capsys
     monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
     line = _one_line(["--model", "org/some-model", "--steps", "0", "--dry-run"], capsys,
                      monkeypatch)
-    assert "cannot list the checkpoints of org/some-model" in line and "HF_HUB_OFFLINE" in line
+    assert "cannot list the checkpoints of org/some-model" in line and "HF_HUB_OFFLINE=1" in line
+    assert "hf download org/some-model --revision step1000 --cache-dir DIR" in line
 
 
 # ---- resume, signals ------------------------------------------------------------------------

@@ -24,11 +24,12 @@ from pythia_probe.errors import (
     BadInputError,
     CorruptFileError,
     HubError,
+    HubUnreachableError,
     MissingFileError,
     UserError,
 )
 from pythia_probe.fileio import free_bytes
-from pythia_probe.hubio import endpoint
+from pythia_probe.hubio import endpoint, offline_hint
 from pythia_probe.resources import human_bytes
 from pythia_probe.steps import is_pythia, parse_steps
 from pythia_probe.sweep.config import SourceConfig
@@ -74,16 +75,15 @@ def select_steps(spec: str, source) -> list[int]:
 
 def offline_advice(model: str, err: BaseException, offline: bool) -> HubError:
     """The one line for a hub that cannot be reached, or (``offline``: HF_HUB_OFFLINE is set)
-    a cache without the model: what to do offline."""
-    fill = (f"fill one where the hub is reachable, e.g. `hf download {model} --revision "
-            "step1000 --cache-dir DIR`")
-    todo = (f"HF_HUB_OFFLINE is set: pass --cache-dir with a Hugging Face cache that holds the "
-            f"model ({fill}), or a local folder of step*/ checkpoints as --model" if offline
-            else f"Offline? Set HF_HUB_OFFLINE=1 to use the cache, or pass --cache-dir with an "
-            f"existing Hugging Face cache that holds the model ({fill}), or a local folder of "
-            f"step*/ checkpoints as --model (hub: {endpoint()})")
-    return HubError(f"cannot list the checkpoints of {model} "
-                    f"({' '.join(str(err).split())[:200]}). {todo}")
+    a cache without the model: what to do offline (hubio's advice, for this model)."""
+    todo = offline_hint(model, "step1000")
+    if offline:
+        return HubError(f"cannot list the checkpoints of {model} (HF_HUB_OFFLINE is set): "
+                        f"{' '.join(str(err).split())}; pass --cache-dir with a Hugging Face "
+                        f"cache that holds it, or {todo.split('; ', 1)[1]}")
+    why = ("it cannot be reached" if isinstance(err, HubUnreachableError) else
+           " ".join(str(err).split()))
+    return HubError(f"cannot list the checkpoints of {model} on {endpoint()}: {why}; {todo}")
 
 
 def tensor_names(needs: Needs):
