@@ -208,6 +208,7 @@ def no_network(monkeypatch):
     (["--steps", "1000-"], "cannot parse steps item '1000-'"),
     (["--steps", "1000-143000:0"], "stride must be positive"),
     (["--steps", "5-1"], "empty range"),
+    (["--steps", "1234"], "step 1234 is not available for this model; nearest valid steps: 1000"),
     (["--heads", "0"], "numbered from 1"),
 ])
 def test_bad_model_names_and_steps_are_refused_before_any_network_call(argv, says, no_network,

@@ -15,6 +15,7 @@ from pythia_probe.analysis.plan import Plan, choose_targets, memory_plan
 from pythia_probe.arch import NeoXConfig
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.resources import human_bytes, memory_budget
+from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
 from pythia_probe.sweep.source import duplicates
 
@@ -49,8 +50,11 @@ def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: i
     return choose_targets(need, limit, how)
 
 
-def check_local_files(parts) -> None:
-    """Files named on the command line exist, checked before any network call."""
+def check_local(parts) -> None:
+    """What needs no network, checked before any network call: files named on the command
+    line exist, and a Pythia model's --steps are steps of Pythia's schedule."""
+    if is_pythia(parts.source.model):
+        parse_steps(parts.plan.steps, PYTHIA_STEPS)  # StepError names the nearest valid steps
     stats, text = parts.statistics.stats, parts.scoring.text
     if stats is not None and not Path(stats).is_file():
         raise MissingFileError(f"--stats {stats}: no such statistics file; compute one with "

@@ -46,7 +46,7 @@ from pythia_probe.sweep.layout import (
 from pythia_probe.sweep.manifest import RunRecord
 from pythia_probe.sweep.plan import (
     check_heads,
-    check_local_files,
+    check_local,
     checkpoint_plan,
     downloads,
     plan_lines,
@@ -227,7 +227,7 @@ def _local_lines(parts: SweepParts, source) -> list[str]:
 
 def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
     src, st, sc = parts.source, parts.statistics, parts.scoring
-    check_local_files(parts)
+    check_local(parts)
     steps, first, c = _model(parts, source)
     check_heads(sc, c.n_layers)
     tok = model_tokenizer(source, first, st.tokenizer, src.model)
