@@ -59,6 +59,11 @@ class DeviceError(UserError, RuntimeError):
     """``--device`` names a device this machine does not have."""
 
 
+class KernelError(BadInputError):
+    """A compiled kernel refused its input, or was asked for (``PYTHIA_PROBE_KERNEL=c``) but is
+    not built; the message names what was wrong."""
+
+
 # ---- the hub, checkpoints and steps ------------------------------------------------------------
 class StepError(BadInputError):
     """A steps spec that names a step the model does not have, or is malformed."""

@@ -52,9 +52,12 @@ def free_bytes(path: str | os.PathLike) -> int:
 
 
 def is_disk_full(err: BaseException, folder: str | os.PathLike) -> bool:
-    """An OSError with ENOSPC/EDQUOT, or any write error while the filesystem has < 64 KiB free
-    (libraries such as safetensors report a full disk in their own exception types)."""
+    """An OSError with ENOSPC/EDQUOT, a library's error naming one (safetensors reports "No
+    space left on device (os error 28)" in its own type, after deleting its partial file), or
+    any write error while the filesystem has < 64 KiB free."""
     if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+        return True
+    if any(f"(os error {n})" in str(err) for n in DISK_FULL_ERRNOS):
         return True
     try:
         return free_bytes(folder) < 1 << 16
@@ -87,8 +90,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any],
     os.close(fd)
     tmp = Path(name)
     try:
-        os.chmod(tmp, 0o666 & ~umask())
         write(tmp)
+        os.chmod(tmp, 0o666 & ~umask())  # after write: a writer may have replaced the file
         os.replace(tmp, path)
     except Exception as err:
         if is_disk_full(err, path.parent):

@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pythia_probe.errors import KernelError
 from pythia_probe.stats import CountAccumulator, QAccumulator, batch_stats, fastcount, kernels
 from pythia_probe.stats.engine import first_pass, top_k_ids
 from pythia_probe.stats.reference import reference_stats, reference_stats_ragged
@@ -148,16 +149,16 @@ def test_kernel_refuses_bad_input_with_clear_errors():
     lo = torch.zeros(25, dtype=torch.int64)
     w = kernels.context_weights(4, torch.device("cpu"))
     bad = torch.tensor([[0, 1, 5, 2, 0]])
-    with pytest.raises(fastcount.FastKernelError, match="outside the vocabulary"):
+    with pytest.raises(KernelError, match="outside the vocabulary"):
         fastcount.add_context(lo, bad, torch.tensor([5]), 5, w)
-    with pytest.raises(fastcount.FastKernelError, match="2 <= length"):
+    with pytest.raises(KernelError, match="2 <= length"):
         fastcount.add_context(lo, bad, torch.tensor([1]), 5, w)
-    with pytest.raises(fastcount.FastKernelError, match="d_vocab\\^2"):
+    with pytest.raises(KernelError, match="d_vocab\\^2"):
         fastcount.add_context(lo[:20], bad, torch.tensor([2]), 5, w)
     assert int(lo.abs().sum()) == 0  # refused before touching the accumulator
     Gc, Q, D = torch.zeros(25, dtype=torch.float64), torch.zeros(25, dtype=torch.float64), \
         torch.zeros(4, dtype=torch.float64)
-    with pytest.raises(fastcount.FastKernelError, match="row_of"):
+    with pytest.raises(KernelError, match="row_of"):
         fastcount.add_q(Q, D, Gc, bad, torch.tensor([2]), 5, 5, torch.tensor([0, 1, 2, 3, 9]))
 
 
@@ -175,3 +176,27 @@ def test_kernel_choice_is_recorded_in_metadata():
     meta = batch_stats(tokens, 7).meta
     assert meta["kernel"] == kernels.kernel_info("cpu")
     assert meta["kernel"]["backend"] in ("c", "torch")
+
+
+def test_c_kernel_not_built_is_one_line_or_a_logged_fallback(monkeypatch, caplog):
+    """PYTHIA_PROBE_KERNEL=c without the built library: a KernelError (exit 2), never a
+    RuntimeError traceback; auto: the torch / numpy kernels, said once in the log."""
+    from pythia_probe.errors import user_message
+    from pythia_probe.stats import sparsefast
+
+    monkeypatch.setattr(fastcount, "available", lambda: False)
+    monkeypatch.setattr(sparsefast, "available", lambda: False)
+    with pytest.raises(KernelError, match="PYTHIA_PROBE_KERNEL=c, but the C kernel is not built"
+                       ) as e, kernels.use_backend("c"):
+        pass
+    assert "\n" not in user_message(e.value)
+    monkeypatch.setattr(kernels, "_backend", "c")
+    with pytest.raises(KernelError, match="C kernel is not built"):
+        sparsefast.use_c()
+    monkeypatch.setattr(kernels, "_backend", "auto")
+    kernels.log_fallback.cache_clear()
+    with caplog.at_level("WARNING", logger="pythia_probe.stats.kernels"):
+        assert not kernels.use_c(torch.device("cpu")) and not sparsefast.use_c()
+        assert not kernels.use_c(torch.device("cpu"))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("is not built: using the" in m for m in said)

@@ -9,18 +9,14 @@ tensors do not fit) computes the same statistics in memory that grows with the c
 Memory plans: ``stats/MEMORY.md``.
 """
 
-from pythia_probe.stats.accumulate import AccumulatorError, CountAccumulator, QAccumulator
+from pythia_probe.errors import MismatchError as StatsMismatchError  # the old name, still used
+from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
 from pythia_probe.stats.batch import batch_stats
-from pythia_probe.stats.corpus_stats import (
-    CorpusStats,
-    StatsFileError,
-    StatsMismatchError,
-    read_meta,
-)
+from pythia_probe.stats.corpus_stats import CorpusStats, read_meta
 from pythia_probe.stats.engine import first_pass, top_k_ids
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import SparseCountAccumulator
 
-__all__ = ["AccumulatorError", "CorpusStats", "CountAccumulator", "QAccumulator",
-           "SequencePolicy", "SparseCountAccumulator", "StatsFileError", "StatsMismatchError",
-           "batch_stats", "first_pass", "read_meta", "top_k_ids"]
+__all__ = ["CorpusStats", "CountAccumulator", "QAccumulator", "SequencePolicy",
+           "SparseCountAccumulator", "StatsMismatchError", "batch_stats", "first_pass",
+           "read_meta", "top_k_ids"]

@@ -12,55 +12,46 @@ bit (same batches, same order); merges of partial Qbar agree to float64 rounding
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from pythia_probe.errors import BadInputError
-from pythia_probe.stats import engine, kernels
+from pythia_probe.errors import BadInputError, MismatchError, ResourceError
+from pythia_probe.resources import memory_budget
+from pythia_probe.stats import kernels
 from pythia_probe.stats.compose import slices
 
 INT_MAX = (1 << 63) - 1
 
 
-class AccumulatorError(BadInputError):
-    """Incompatible accumulators, double-counted shards or bad batches."""
-
-
 def check_batch(tokens: Tensor, lengths: Tensor | None, d_vocab: int, T: int) -> Tensor:
     """Validate a batch; return lengths (full rows when None). Clear errors on bad input."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
-        raise AccumulatorError("tokens must be an integer tensor [n, T+1]")
+        raise BadInputError("tokens must be an integer tensor [n, T+1]")
     if tokens.shape[1] < 2 or tokens.shape[1] > T + 1:
-        raise AccumulatorError(f"tokens have {tokens.shape[1]} columns; valid: 2..T+1 = {T + 1}")
+        raise BadInputError(f"tokens have {tokens.shape[1]} columns; valid: 2..T+1 = {T + 1}")
     L = tokens.shape[1]
     if lengths is None:
         lengths = torch.full((tokens.shape[0],), L, dtype=torch.int64, device=tokens.device)
     lengths = lengths.to(device=tokens.device, dtype=torch.int64)
     if lengths.shape != (tokens.shape[0],) or bool(((lengths < 2) | (lengths > L)).any()):
-        raise AccumulatorError(f"lengths must be [n] with 2 <= length <= {L} (T+1 tokens)")
+        raise BadInputError(f"lengths must be [n] with 2 <= length <= {L} (T+1 tokens)")
     valid = torch.arange(L, device=tokens.device)[None, :] < lengths[:, None]
     bad = valid & ((tokens < 0) | (tokens >= d_vocab))
     if bool(bad.any()):
-        raise AccumulatorError(f"token id {int(tokens[bad][0])} outside the vocabulary "
+        raise BadInputError(f"token id {int(tokens[bad][0])} outside the vocabulary "
                                f"0..{d_vocab - 1} (d_vocab = {d_vocab})")
     return lengths
 
 
 def check_memory(need: int, device: torch.device, what: str) -> None:
-    """Refuse up front (clear error) when ``need`` bytes cannot fit on ``device``."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-    elif device.type == "cpu" and hasattr(os, "sysconf"):
-        free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # total RAM
-    else:
-        return
-    if need > free:
-        raise AccumulatorError(f"{what} need {need / 1e9:.1f} GB on {device}, only "
-                               f"{free / 1e9:.1f} GB available; see pythia_probe/stats/MEMORY.md "
-                               "(3 V x V int64 tensors; 60.7 GB at 50,304 tokens)")
+    """Refuse up front (clear error) when ``need`` bytes exceed the device's memory budget."""
+    limit, how = memory_budget(str(device))
+    if limit is not None and need > limit:
+        raise ResourceError(f"{what} need {need / 1e9:.1f} GB on {device}, more than the budget "
+                            f"{limit / 1e9:.1f} GB ({how}); see pythia_probe/stats/MEMORY.md "
+                            "(3 V x V int64 tensors; 60.7 GB at 50,304 tokens)")
 
 
 class FixedPoint:
@@ -107,7 +98,7 @@ class CountAccumulator:
 
     def __init__(self, d_vocab: int, T: int, device: str | torch.device = "cpu") -> None:
         if d_vocab < 1 or T < 1:
-            raise AccumulatorError(f"need d_vocab >= 1 and T >= 1, got {d_vocab}, {T}")
+            raise BadInputError(f"need d_vocab >= 1 and T >= 1, got {d_vocab}, {T}")
         self.d_vocab, self.T, self.device = d_vocab, T, torch.device(device)
         V2 = d_vocab * d_vocab
         check_memory(3 * 8 * V2, self.device, f"pass-1 accumulators for d_vocab = {d_vocab}")
@@ -139,10 +130,6 @@ class CountAccumulator:
         self.n_positions += n_pos
         self.n_tokens += int(toks.numel())
 
-    def finalize(self, **kw: Any):
-        """Final pass-1 matrices (``engine.FirstPass``: Bbar, Phibar, SigmaB, Gbar)."""
-        return engine.first_pass(self, **kw)
-
     def merge(self, other: CountAccumulator) -> CountAccumulator:
         """Add another partial accumulator (exact, any order); refuses shards counted twice."""
         _check_compatible(self, other)
@@ -169,7 +156,7 @@ class CountAccumulator:
     def from_state(cls, tensors: dict[str, Tensor], meta: dict[str, Any],
                    device: str | torch.device = "cpu") -> CountAccumulator:
         if meta.get("kind") != "count" or meta.get("frac_bits") != kernels.FRAC_BITS:
-            raise AccumulatorError("not a pass-1 checkpoint of this code version")
+            raise MismatchError("not a pass-1 checkpoint of this code version")
         acc = cls(meta["d_vocab"], meta["T"], device)
         acc.token_counts.copy_(tensors["token_counts"])
         acc.bigram.copy_(tensors["bigram"])
@@ -224,10 +211,6 @@ class QAccumulator:
         self.n_positions += int((lengths - 1).sum())
         return self
 
-    def finalize(self, first: Any, meta: dict[str, Any] | None = None, ids: Tensor | None = None):
-        """The frozen CorpusStats from this pass 2 and its pass 1 (``first``)."""
-        return engine.assemble(first, self, dict(meta or {}, T=self.T), ids)
-
     def merge(self, other: QAccumulator) -> QAccumulator:
         _check_compatible(self, other)
         self.Qbar += other.Qbar.to(self.device)
@@ -243,7 +226,7 @@ class QAccumulator:
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> QAccumulator:
         if meta.get("kind") != "q" or meta["T"] != self.T or meta["d_vocab"] != self.d_vocab:
-            raise AccumulatorError("pass-2 checkpoint does not match these statistics")
+            raise MismatchError("pass-2 checkpoint does not match these statistics")
         self.Qbar.copy_(tensors["Qbar_sum"])
         self.Delta.copy_(tensors["Delta_sum"])
         self.n_positions, self.ledger = meta["n_positions"], meta["ledger"]
@@ -252,17 +235,17 @@ class QAccumulator:
 
 def _as_ids(tokens: Tensor, device: torch.device) -> Tensor:
     if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
-        raise AccumulatorError("tokens must be an integer tensor [n, T+1]")
+        raise BadInputError("tokens must be an integer tensor [n, T+1]")
     return tokens.to(device, torch.int64)
 
 
 def _check_compatible(a: Any, b: Any) -> None:
     if type(a) is not type(b) or (a.d_vocab, a.T) != (b.d_vocab, b.T):
-        raise AccumulatorError(f"cannot merge {type(b).__name__}(d_vocab={b.d_vocab}, T={b.T}) "
+        raise MismatchError(f"cannot merge {type(b).__name__}(d_vocab={b.d_vocab}, T={b.T}) "
                                f"into {type(a).__name__}(d_vocab={a.d_vocab}, T={a.T})")
     twice = {e["shard"] for e in a.ledger} & {e["shard"] for e in b.ledger}
     if twice:
-        raise AccumulatorError(f"shards counted twice in merge: {sorted(twice)[:5]}")
+        raise MismatchError(f"shards counted twice in merge: {sorted(twice)[:5]}")
 
 
 def _row_chunks(positions: Tensor, max_positions: int) -> list[slice]:

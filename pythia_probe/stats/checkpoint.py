@@ -11,7 +11,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from pythia_probe.errors import CorruptFileError, MismatchError
+from pythia_probe.errors import CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.fileio import atomic_write
 
 
@@ -32,6 +32,8 @@ def save_state(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict[s
 def load_state(path: str | os.PathLike, identity: dict[str, Any] | None = None
                ) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Read a checkpoint; refuse it if its recorded ``identity`` differs from the given one."""
+    if not Path(path).is_file():
+        raise MissingFileError(f"checkpoint {path} does not exist")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])

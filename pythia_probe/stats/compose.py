@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pythia_probe.resources import memory_budget
+
 
 def slices(n: int, step: int) -> list[slice]:
     """[0, n) in consecutive slices of at most ``step``."""
@@ -24,8 +26,8 @@ def tile_budget(device: torch.device, budget_bytes: int | None) -> int:
     if budget_bytes is not None:
         return max(int(budget_bytes), 1)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return max(free // 4, 1 << 20)
+        limit, _ = memory_budget(str(device))
+        return max(int(limit or 0) // 4, 1 << 20)
     return DEFAULT_CPU_BUDGET
 
 

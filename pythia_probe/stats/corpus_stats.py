@@ -19,21 +19,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError
+from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.stats import checkpoint, compose
 
 FORMAT = "pythia_probe.stats/1"
 MATRICES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
 PRIMARY = ("Bbar", "Phibar", "Qbar", "Delta")
 VERIFY_LIMIT = 4 << 30
-
-
-class StatsFileError(CorruptFileError):
-    """A statistics file that is missing, corrupt or not of this format."""
-
-
-class StatsMismatchError(MismatchError):
-    """A statistics file computed with another tokenizer or vocabulary than expected."""
 
 
 class CorpusStats:
@@ -83,7 +75,7 @@ class CorpusStats:
     def _derived(self, name: str, make) -> Tensor:
         if name not in self._t:
             if self.restricted:
-                raise StatsFileError(f"{name} missing from a top-k restricted statistics object")
+                raise CorruptFileError(f"{name} missing from a top-k restricted statistics object")
             self._t[name] = make()
         return self._t[name]
 
@@ -149,17 +141,17 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
 
 def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dict]:
     if not path.is_file():
-        raise StatsFileError(f"statistics file {path} does not exist")
+        raise MissingFileError(f"statistics file {path} does not exist")
     try:
         with safe_open(str(path), framework="pt", device=device) as f:
             raw = (f.metadata() or {}).get("pythia_probe")
             meta = json.loads(raw) if raw else {}
             if meta.get("format") != FORMAT:
-                raise StatsFileError(f"{path} is not a pythia_probe statistics file "
+                raise CorruptFileError(f"{path} is not a pythia_probe statistics file "
                                      f"(format {meta.get('format')!r}, expected {FORMAT!r})")
             tensors = {} if header_only else {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, json.JSONDecodeError, OSError, RuntimeError) as e:
-        raise StatsFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
+        raise CorruptFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
                              ) from e
     return meta, tensors
 
@@ -167,26 +159,28 @@ def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dic
 def _verify(tensors: dict[str, Tensor], digests: dict[str, str], path: Any) -> None:
     for k, v in tensors.items():
         if k in digests and _sha(v.cpu()) != digests[k]:
-            raise StatsFileError(f"{path}: tensor {k} does not match its stored sha256 "
+            raise CorruptFileError(f"{path}: tensor {k} does not match its stored sha256 "
                                  "(file corrupted); recompute the statistics")
 
 
 def check_tokenizer(meta: dict[str, Any], expect: dict[str, Any], path: Any = "stats") -> None:
-    """Raise StatsMismatchError unless meta's tokenizer fingerprint matches ``expect``."""
+    """Raise MismatchError unless meta's tokenizer fingerprint matches ``expect``."""
     have = meta.get("tokenizer")
     if not have:
-        raise StatsMismatchError(f"{path} records no tokenizer, cannot check it against "
+        raise MismatchError(f"{path} records no tokenizer, cannot check it against "
                                  f"{expect.get('name')!r}; pass expect=None to skip the check")
     if "scheme" in expect and have.get("scheme") != expect["scheme"]:
-        raise StatsMismatchError(
+        raise MismatchError(
             f"{path} records its tokenizer in an older form (scheme {have.get('scheme')!r}, this "
-            f"version uses {expect['scheme']!r}); recompute it with `python -m pythia_probe.stats`")
+            f"version uses {expect['scheme']!r}); recompute it with "
+            "`python -m pythia_probe.stats compute ...`")
     for key in ("sha256", "d_vocab"):
         if key in expect and have.get(key) != expect[key]:
-            raise StatsMismatchError(
+            raise MismatchError(
                 f"{path} was computed with tokenizer {have.get('name')!r} ({key} "
                 f"{have.get(key)}) but this analysis uses {expect.get('name')!r} ({key} "
-                f"{expect[key]}); recompute with `python -m pythia_probe.stats --tokenizer ...`")
+                f"{expect[key]}); recompute with "
+                "`python -m pythia_probe.stats compute --tokenizer ...`")
 
 
 def _sha(t: Tensor) -> str:

@@ -17,10 +17,11 @@ from torch import Tensor
 
 from pythia_probe import __version__ as CODE_VERSION
 from pythia_probe.errors import BadInputError
+from pythia_probe.resources import memory_budget
 from pythia_probe.stats import compose, kernels
 from pythia_probe.stats.corpus_stats import FORMAT, CorpusStats
 
-if TYPE_CHECKING:  # the accumulators call into this module (finalize)
+if TYPE_CHECKING:
     from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
 
 TILE_ROWS = 1 << 10
@@ -92,11 +93,11 @@ def first_pass(acc: CountAccumulator, *, consume: bool = False,
 
 
 def needs_offload(d_vocab: int, device: torch.device) -> bool:
-    """True when a CUDA device cannot hold six V x V float64 matrices at once."""
+    """True when a CUDA device's memory budget cannot hold six V x V float64 matrices."""
     if device.type != "cuda":
         return False
-    total = torch.cuda.get_device_properties(device).total_memory
-    return 6 * 8 * d_vocab * d_vocab > 0.8 * total
+    limit, _ = memory_budget(str(device))
+    return limit is None or 6 * 8 * d_vocab * d_vocab > limit
 
 
 def top_k_ids(token_counts: Tensor, k: int) -> Tensor:
@@ -166,8 +167,25 @@ def stats_meta(meta: dict[str, Any], ids: Tensor | None, V: int, fp: Any,
     meta["vocab"] = {"restricted": ids is not None, "compose": "full_then_slice",
                      "ids": None if ids is None else ids.tolist(), "full_d_vocab": V}
     meta["kernel"] = kernel  # recorded, not part of the identity (nor is meta["engine"])
-    ident = {k: meta.get(k) for k in ("tokenizer", "policy", "ledger", "counts", "vocab")}
-    ident.update(format=FORMAT, checksum=fp.checksum, T=meta.get("T"))
-    blob = json.dumps(ident, sort_keys=True, default=str).encode()
-    meta["stats_id"] = hashlib.sha256(blob).hexdigest()[:12]
+    meta["stats_id"] = stats_id(meta, fp.checksum)
     return meta
+
+
+def stats_id(meta: dict[str, Any], checksum: list[int]) -> str:
+    """12 hex digits naming what decided the numbers: the tokenizer's canonical fingerprint
+    (not its name or where it was loaded from), the sequence policy, every shard's content
+    digest and counts (not its name: a local shard's name is its path), the vocabulary and the
+    pass-1 checksum. The same recipe built anywhere gets the same stats_id."""
+    tok = meta.get("tokenizer")
+    ident = {"tokenizer": None if tok is None else {k: tok.get(k) for k in
+                                                    ("sha256", "d_vocab", "scheme")},
+             "ledger": [ledger_identity(e) for e in meta.get("ledger") or []],
+             **{k: meta.get(k) for k in ("policy", "counts", "vocab", "T")},
+             "format": FORMAT, "checksum": checksum}
+    blob = json.dumps(ident, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def ledger_identity(entry: dict[str, Any]) -> dict[str, Any]:
+    """A ledger entry without the shard's name when its content digest names it."""
+    return {k: v for k, v in entry.items() if k != "shard" or "content" not in entry}

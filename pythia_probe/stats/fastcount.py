@@ -21,16 +21,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import KernelError
 
 ABI_VERSION = 3
 _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1",
            -2: "a token id is outside the vocabulary 0..d_vocab-1",
            -3: "out of memory for the kernel's scratch buffers"}
-
-
-class FastKernelError(BadInputError):
-    """The C kernel refused its input (message names what was wrong)."""
 
 
 def library_path(stem: str = "_fastcount") -> Path | None:
@@ -109,7 +105,7 @@ def centre_lanes() -> int:
 
 def _check(rc: int) -> None:
     if rc != 0:
-        raise FastKernelError(f"C kernel: {_ERRORS.get(rc, f'error code {rc}')}")
+        raise KernelError(f"C kernel: {_ERRORS.get(rc, f'error code {rc}')}")
 
 
 def _ptr(t: Tensor | None) -> int | None:
@@ -120,7 +116,7 @@ def add_context(lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int, w: Te
     """lo[y_t * V + x_m] += w[t] for every m <= t < lengths - 1 (contiguous CPU tensors)."""
     n, L = tokens.shape
     if lo.numel() != d_vocab * d_vocab or w.numel() < L - 1:
-        raise FastKernelError(f"accumulator has {lo.numel()} entries, need d_vocab^2 = "
+        raise KernelError(f"accumulator has {lo.numel()} entries, need d_vocab^2 = "
                               f"{d_vocab * d_vocab}; weights {w.numel()}, need {L - 1}")
     _check(_lib().fc_context(tokens.data_ptr(), n, L, lengths.data_ptr(), d_vocab,
                              w.data_ptr(), lo.data_ptr()))
@@ -131,10 +127,10 @@ def add_q(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor, lengths: Tens
     """Pass 2 scatter of Q into Qbar [side * side] and Delta (contiguous CPU tensors)."""
     n, L = tokens.shape
     if Gc.numel() != d_vocab * d_vocab or Qbar.numel() != side * side or Delta.numel() < L - 1:
-        raise FastKernelError(f"Gc {Gc.numel()} / Qbar {Qbar.numel()} / Delta {Delta.numel()} "
+        raise KernelError(f"Gc {Gc.numel()} / Qbar {Qbar.numel()} / Delta {Delta.numel()} "
                               f"entries; need {d_vocab}^2 / {side}^2 / >= {L - 1}")
     if row_of is not None and (row_of.numel() != d_vocab or bool((row_of < 0).any())
                                or bool((row_of >= side).any())):
-        raise FastKernelError(f"row_of must map all {d_vocab} ids into 0..{side - 1}")
+        raise KernelError(f"row_of must map all {d_vocab} ids into 0..{side - 1}")
     _check(_lib().fc_q(tokens.data_ptr(), n, L, lengths.data_ptr(), d_vocab, Gc.data_ptr(),
                        Qbar.data_ptr(), side, _ptr(row_of), Delta.data_ptr(), centre_lanes()))

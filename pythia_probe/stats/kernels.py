@@ -22,18 +22,20 @@ float64 rounding only (tests: |diff| <= 1e-12 x 2 max|Gbar|; about 2e-15 x max|D
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, KernelError
 from pythia_probe.stats import fastcount
 
+log = logging.getLogger(__name__)
 BACKENDS = ("auto", "c", "torch")
 _backend = os.environ.get("PYTHIA_PROBE_KERNEL", "auto")
 
@@ -90,9 +92,16 @@ def _check_backend(name: str) -> str:
     if name not in BACKENDS:
         raise BadInputError(f"kernel backend {name!r} (PYTHIA_PROBE_KERNEL); valid: {BACKENDS}")
     if name == "c" and not fastcount.available():
-        raise RuntimeError("the C kernel is not built (reinstall with `pip install -e .` and a C "
-                           "compiler, or use PYTHIA_PROBE_KERNEL=torch)")
+        raise KernelError("PYTHIA_PROBE_KERNEL=c, but the C kernel is not built (reinstall with "
+                          "`pip install -e .` and a C compiler, or use PYTHIA_PROBE_KERNEL=torch)")
     return name
+
+
+@cache
+def log_fallback(library: str, instead: str) -> None:
+    """Say once per process that a C library is not built and what runs instead."""
+    log.warning("the C kernel %s is not built: using the %s kernels (same numbers, slower); "
+                "`pip install -e .` with a C compiler builds it", library, instead)
 
 
 @contextmanager
@@ -110,6 +119,8 @@ def use_c(device: torch.device) -> bool:
     """True when add_context/add_q run the compiled kernel on ``device``."""
     if _check_backend(_backend) == "torch" or device.type != "cpu":
         return False
+    if not fastcount.available():
+        log_fallback("_fastcount", "torch")
     return fastcount.available()
 
 

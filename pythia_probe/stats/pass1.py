@@ -9,6 +9,7 @@ With several processes each rank takes shards rank, rank+world, ...
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -18,14 +19,17 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from pythia_probe.corpus import content_digest
+from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.fileio import remove
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import checkpoint
 from pythia_probe.stats.accumulate import CountAccumulator
-from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
+from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches, describe_skips
 from pythia_probe.stats.sparse import SparseCountAccumulator
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -47,10 +51,30 @@ class RunSpec:
     engine: str = "auto"
 
 
+def doc_counts(ledger: list[dict]) -> dict[str, int]:
+    """Documents kept and read, and every kind of skip, summed over the ledger."""
+    skipped = sum((Counter(e["skipped"]) for e in ledger), Counter())
+    return {"docs": sum(e["docs"] for e in ledger),
+            "docs_read": sum(e.get("docs_read", e["docs"]) for e in ledger), **dict(skipped)}
+
+
+def check_counted(acc, spec: RunSpec) -> None:
+    """After pass 1: say what was left out and why; when nothing was counted, remove the work
+    folder (it holds nothing worth resuming) and stop with that line."""
+    counts = doc_counts(acc.ledger)
+    line = describe_skips(counts, spec.policy.seq_len)
+    if acc.n_positions == 0:
+        remove_work(spec.work_dir)
+        raise BadInputError(f"no positions were counted: {line}; nothing was kept (the work "
+                            f"folder {spec.work_dir} is removed)")
+    if counts["docs_read"] > counts["docs"] or any(v for k, v in counts.items()
+                                                   if k not in ("docs", "docs_read")):
+        log.info("pass 1: %s", line)
+
+
 def run_meta(meta: dict[str, Any], spec: RunSpec, ledger: list[dict]) -> dict[str, Any]:
     """Metadata of a run: T, ledger, documents and skips, sequence policy."""
-    skipped = sum((Counter(e["skipped"]) for e in ledger), Counter())
-    docs = {"docs": sum(e["docs"] for e in ledger), **dict(skipped)}
+    docs = doc_counts(ledger)
     return dict(meta, T=spec.policy.seq_len, ledger=ledger, counts=docs,
                 policy=dict(spec.policy.as_dict(), min_chars=spec.min_chars,
                             max_docs=spec.max_docs))
@@ -83,21 +107,15 @@ def count_pass(mine: list, spec: RunSpec, d: Ranks, dev: torch.device,
 
 def count_shard(index: int, shard, acc: CountAccumulator, spec: RunSpec, quota: int | None,
                 shown) -> dict[str, Any]:
-    """Count one shard, cache its windows, append its ledger entry."""
-    seq = Sequencer(spec.policy, spec.d_vocab)
-    docs = _DocFilter(shard.documents(), spec.min_chars, quota)
-    tok_list, len_list = [], []
-    windows = seq.windows(spec.encode(docs))
-    for tokens, lengths in batches(windows, spec.policy.seq_len, spec.batch_size):
-        acc.update(tokens, lengths)
-        tok_list.append(tokens.to(torch.int32))
-        len_list.append(lengths)
-        shown.update(int(lengths.sum()))
-    T1 = spec.policy.seq_len + 1
-    cache = {"tokens": torch.cat(tok_list) if tok_list else torch.zeros(0, T1, dtype=torch.int32),
-             "lengths": torch.cat(len_list) if len_list else torch.zeros(0, dtype=torch.int64)}
-    checkpoint.save_state(cache_path(spec, shard.name), cache, {"shard": shard.name})
-    entry = {"shard": shard.name, "index": index, "docs": docs.kept, "docs_read": docs.read,
+    """Count one shard, cache its windows, append its ledger entry (with the shard's content
+    digest and the cache's sha256, which pass 2 checks the cache against)."""
+    content = content_digest(shard.fingerprint())
+    seq, docs, cache = read_windows(shard, spec, quota, lambda t, n: (acc.update(t, n),
+                                                                      shown.update(int(n.sum()))))
+    digest = cache_digest(cache)
+    _save_cache(spec, shard.name, cache, content, digest)
+    entry = {"shard": shard.name, "index": index, "content": content, "cache_sha256": digest,
+             "docs": docs.kept, "docs_read": docs.read,
              "sequences": int(cache["lengths"].numel()),
              "positions": int((cache["lengths"] - 1).clamp(min=0).sum()),
              "skipped": dict(seq.skipped, docs_under_min_chars=docs.read - docs.kept)}
@@ -105,6 +123,73 @@ def count_shard(index: int, shard, acc: CountAccumulator, spec: RunSpec, quota: 
         entry["skipped"]["empty_shard"] = 1
     acc.ledger.append(entry)
     return entry
+
+
+def read_windows(shard, spec: RunSpec, quota: int | None, each=None):
+    """(sequencer, document filter, cache) of one shard. The cache holds only the tokens of
+    its windows, without padding (``ids``: int32, concatenated; ``lengths``: int64), so its
+    size follows the tokens kept, whatever T is. ``each(tokens, lengths)`` sees every batch."""
+    seq = Sequencer(spec.policy, spec.d_vocab)
+    docs = _DocFilter(shard.documents(), spec.min_chars, quota)
+    ids, lens = [torch.zeros(0, dtype=torch.int32)], [torch.zeros(0, dtype=torch.int64)]
+    for tokens, lengths in batches(seq.windows(spec.encode(docs)), spec.policy.seq_len,
+                                   spec.batch_size):
+        if each is not None:
+            each(tokens, lengths)
+        valid = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
+        ids.append(tokens[valid].to(torch.int32))
+        lens.append(lengths)
+    return seq, docs, {"ids": torch.cat(ids), "lengths": torch.cat(lens)}
+
+
+def padded(cache: dict[str, torch.Tensor], T: int) -> dict[str, torch.Tensor]:
+    """A token cache as windows [n, T+1] int32 padded with 0, and their lengths."""
+    lengths = cache["lengths"]
+    tokens = torch.zeros(lengths.numel(), T + 1, dtype=torch.int32)
+    tokens[torch.arange(T + 1)[None, :] < lengths[:, None]] = cache["ids"]
+    return {"tokens": tokens, "lengths": lengths}
+
+
+def cache_digest(cache: dict[str, torch.Tensor]) -> str:
+    """sha256 of a token cache (the windows' tokens and lengths)."""
+    h = hashlib.sha256(cache["ids"].to(torch.int32).contiguous().numpy().tobytes())
+    h.update(cache["lengths"].to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _save_cache(spec: RunSpec, name: str, cache: dict, content: str, digest: str) -> None:
+    checkpoint.save_state(cache_path(spec, name), cache,
+                          {"shard": name, "content": content, "sha256": digest})
+
+
+def cached_windows(spec: RunSpec, entry: dict[str, Any], shard) -> dict[str, torch.Tensor]:
+    """The windows of a counted shard (padded, as :func:`padded`) from its token cache,
+    checked against its pass-1 ledger entry: a cache that is missing, corrupt or holds other
+    windows (another shard's copied over it) is rebuilt from the shard, which must still give
+    the windows pass 1 counted."""
+    if "cache_sha256" not in entry:
+        raise MismatchError(f"the work folder {spec.work_dir} was written by an older version "
+                            "(its ledger records no token-cache digests); delete it to start "
+                            "over")
+    path = cache_path(spec, entry["shard"])
+    try:
+        cache, _ = checkpoint.load_state(path)
+        if cache_digest(cache) == entry["cache_sha256"]:
+            return padded(cache, spec.policy.seq_len)
+        why = "holds other windows than pass 1 counted"
+    except (CorruptFileError, MissingFileError, KeyError) as err:
+        why = f"cannot be read ({err})"
+    log.warning("token cache %s of shard %s %s: reading the shard again", path, entry["shard"],
+                why)
+    quota = None if spec.max_docs is None else entry["docs"]
+    cache = read_windows(shard, spec, quota)[2]
+    if content_digest(shard.fingerprint()) != entry["content"] or \
+            cache_digest(cache) != entry["cache_sha256"]:
+        raise MismatchError(f"shard {entry['shard']} changed since pass 1 counted it, and its "
+                            f"token cache {path} {why}; delete the work folder {spec.work_dir} "
+                            "to count from scratch")
+    _save_cache(spec, entry["shard"], cache, entry["content"], entry["cache_sha256"])
+    return padded(cache, spec.policy.seq_len)
 
 
 class _DocFilter:

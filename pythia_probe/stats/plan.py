@@ -15,9 +15,11 @@ what the corpus holds, not with V^2:
   3 VV at full vocabulary (Bbar, Phibar, Qbar; 6 VV up to engine.EAGER_LIMIT, where SigmaB,
   PhiBT and Gbar are stored too).
 
-``choose_engine``: "auto" takes dense when its peak fits the device's budget (free CUDA memory x
-0.9, or the host's available RAM x 0.8), else sparse; an existing pass-1 checkpoint keeps the
-engine that wrote it (a resumed run never switches). The choice, why, and the sparse plan are
+``choose_engine``: "auto" follows the plan: dense when its peak fits the device's budget (free
+CUDA memory x 0.9, or the host's available RAM x 0.8) and is below the sparse engine's (its
+fixed bytes, or its bound when --docs is known), else sparse; "dense" past the budget is
+refused up front with the numbers; an existing pass-1 checkpoint keeps the engine that wrote it
+(a resumed run never switches). The choice, why, and the sparse plan are
 printed by the driver and stored in the statistics metadata (``meta["engine"]``).
 """
 
@@ -26,10 +28,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError, MismatchError, ResourceError
 from pythia_probe.resources import memory_budget
-from pythia_probe.stats import compose, sparse, sparse_tables
+from pythia_probe.stats import compose, kernels, sparse, sparse_tables
 from pythia_probe.stats.engine import EAGER_LIMIT
 
 GB = 1e9
@@ -60,14 +64,15 @@ class EngineChoice:
 def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu") -> int:
     """Peak bytes of the dense engine on the memory that decides whether it fits.
 
-    CPU: the host peak (5 VV, or 7 VV at full vocabulary up to EAGER_LIMIT) + matmul tiles.
+    CPU: the host peak (5 VV, or 7 VV at full vocabulary up to EAGER_LIMIT) + matmul tiles
+    (the tile budget, or two V x V tiles when the whole matrix is smaller).
     CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less).
     """
     VV = 8 * d_vocab * d_vocab
     if device.startswith("cuda"):
         return 3 * VV + (1 << 30)
     factor = 7 if top_k is None and d_vocab <= EAGER_LIMIT else 5
-    return factor * VV + compose.DEFAULT_CPU_BUDGET
+    return factor * VV + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
 
 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
@@ -90,8 +95,9 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     else:
         outputs = 8 * 8 * top_k * top_k
     width = tile_width(d_vocab, budget_bytes)
+    buffer = max(sparse.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"outputs": outputs, "tiles": TILE_ARRAYS * 8 * d_vocab * width,
-             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
+             "pair_buffer": 16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
             "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,
@@ -129,6 +135,10 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
         raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
                             "--engine sparse (or auto), or use another --work-dir")
     if requested == "dense":
+        if limit is not None and need > limit:
+            raise ResourceError(f"--engine dense at d_vocab {d_vocab:,} needs {need / GB:.1f} GB "
+                                f"(its V x V tensors, see MEMORY.md), more than the budget "
+                                f"{limit / GB:.1f} GB ({how}); use --engine sparse or auto")
         return EngineChoice(requested, "dense", f"--engine dense given; dense peak "
                             f"{need / GB:.2f} GB", plan)
     if requested == "sparse":
@@ -137,10 +147,14 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
     if checkpoint_kind is not None:
         kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
-    if limit is not None and need <= limit:
+    sparse_need = (splan["fixed_bytes"] if docs is None
+                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget))
+    if limit is not None and need <= limit and need <= sparse_need:
         return EngineChoice(requested, "dense", f"dense peak {need / GB:.2f} GB fits budget "
-                            f"{limit / GB:.2f} GB ({how})", plan)
-    why = "budget unknown" if limit is None else f"exceeds budget {limit / GB:.2f} GB"
+                            f"{limit / GB:.2f} GB ({how}) and is below the sparse engine's "
+                            f"{sparse_need / GB:.2f} GB", plan)
+    why = ("budget unknown" if limit is None else f"exceeds budget {limit / GB:.2f} GB"
+           if need > limit else f"is above the sparse engine's {sparse_need / GB:.2f} GB")
     return EngineChoice(requested, "sparse", f"dense peak {need / GB:.2f} GB at d_vocab "
                         f"{d_vocab:,} {why} ({how}); {describe_sparse(splan)}", plan)
 
@@ -180,32 +194,73 @@ def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: 
 
 BATCH_COPIES = 4  # a token batch [B, T+1] int64 lives as ids, lengths/masks and kernel buffers
 T_ARRAYS = 4  # per-position arrays of T float64 (Delta, its partial sums, weights)
+TORCH_PAIR_BYTES = 32  # torch kernels: keys, weights / M and masks per (t, m) pair of a batch
+PASS2_SLOT_BYTES = 13  # sparse pass 2: int32 token, float64 sum S, a mask byte per window slot
 
 
-def batch_needs(T: int, batch_size: int, docs: int | None, mode: str) -> dict[str, int | None]:
-    """Memory of one token batch and of the per-position arrays, and the token cache's disk
-    (bounded when --docs is given and each document gives one window: mode 'first')."""
-    cache = docs * (T + 1) * 4 if docs is not None and mode == "first" else None
+def batch_needs(T: int, batch_size: int, docs: int | None, mode: str,
+                torch_kernels: bool = False) -> dict[str, int | None]:
+    """Memory of one token batch [B, T+1] (padded: --keep-short windows cost as much as full
+    ones), of the per-position arrays and, with the torch kernels (CUDA, or no C kernel), of
+    their per-pair workspace (B x T(T+1)/2 pairs); the token cache's disk (its tokens without
+    padding; bounded when --docs is given and each document gives one window: mode 'first')."""
+    pairs = T * (T + 1) // 2
+    window = 4 * (T + 1) + 8
+    cache = docs * window if docs is not None and mode == "first" else None
     return {"batch_bytes": BATCH_COPIES * 8 * batch_size * (T + 1),
-            "position_bytes": T_ARRAYS * 8 * T, "cache_bytes": cache,
-            "cache_bytes_per_window": 4 * (T + 1)}
+            "position_bytes": T_ARRAYS * 8 * T,
+            "kernel_bytes": TORCH_PAIR_BYTES * (batch_size + 1) * pairs if torch_kernels else 0,
+            "cache_bytes": cache, "cache_bytes_per_window": window}
 
 
 def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: str,
-                  work_dir, budget: tuple[float | None, str] | None = None) -> str:
-    """Refuse, before any document is read, a run whose batches or token cache cannot fit
-    (e.g. --seq-len 100000000); return the plan line."""
-    need = batch_needs(T, batch_size, docs, mode)
-    mem = need["batch_bytes"] + need["position_bytes"]
+                  work_dir, budget: tuple[float | None, str] | None = None,
+                  torch_kernels: bool | None = None) -> str:
+    """Refuse, before any document is read, a run whose batches, kernel workspace or token
+    cache cannot fit (e.g. --seq-len 100000000); return the plan line."""
+    torch_kernels = (not kernels.use_c(torch.device(device)) if torch_kernels is None
+                     else torch_kernels)
+    need = batch_needs(T, batch_size, docs, mode, torch_kernels)
+    mem = need["batch_bytes"] + need["position_bytes"] + need["kernel_bytes"]
     limit, how = budget if budget is not None else memory_budget(device)
     if limit is not None and mem > limit:
+        what = (f" (the torch kernels' workspace for {batch_size} x {T * (T + 1) // 2:,} "
+                f"(t, m) pairs: {need['kernel_bytes'] / GB:.1f} GB)" if need["kernel_bytes"]
+                else "")
         raise ResourceError(f"--seq-len {T} with --batch-size {batch_size} needs {mem / GB:.1f} "
-                            f"GB per batch of windows, more than the budget {limit / GB:.1f} GB "
-                            f"({how}); lower --batch-size or --seq-len")
+                            f"GB per batch of windows{what}, more than the budget "
+                            f"{limit / GB:.1f} GB ({how}); lower --batch-size or --seq-len")
     cache = need["cache_bytes"]
     if cache is not None:
         fileio.check_free(work_dir, cache, f"the token cache ({docs:,} windows of {T + 1} "
                                            "tokens)")
     return (f"batches: {mem / GB:.2f} GB ({batch_size} windows of {T + 1} tokens); token cache "
             + (f"<= {cache / GB:.2f} GB" if cache is not None else
-               f"{need['cache_bytes_per_window']:,} B per window"))
+               "4 B per token kept"))
+
+
+def check_window_length(T: int, text_bytes: int | None, extra_tokens: int = 0) -> None:
+    """Refuse a T no window can reach: a local text corpus of ``text_bytes`` bytes holds at
+    most that many tokens (every token of the word rule and of byte-level BPE covers >= 1 byte;
+    ``extra_tokens``: BOS/EOS added per document). None: the size is unknown (hub, builtin)."""
+    if text_bytes is None or T + 1 <= text_bytes + extra_tokens:
+        return
+    raise BadInputError(f"--seq-len {T}: a window holds T+1 = {T + 1:,} tokens, but the whole "
+                        f"corpus is {text_bytes:,} bytes, so no window can reach that length "
+                        "(every document would be skipped, or with --keep-short padded to it); "
+                        f"use --seq-len below {text_bytes + extra_tokens:,}")
+
+
+def check_pass2_windows(choice: EngineChoice, T: int, docs: int | None, short: str) -> None:
+    """The sparse engine's pass 2 holds every window padded to T+1 slots: refuse up front
+    when ``docs`` windows of that size exceed the budget (--keep-short with a large T)."""
+    limit = choice.plan.get("budget_bytes")
+    if choice.resolved != "sparse" or docs is None or limit is None:
+        return
+    need = docs * (T + 1) * PASS2_SLOT_BYTES + choice.plan["sparse"]["fixed_bytes"]
+    if need > limit:
+        raise ResourceError(f"pass 2 of the sparse engine holds every window padded to T+1 = "
+                            f"{T + 1:,} slots ({PASS2_SLOT_BYTES} B each): {docs:,} windows "
+                            f"need {need / GB:.1f} GB, more than the budget {limit / GB:.1f} GB"
+                            + ("; --keep-short pads short documents to that length"
+                               if short == "keep" else "") + "; lower --seq-len or --docs")

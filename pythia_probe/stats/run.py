@@ -22,7 +22,8 @@ from pythia_probe.stats.dist import reduce_counts, reduce_q, share_gbar
 from pythia_probe.stats.pass1 import (
     RunSpec,
     bar,
-    cache_path,
+    cached_windows,
+    check_counted,
     count_pass,
     plan_quotas,
     remove_work,
@@ -48,13 +49,15 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
     quotas = plan_quotas(shards, spec) if d.world > 1 else None
     mine = [(i, s) for i, s in enumerate(shards) if i % d.world == d.rank]
     acc = reduce_counts(d, count_pass(mine, spec, d, dev, quotas))
+    check_counted(acc, spec)
     fp = engine.first_pass(acc, consume=True, device=dev, budget_bytes=spec.budget_bytes)
     fp.Gbar = share_gbar(d, fp.Gbar, dev)
     ids = None if spec.top_k is None else engine.top_k_ids(fp.token_counts, spec.top_k)
     if ids is None and fp.Bbar.shape[0] > engine.EAGER_LIMIT:
         fp.SigmaB = None  # lazy: saves 20 GB of host memory at 50,304 tokens
-    done = {e["shard"] for e in acc.ledger}
-    q = reduce_q(d, q_pass([(i, s) for i, s in mine if s.name in done], fp, ids, spec, d, dev))
+    entries = {e["shard"]: e for e in acc.ledger}
+    q = reduce_q(d, q_pass([(entries[s.name], s) for _, s in mine if s.name in entries], fp,
+                           ids, spec, d, dev))
     q.Gc = None  # type: ignore[assignment]  # frees 20 GB of device memory at 50,304 tokens
     if d.rank != 0:
         d.barrier()
@@ -68,7 +71,8 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
 # -- pass 2 --------------------------------------------------------------------------------
 def q_pass(mine: list, fp: engine.FirstPass, ids, spec: RunSpec, d: Ranks,
            dev: torch.device) -> QAccumulator:
-    """Pass 2 over the cached windows of this rank's counted shards, resuming if possible."""
+    """Pass 2 over the cached windows of this rank's counted shards ((ledger entry, shard)
+    pairs), resuming if possible."""
     path = spec.work_dir / f"pass2-rank{d.rank}-of{d.world}.safetensors"
     q = QAccumulator(fp.Gbar, spec.policy.seq_len, ids, device=dev)
     ident = dict(spec.identity, checksum=fp.checksum)
@@ -78,12 +82,11 @@ def q_pass(mine: list, fp: engine.FirstPass, ids, spec: RunSpec, d: Ranks,
     done = {e["shard"] for e in q.ledger}
     bar_ = bar(spec, "statistics pass 2", d)
     since = 0
-    for index, shard in mine:
+    for entry, shard in mine:
         if shard.name in done:
             continue
-        cache, _ = checkpoint.load_state(cache_path(spec, shard.name))
-        _q_shard(q, cache, spec, bar_)
-        q.ledger.append({"shard": shard.name, "index": index})
+        _q_shard(q, cached_windows(spec, entry, shard), spec, bar_)
+        q.ledger.append({"shard": shard.name, "index": entry["index"]})
         since += 1
         if since >= spec.checkpoint_every:
             _save_q(path, q, ident)

@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import BadInputError, MismatchError
 from pythia_probe.stats import kernels, sparsefast
 from pythia_probe.stats.accumulate import (
     INT_MAX,
-    AccumulatorError,
     CountAccumulator,
     _as_ids,
     _check_compatible,
@@ -82,7 +82,7 @@ class SparseCountAccumulator:
     def __init__(self, d_vocab: int, T: int, device: str | torch.device = "cpu",
                  buffer_pairs: int = BUFFER, head: int = HEAD) -> None:
         if d_vocab < 1 or T < 1:
-            raise AccumulatorError(f"need d_vocab >= 1 and T >= 1, got {d_vocab}, {T}")
+            raise BadInputError(f"need d_vocab >= 1 and T >= 1, got {d_vocab}, {T}")
         check_key_range(d_vocab, T)
         self.d_vocab, self.T = d_vocab, T
         self.device = torch.device("cpu")  # the tables live in host memory on any --device
@@ -210,7 +210,7 @@ class SparseCountAccumulator:
                    device: str | torch.device = "cpu") -> SparseCountAccumulator:
         """Rebuild from a sparse checkpoint, or from a dense one (kind "count") by its non-zeros."""
         if meta.get("frac_bits") != F or meta.get("kind") not in (cls.kind, "count"):
-            raise AccumulatorError("not a pass-1 checkpoint of this code version")
+            raise MismatchError("not a pass-1 checkpoint of this code version")
         acc = cls(meta["d_vocab"], meta["T"], device)
         acc.token_counts = tensors["token_counts"].numpy().astype(np.int64, copy=True)
         if meta["kind"] == "count":

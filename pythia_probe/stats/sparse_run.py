@@ -48,6 +48,7 @@ def resolve(spec, d: Ranks) -> plan.EngineChoice:
     choice = d.gather(choice)[0]
     if choice.resolved == "sparse":
         plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)
+        plan.check_pass2_windows(choice, spec.policy.seq_len, spec.max_docs, spec.policy.short)
     if d.is_main:
         log.info(choice.line())
     return choice
@@ -71,10 +72,12 @@ def compute_stats(shards: list, spec, meta: dict[str, Any], d: Ranks) -> CorpusS
     quotas = pass1.plan_quotas(shards, spec) if d.world > 1 else None
     mine = [(i, s) for i, s in enumerate(shards) if i % d.world == d.rank]
     acc = reduce_counts(d, pass1.count_pass(mine, spec, d, torch.device("cpu"), quotas))
+    pass1.check_counted(acc, spec)
     fp = outofcore.first_pass(acc)
     ids = None if spec.top_k is None else engine.top_k_ids(fp.token_counts, spec.top_k)
-    done = {e["shard"] for e in acc.ledger}
-    tokens, lengths = gather_tokens(d, load_tokens(spec, [s for _, s in mine if s.name in done]))
+    entries = {e["shard"]: e for e in acc.ledger}
+    tokens, lengths = gather_tokens(d, load_tokens(spec, [(entries[s.name], s) for _, s in mine
+                                                          if s.name in entries]))
     if int((lengths - 1).sum()) != fp.n_positions:
         raise BadInputError(f"pass 2 holds {int((lengths - 1).sum())} positions, pass 1 "
                             f"counted {fp.n_positions}: the token cache changed")
@@ -101,11 +104,12 @@ def reduce_counts(d: Ranks, acc: SparseCountAccumulator) -> SparseCountAccumulat
 
 
 def load_tokens(spec, shards: list) -> tuple[np.ndarray, np.ndarray]:
-    """The cached windows of ``shards`` (pass-2 layout: int32, padding 0; int64 lengths)."""
+    """The checked cached windows of ``shards`` ((ledger entry, shard) pairs; pass-2 layout:
+    int32, padding 0; int64 lengths)."""
     T1 = spec.policy.seq_len + 1
     toks, lens = [np.zeros((0, T1), dtype=np.int32)], [np.zeros(0, dtype=np.int64)]
-    for shard in shards:
-        cache, _ = checkpoint.load_state(pass1.cache_path(spec, shard.name))
+    for entry, shard in shards:
+        cache = pass1.cached_windows(spec, entry, shard)
         x, n = tilepass.pass2_tokens(cache["tokens"], cache["lengths"])
         toks.append(x)
         lens.append(n)

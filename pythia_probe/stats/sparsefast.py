@@ -17,17 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import KernelError
 from pythia_probe.stats import fastcount, kernels
 
 ABI_VERSION = 4
 _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position past it)",
            -2: "a token id is outside the vocabulary or the tile",
            -3: "out of memory for the kernel's scratch buffers"}
-
-
-class SparseKernelError(BadInputError):
-    """The C kernel refused its input (message names what was wrong)."""
 
 
 def library_path() -> Path | None:
@@ -69,8 +65,11 @@ def use_c() -> bool:
     """True when the sparse engine runs the compiled kernels (same switch as the dense ones)."""
     backend = kernels._check_backend(kernels._backend)
     if backend == "c" and not available():
-        raise RuntimeError("the sparse C kernel is not built (reinstall with `pip install -e .` "
-                           "and a C compiler, or use PYTHIA_PROBE_KERNEL=torch)")
+        raise KernelError("PYTHIA_PROBE_KERNEL=c, but the sparse C kernel is not built "
+                          "(reinstall with `pip install -e .` and a C compiler, or use "
+                          "PYTHIA_PROBE_KERNEL=torch)")
+    if backend == "auto" and not available():
+        kernels.log_fallback("_sparsecount", "numpy / scipy")
     return backend != "torch" and available()
 
 
@@ -87,7 +86,7 @@ def _p(a: np.ndarray | None) -> int | None:
 
 def _check(rc: int) -> int:
     if rc < 0:
-        raise SparseKernelError(f"sparse C kernel: {_ERRORS.get(rc, f'error code {rc}')}")
+        raise KernelError(f"sparse C kernel: {_ERRORS.get(rc, f'error code {rc}')}")
     return rc
 
 
@@ -100,7 +99,7 @@ def _need(name: str, a: np.ndarray | None, dtype, size: int | None = None) -> No
     if a is None:
         return
     if a.dtype != dtype or not a.flags.c_contiguous or (size is not None and a.size < size):
-        raise SparseKernelError(f"{name}: need a contiguous {np.dtype(dtype)} array of >= "
+        raise KernelError(f"{name}: need a contiguous {np.dtype(dtype)} array of >= "
                                 f"{size} entries, got {a.dtype} {a.shape}")
 
 
@@ -113,7 +112,7 @@ def pairs(tokens: np.ndarray, lengths: np.ndarray, d_vocab: int, tbits: int,
     n, L = tokens.shape
     need = int(((lengths - 1) * lengths // 2).sum())
     if out.size < need or out.dtype != np.int64 or not out.flags.c_contiguous:
-        raise SparseKernelError(f"pair buffer holds {out.size} int64, need {need}")
+        raise KernelError(f"pair buffer holds {out.size} int64, need {need}")
     head_of, w, block = head if head is not None else (None, None, None)
     H = 0
     if head is not None:
