@@ -16,6 +16,7 @@ COMMANDS = {
     "toy": "pythia_probe.toy.train",
     "icrecall": "pythia_probe.toy.icrecall.__main__",
     "plots": "pythia_probe.plots",
+    "revisions": "pythia_probe.revisions",
 }
 USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] ...\n"
          "  sweep     score every checkpoint of a model against corpus statistics (the main job)\n"
@@ -23,7 +24,8 @@ USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] ...\n"
          "  corpus    generate the built-in stories, inspect a corpus\n"
          "  toy       train the attention-only model of the leading-terms paper\n"
          "  icrecall  the in-context factual recall experiment\n"
-         "  plots     heat maps and curves of a results folder\n")
+         "  plots     heat maps and curves of a results folder\n"
+         "  revisions which checkpoint branches hold duplicate or final weights (no download)\n")
 
 
 def main(argv: list[str] | None = None) -> int:

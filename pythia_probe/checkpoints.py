@@ -10,11 +10,10 @@ API::
         ...                                    # tensors {hf_name: Tensor}; config.json dict
     src.manifest(revs)                         # commit shas + file hashes for the run manifest
 
-- ``resolve`` reads every branch's commit (one ``list_repo_refs`` call per source) and each
-  revision's files with sizes and hashes (``list_repo_tree``) before anything is downloaded;
-  every name and hash is validated first (a hash or commit that is really a path raises
-  :class:`UnsafeCheckpointError`). Unknown steps raise :class:`~pythia_probe.steps.StepError`
-  naming the nearest valid steps.
+- ``resolve`` (:class:`~pythia_probe.catalog.CheckpointCatalog`) reads every branch's commit
+  and each revision's files with sizes and hashes before anything is downloaded (the hub's
+  listings, the cache offline, or local folders); ``resolve_cached`` / ``cached_steps`` read the
+  cache alone, with no request, for plans when the hub cannot be reached.
 - Every file is verified before use against the tree API's hash (LFS sha256, or the git blob id
   of small files): weights, config, index, tokenizer files, in the cache or freshly downloaded.
   Bad bytes are fetched once more, then reported as :class:`ChecksumError` naming the file; a
@@ -44,54 +43,38 @@ API::
 from __future__ import annotations
 
 import os
-import re
-import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from huggingface_hub import HfApi
 
 from pythia_probe import hubio
-from pythia_probe import steps as steps_mod
-from pythia_probe.errors import UnsafeFileError
-from pythia_probe.hubcache import HubCache
-from pythia_probe.hubio import RETRY_STATUS, RetryPolicy
-from pythia_probe.weights_io import (
-    INDEX_NAMES,
-    WEIGHT_SUFFIXES,
-    CheckpointDiskError,
-    CheckpointDownloadError,
-    CheckpointError,
+from pythia_probe.catalog import CheckpointCatalog
+from pythia_probe.errors import (
     CheckpointNotCachedError,
     ChecksumError,
     CorruptCheckpointError,
+)
+from pythia_probe.hubcache import Holdings
+from pythia_probe.hubio import RetryPolicy
+from pythia_probe.weights_io import (
     FileInfo,
-    MissingTensorError,
     Names,
     Revision,
-    UnsafeCheckpointError,
     dir_bytes,
     file_digest,
     file_matches,
-    hub_cache_layout,
-    load_tensors,
     load_weight_files,
     read_json,
     shards_for,
+    weights_digest,
 )
 
-__all__ = [
-    "INDEX_NAMES", "RETRY_STATUS", "WEIGHT_SUFFIXES", "CheckpointDiskError",
-    "CheckpointDownloadError", "CheckpointError", "CheckpointNotCachedError", "CheckpointSource",
-    "ChecksumError", "CorruptCheckpointError", "FileInfo", "Loaded", "MissingTensorError",
-    "Names", "Revision", "RetryPolicy", "UnsafeCheckpointError", "dir_bytes", "load_tensors",
-]
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+__all__ = ["CheckpointSource", "FileInfo", "Loaded", "Names", "Revision", "RetryPolicy",
+           "dir_bytes"]
 
 
 class Loaded(NamedTuple):
@@ -100,148 +83,39 @@ class Loaded(NamedTuple):
     config: dict
 
 
-def _local_or_hub(model: str | os.PathLike) -> tuple[Path | None, Path | None]:
-    """``(step-folder dir, hub-style cache dir)`` for a local path; a string that is neither
-    a folder nor a hub id (or whose first part is a local folder) is a mistyped path."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return (None, path) if hub_cache_layout(path) else (path, None)
-    text = str(model)
-    if not _HUB_ID.fullmatch(text) or Path(text.split("/")[0]).is_dir():
-        raise CheckpointNotCachedError(
-            f"model {text!r}: no such folder, and not a hub id (ORG/NAME); give a hub id or a "
-            "folder holding step*/ sub-folders or a hub cache (models--ORG--NAME)")
-    return None, None
+class CheckpointSource(CheckpointCatalog):
+    """Resolve, download, verify, load and evict checkpoint revisions of one model (resolving:
+    :class:`~pythia_probe.catalog.CheckpointCatalog`)."""
 
-
-class CheckpointSource:
-    """Resolve, download, verify, load and evict checkpoint revisions of one model."""
-
-    def __init__(self, model: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-                 revision_for: Callable[[int], str] = steps_mod.revision,
-                 endpoint: str | None = None, retry: RetryPolicy | None = None,
-                 token: str | bool | None = None):
-        self.revision_for, self.retry, self.token = revision_for, retry, token
-        self.endpoint = (endpoint or hubio.endpoint()).rstrip("/")
-        self.local_dir, as_cache = _local_or_hub(model)
-        self.from_cache = as_cache is not None
-        if as_cache is not None:
-            cache_dir, model = hub_cache_layout(as_cache)
-        self.model = str(model)
-        self.cache_dir = Path(cache_dir) if cache_dir else hubio.tool_cache("checkpoints")
-        self.cache = HubCache(self.cache_dir, self.model)
-        self.api = HfApi(endpoint=self.endpoint, token=token)
-        self._lock = threading.Condition()
-        self._live: dict[str, dict[str, int]] = {}  # commit -> {blob hash: size}: the budget
-        self._held: dict[str, dict[str, FileInfo]] = {}  # commit -> files this source leased
-        self._branches: dict[str, str] | None = None
-        self._trees: dict[str, tuple[FileInfo, ...]] = {}
-        self._cached: dict[str, tuple[str, dict[str, Path]]] | None = None
-
-    @property
-    def offline(self) -> bool:
-        return self.from_cache or hubio.offline()
-
-    @property
-    def storage(self) -> Path:
-        return self.cache.storage
-
-    # ---- resolution ----------------------------------------------------------------------------
-    def steps(self) -> list[int]:
-        """Steps this source has: step folders, cached refs (offline), else the hub's branches."""
-        if self.local_dir is not None:
-            names = [p.name for p in self.local_dir.iterdir() if p.is_dir()]
-        else:
-            names = list(self.branches())
-        return sorted(s for n in names if (s := steps_mod.step_of(n)) is not None)
-
-    def branches(self) -> dict[str, str]:
-        """``{branch: commit}``: the hub's (listed once per source, retried) or the cache's."""
-        if self.offline:
-            return {b: c for b, (c, _) in self._scan().items()}
-        if self._branches is None:
-            refs = self._call(lambda: self.api.list_repo_refs(self.model),
-                              f"listing the branches of {self.model}")
-            self._branches = {b.name: b.target_commit for b in refs.branches}
-        return self._branches
-
-    def resolve(self, steps: Iterable[int]) -> list[Revision]:
-        """Revisions for ``steps``: commit sha + files with sizes and hashes, nothing downloaded."""
-        steps = list(steps)
-        if self.local_dir is not None:
-            return [self._resolve_local(s) for s in steps]
-        branches = self.branches()
-        revs = []
-        for s in steps:
-            branch = self.revision_for(s)
-            if branch not in branches:
-                self._missing_branch(s, branch, branches)
-            commit = self._commit(branches[branch], branch)
-            files = self._cached_files(branch) if self.offline else self._hub_files(commit)
-            revs.append(Revision(self.model, s, branch, commit, files))
-        return revs
-
-    def _commit(self, commit: object, branch: str) -> str:
-        try:
-            return hubio.check_oid(commit, f"the commit of {self.model}@{branch}")
-        except UnsafeFileError as err:
-            raise UnsafeCheckpointError(str(err)) from err
-
-    def _missing_branch(self, step: int, branch: str, branches: dict) -> None:
-        avail = sorted(x for b in branches if (x := steps_mod.step_of(b)) is not None)
-        near = ", ".join(map(str, steps_mod.nearest_steps(step, avail)))
-        where = f"the cache {self.storage}" if self.offline else f"{self.endpoint}"
-        err = CheckpointNotCachedError if self.offline else steps_mod.StepError
-        raise err(f"{self.model} has no branch {branch!r} in {where}; nearest available steps: "
-                  f"{near or 'none'}")
-
-    def _hub_files(self, commit: str) -> tuple[FileInfo, ...]:
-        if commit not in self._trees:
-            where = f"{self.model}@{commit}"
-            entries = self._call(lambda: list(self.api.list_repo_tree(self.model, revision=commit)),
-                                 f"listing the files of {where}")
-            self._trees[commit] = tuple(
-                FileInfo.from_hub(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id,
-                                  where) for e in entries if hasattr(e, "size"))
-        return self._trees[commit]
-
-    def _scan(self) -> dict[str, tuple[str, dict[str, Path]]]:
-        """The cache's refs and snapshots, read once per source."""
-        if self._cached is None:
-            self._cached = self.cache.cached()
-        return self._cached
-
-    def _cached_files(self, branch: str) -> tuple[FileInfo, ...]:
-        commit, files = self._scan()[branch]
-        tree = self.cache.load_tree(commit)
-        return tuple(self.cache.cached_file(commit, n, p, tree) for n, p in sorted(files.items()))
-
-    def _resolve_local(self, step: int) -> Revision:
-        branch = self.revision_for(step)
-        folder = self.local_dir / branch
-        if not folder.is_dir():
-            avail = sorted(x for p in self.local_dir.iterdir() if (x := steps_mod.step_of(p.name))
-                           is not None)
-            near = ", ".join(map(str, steps_mod.nearest_steps(step, avail))) or "none"
-            raise CheckpointNotCachedError(f"no folder {folder}; nearest local steps: {near}")
-        files = tuple(FileInfo(p.name, p.stat().st_size) for p in sorted(folder.iterdir())
-                      if p.is_file())
-        return Revision(self.model, step, branch, None, files, local_dir=str(folder))
+    def __init__(self, model: str | os.PathLike, **kw):
+        """``model``: a hub id, a folder of step*/ sub-folders or a hub-style cache folder;
+        ``cache_dir``, ``revision_for``, ``endpoint``, ``retry``, ``token``: see
+        :class:`~pythia_probe.catalog.CheckpointCatalog`."""
+        super().__init__(model, **kw)
+        self.holdings = Holdings(self.cache)  # leases and the disk budget of this source
 
     # ---- duplicates ----------------------------------------------------------------------------
-    def weights_key(self, rev: Revision) -> tuple:
-        """Identity of a revision's weight bytes (hub hashes; hashed locally when unknown)."""
-        if rev.local_dir is not None or any(f.sha256 is None for f in rev.weight_files):
-            return tuple((f.path, file_digest(self.fetch_file(rev, f.path), True))
-                         for f in rev.weight_files)
-        return tuple((f.path, f.sha256, f.size) for f in rev.weight_files)
+    def file_identity(self, rev: Revision, f: FileInfo) -> str:
+        """A weight file's identity, never downloading it: the hub's sha256 (else its git blob
+        id, ``git-blob:<id>``); local folders, and cached copies whose listing gives no
+        sha256, are hashed where they lie."""
+        if rev.local_dir is None and f.sha256:
+            return f.sha256
+        if rev.local_dir is None and not self.offline:
+            return f"git-blob:{f.git_oid}"
+        return file_digest(self.fetch_file(rev, f.path), True)
+
+    def weights_digest(self, rev: Revision) -> str:
+        """One digest of the revision's weight files
+        (:func:`~pythia_probe.weights_io.weights_digest`): equal digests, equal bytes."""
+        return weights_digest({f.path: self.file_identity(rev, f) for f in rev.weight_files})
 
     def duplicates(self, revisions: Iterable[Revision]) -> dict[int, int]:
         """``{step: earlier step}`` for revisions whose weights are byte-identical to an earlier."""
-        first: dict[tuple, int] = {}
+        first: dict[str, int] = {}
         dups = {}
         for rev in sorted(revisions, key=lambda r: r.step):
-            key = self.weights_key(rev)
+            key = self.weights_digest(rev)
             if key in first:
                 dups[rev.step] = first[key]
             else:
@@ -256,10 +130,6 @@ class CheckpointSource:
                 "duplicates": {str(k): v for k, v in self.duplicates(revs).items()}}
 
     # ---- fetching + verification ---------------------------------------------------------------
-    def _call(self, fn: Callable, what: str):
-        return hubio.call(fn, what, self.retry, fail=CheckpointDownloadError,
-                          missing=CheckpointNotCachedError)
-
     def files_to_fetch(self, rev: Revision, names: Names = None) -> list[FileInfo]:
         """config.json, the index and the weight files holding the asked tensors."""
         index = rev.index_file
@@ -320,9 +190,7 @@ class CheckpointSource:
         return found
 
     def _fetch_online(self, rev: Revision, f: FileInfo) -> Path:
-        with self._lock:  # leased before the blob's lock: other processes see it at once
-            self._held.setdefault(rev.commit, {})[f.path] = f
-            self.cache.lease(f.etag)
+        self.holdings.hold(rev.commit, f)
         with self.cache.lock(f.etag):
             found = self.cache.find(rev.commit, f)
             if found is not None and file_matches(found, f):
@@ -342,7 +210,7 @@ class CheckpointSource:
         url = hubio.resolve_url(self.endpoint, self.model, rev.commit, f.path)
         remote = hubio.Remote(url, f"{f.path} of {rev.where}", f.size, f.sha256, f.git_oid)
         part = hubio.download(remote, self.cache.blob(f.etag), [self.storage / "blobs"],
-                              self.token, mismatch=ChecksumError)
+                              self.token)
         return self.cache.place(rev.commit, f, part)
 
     def fetch(self, rev: Revision, names: Names = None) -> dict[str, Path]:
@@ -362,32 +230,16 @@ class CheckpointSource:
 
     # ---- disk budget + eviction ----------------------------------------------------------------
     def _reserve(self, rev: Revision, files: list[FileInfo]) -> None:
-        if rev.local_dir is not None or self.offline:
-            return
-        with self._lock:
-            blobs = self._live.setdefault(rev.commit, {})
-            blobs.update({f.etag: f.size for f in files})
-            self._lock.notify_all()
+        if rev.local_dir is None and not self.offline:
+            self.holdings.reserve(rev.commit, files)
 
     def live_bytes(self) -> int:
         """Bytes of the distinct blobs of fetched, not yet evicted revisions."""
-        with self._lock:
-            return sum({k: v for b in self._live.values() for k, v in b.items()}.values())
+        return self.holdings.live_bytes()
 
     def _wait_for_budget(self, rev: Revision, need: list[FileInfo], max_disk: float | None) -> None:
-        if max_disk is None or rev.local_dir is not None or self.offline:
-            return
-        with self._lock:
-            while True:
-                live = {k: v for b in self._live.values() for k, v in b.items()}
-                extra = sum(f.size for f in need if f.etag not in live)
-                if sum(live.values()) + extra <= max_disk:
-                    return
-                if not live:
-                    raise CheckpointDiskError(
-                        f"{rev.where} needs {extra} bytes, more than max_disk={int(max_disk)}; "
-                        "raise the disk budget or ask for fewer tensors")
-                self._lock.wait(timeout=1.0)
+        if max_disk is not None and rev.local_dir is None and not self.offline:
+            self.holdings.wait_for(need, max_disk, rev.where)
 
     def evict(self, rev: Revision, *, keep_partial: bool = False) -> None:
         """Delete the revision's files that this tool created and no other live revision or
@@ -395,15 +247,9 @@ class CheckpointSource:
         Files the tool did not create, local folders and read-only caches are never touched."""
         if rev.local_dir is not None or self.offline:
             return
-        with self._lock:  # leases change only under this lock, with what they record
-            held = self._held.pop(rev.commit, {})
-            for etag in {f.etag for f in held.values()} - self._used_etags():
-                self.cache.unlease(etag)
-        self.cache.release(rev.commit, rev.branch, list(held.values()), self._still_used,
-                           keep_partial)
-        with self._lock:  # the budget is freed once the files are gone
-            self._live.pop(rev.commit, None)
-            self._lock.notify_all()
+        held = self.holdings.drop(rev.commit)
+        self.cache.release(rev.commit, rev.branch, held, self.holdings.still_used, keep_partial)
+        self.holdings.unreserve(rev.commit)  # the budget is freed once the files are gone
 
     def forget(self, rev: Revision) -> None:
         """Stop using a revision without deleting anything: its budget and leases are dropped,
@@ -411,18 +257,12 @@ class CheckpointSource:
         self._forget(rev.commit)
 
     def _forget(self, commit: str) -> None:
-        with self._lock:
-            held = self._held.pop(commit, {})
-            for etag in {f.etag for f in held.values()} - self._used_etags():
-                self.cache.unlease(etag)
-            self._live.pop(commit, None)
-            self._lock.notify_all()
+        self.holdings.drop(commit)
+        self.holdings.unreserve(commit)
 
     def close(self) -> None:
         """Forget every revision still held (planning fetches, ``keep=True`` streams)."""
-        with self._lock:
-            commits = list(self._held)
-        for commit in commits:
+        for commit in self.holdings.commits():
             self._forget(commit)
 
     def __enter__(self) -> CheckpointSource:
@@ -430,13 +270,6 @@ class CheckpointSource:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def _used_etags(self) -> set[str]:
-        return {f.etag for files in self._held.values() for f in files.values()}
-
-    def _still_used(self, etag: str) -> bool:
-        with self._lock:
-            return etag in self._used_etags()
 
     def disk_usage(self) -> int:
         """Bytes of regular files under this model's cache folder."""

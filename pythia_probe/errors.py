@@ -64,6 +64,63 @@ class KernelError(BadInputError):
     not built; the message names what was wrong."""
 
 
+# ---- the hub, checkpoints and steps ------------------------------------------------------------
+class StepError(BadInputError):
+    """A steps spec that names a step the model does not have, or is malformed."""
+
+
+class ChecksumError(CorruptFileError):
+    """Bytes from the hub (or in a cache) that do not match the size and hash the hub listed:
+    weights, config, index, tokenizer files and dataset shards alike, including a body longer
+    than the listed size (cut off there). Fetched once more, then reported naming the file."""
+
+
+class HubDownloadError(HubError):
+    """The hub refused a request, kept failing after all retries, or never answered."""
+
+
+class HubUnreachableError(HubDownloadError):
+    """The hub's host does not resolve or refuses connections (no network, a mistyped
+    ``HF_ENDPOINT``): not retried; the message says how to work offline."""
+
+
+class HubNotFoundError(MissingFileError):
+    """The hub has no such repository, revision or file."""
+
+
+class IncompleteDownloadError(HubError):
+    """The server closed a body early (transient: the next try resumes)."""
+
+
+class CheckpointError(UserError):
+    """Base class of the checkpoint errors below (one line on the command line)."""
+
+
+class CheckpointNotCachedError(CheckpointError, MissingFileError):
+    """A revision, file or folder that is not there: a local step folder, a file of a
+    revision, or (offline) an entry of the cache."""
+
+
+class CorruptCheckpointError(CheckpointError, CorruptFileError):
+    """A weight, config or index file that is truncated or cannot be parsed."""
+
+
+class UnsafeCheckpointError(CheckpointError, UnsafeFileError):
+    """A pickle that ``torch.load(weights_only=True)`` refuses (it would execute code), or a
+    name from the hub that is really a path."""
+
+
+class CheckpointDiskError(CheckpointError, ResourceError):
+    """A revision that does not fit the disk budget (``max_disk``)."""
+
+
+class MissingTensorError(CheckpointError, MismatchError, KeyError):
+    """Asked tensors that the checkpoint does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 def user_message(err: BaseException) -> str | None:
     """The one line for a user-facing error, or None for a bug.
 

@@ -48,6 +48,8 @@ SCHEMA: dict[str, tuple[pa.DataType, bool]] = {
 COLUMNS = list(SCHEMA)
 ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.items()])
 MANIFEST = "manifest.json"
+#: tables beside the shards in a run folder: the summary (pythia_probe.summary), the ledger
+NOT_SHARDS = ("summary.parquet", "revisions.parquet")
 
 
 class ResultsError(CorruptFileError):
@@ -132,8 +134,9 @@ def read_shard(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """Concatenate every ``*.parquet`` shard under ``run_dir`` (recursively), validated."""
-    shards = sorted(Path(run_dir).rglob("*.parquet"))
+    """Concatenate every ``*.parquet`` shard under ``run_dir`` (recursively), validated; the
+    tables a run folder holds beside its shards (:data:`NOT_SHARDS`) are not rows."""
+    shards = sorted(p for p in Path(run_dir).rglob("*.parquet") if p.name not in NOT_SHARDS)
     if not shards:
         raise ResultsError(f"no *.parquet result shards under {run_dir}")
     return pd.concat([read_shard(p) for p in shards], ignore_index=True)

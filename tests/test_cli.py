@@ -107,7 +107,7 @@ def test_one_console_script_runs_every_command(capsys):
     from pythia_probe.__main__ import COMMANDS
     from pythia_probe.__main__ import main as probe
 
-    assert set(COMMANDS) == {"sweep", "stats", "corpus", "toy", "icrecall", "plots"}
+    assert set(COMMANDS) == {"sweep", "stats", "corpus", "toy", "icrecall", "plots", "revisions"}
     assert probe(["corpus", "inspect", "--docs", "3", "--top", "2"]) == 0
     assert "documents read: 3" in capsys.readouterr().out
     assert probe(["stats", "compute", "--seq-len", "0"]) == 2
