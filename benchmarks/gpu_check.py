@@ -29,7 +29,8 @@ from pythia_probe.analysis import combined_needs, get_analyses
 from pythia_probe.analysis.cosine import prepare_theory
 from pythia_probe.analysis.plan import memory_plan
 from pythia_probe.arch import NeoXConfig, NeoXWeights
-from pythia_probe.stats import batch_stats, run
+from pythia_probe.stats import batch_stats
+from pythia_probe.stats import driver as run
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.sweep.config import SweepConfig
 from pythia_probe.sweep.runner import StepContext, analyse

@@ -16,9 +16,9 @@ from pythia_probe.errors import BadInputError, MissingFileError
 from pythia_probe.resources import GB, memory_budget
 from pythia_probe.stats import plan as stats_plan
 from pythia_probe.stats import read_meta
-from pythia_probe.stats.corpus_stats import check_tokenizer
-from pythia_probe.stats.engine import EAGER_LIMIT
 from pythia_probe.stats.recipe import Recipe, cache_path
+from pythia_probe.stats.result import DERIVED_LIMIT as EAGER_LIMIT
+from pythia_probe.stats.result import check_tokenizer
 from pythia_probe.sweep.config import SweepConfig, parse_top_k
 from pythia_probe.sweep.sources import checkpoint_plan
 from pythia_probe.tokenizer import d_vocab as tokenizer_d_vocab
