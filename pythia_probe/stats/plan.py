@@ -200,6 +200,13 @@ def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
             + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
 
 
+def file_bytes(rows: int, top_k: int | None) -> int:
+    """Expected size of a statistics file of ``rows`` rows before it is built: 7 V x V float64
+    matrices, 4 at full vocabulary above EAGER_LIMIT (the derived ones are composed on load)."""
+    lazy = top_k is None and rows > EAGER_LIMIT
+    return (4 if lazy else 7) * 8 * rows * rows
+
+
 def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:
     """Peak bytes of the statistics with the engine --engine auto would pick where they fit:
     the dense engine's peak, or the sparse engine's bound when that is lower."""
