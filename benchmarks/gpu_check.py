@@ -32,7 +32,8 @@ from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import OutOfRangeError, check_device
 from pythia_probe.fileio import write_text
-from pythia_probe.stats import batch_stats, run
+from pythia_probe.stats import batch_stats
+from pythia_probe.stats import driver as run
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.sweep.config import ScoringConfig
 from pythia_probe.sweep.scoring import Scorer

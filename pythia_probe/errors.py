@@ -59,36 +59,6 @@ class DeviceError(UserError, RuntimeError):
     """``--device`` names a device this machine does not have."""
 
 
-class ResultsError(CorruptFileError):
-    """A results table, shard or manifest that does not follow the schema."""
-
-
-class UnsupportedConfigError(BadInputError):
-    """A GPT-NeoX config with fields or values :mod:`pythia_probe.arch` does not understand."""
-
-
-class WeightShapeError(MismatchError):
-    """A tensor whose shape is not the one the config implies (names the tensor)."""
-
-
-class OutOfRangeError(UserError, ArithmeticError):
-    """A computed number outside its known range (a cosine beyond [-1, 1]): the inputs are
-    corrupt (a damaged cache, wrong statistics) or the code has a bug; never written."""
-
-
-class FolderLockedError(UserError, BlockingIOError):
-    """An output folder another live process is writing (names the folder and the holder)."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM: the job stops where it is; what is written stays and a rerun
-    resumes. A KeyboardInterrupt, so cleanup that ignores kills ignores it too."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"signal {signum}")
-        self.signum = signum
-
-
 class KernelError(BadInputError):
     """A compiled kernel refused its input, or was asked for (``PYTHIA_PROBE_KERNEL=c``) but is
     not built; the message names what was wrong."""
@@ -149,6 +119,36 @@ class MissingTensorError(CheckpointError, MismatchError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class ResultsError(CorruptFileError):
+    """A results table, shard or manifest that does not follow the schema."""
+
+
+class UnsupportedConfigError(BadInputError):
+    """A GPT-NeoX config with fields or values :mod:`pythia_probe.arch` does not understand."""
+
+
+class WeightShapeError(MismatchError):
+    """A tensor whose shape is not the one the config implies (names the tensor)."""
+
+
+class OutOfRangeError(UserError, ArithmeticError):
+    """A computed number outside its known range (a cosine beyond [-1, 1]): the inputs are
+    corrupt (a damaged cache, wrong statistics) or the code has a bug; never written."""
+
+
+class FolderLockedError(UserError, BlockingIOError):
+    """An output folder another live process is writing (names the folder and the holder)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the job stops where it is; what is written stays and a rerun
+    resumes. A KeyboardInterrupt, so cleanup that ignores kills ignores it too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 def user_message(err: BaseException) -> str | None:

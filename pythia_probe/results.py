@@ -62,9 +62,9 @@ ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.ite
 #: columns added after the first shards were written: an older shard reads with them null
 LATER_COLUMNS = ("settings", "chance", "ceiling", "ci_low", "ci_high", "revision_status")
 MANIFEST = "manifest.json"
-LAYERS = "1-based: layer l is the l-th transformer block, as the papers number them"
 #: tables beside the shards in a run folder: the summary (pythia_probe.summary), the ledger
 NOT_SHARDS = ("summary.parquet", "revisions.parquet")
+LAYERS = "1-based: layer l is the l-th transformer block, as the papers number them"
 
 
 def new_run_id() -> str:

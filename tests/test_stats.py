@@ -23,7 +23,9 @@ from pythia_probe.stats import (
     batch_stats,
     first_pass,
 )
-from pythia_probe.stats.engine import assemble, top_k_ids
+from pythia_probe.stats.dense import kernels
+from pythia_probe.stats.dense.engine import DenseEngine
+from pythia_probe.stats.engine import top_k_ids
 from pythia_probe.stats.reference import reference_stats, reference_stats_ragged
 
 NAMES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
@@ -304,8 +306,6 @@ def test_save_without_derived_recomposes_lazily(tmp_path):
 
 def test_gather_path_used_on_gpus_equals_reference(monkeypatch):
     """The kernels' non-CPU branch (one gather per step, as on CUDA), exercised on CPU."""
-    from pythia_probe.stats import kernels
-
     monkeypatch.setattr(kernels, "use_slices", lambda device: False)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, 17, (5, 14), generator=g)
@@ -328,7 +328,8 @@ def test_streaming_update_finalize_api_equals_batch_stats():
     q = QAccumulator(first.Gbar, 7)
     for i in range(0, 6, 3):
         assert q.update(tokens[i:i + 3]) is q
-    stats, ref = assemble(first, q, {"T": 7}), batch_stats(tokens, 10)
+    stats = DenseEngine().assemble(first, q.qbar_sum(), q.Delta, {"T": 7}, None, None)
+    ref = batch_stats(tokens, 10)
     for name in NAMES:
         close(stats[name], ref[name], 1e-13)
 

@@ -23,11 +23,16 @@ import torch
 from data.baseline_inputs import id_shards, random_tokens
 from safetensors import safe_open
 
-from pythia_probe.stats import batch_stats, checkpoint, run, sparse_run
-from pythia_probe.stats.accumulate import CountAccumulator
+from pythia_probe.stats import (
+    CountAccumulator,
+    SequencePolicy,
+    SparseCountAccumulator,
+    batch_stats,
+    checkpoint,
+    compute_stats,
+)
+from pythia_probe.stats.driver import RunSpec
 from pythia_probe.stats.job import StatsConfig, compute
-from pythia_probe.stats.sequences import SequencePolicy
-from pythia_probe.stats.sparse import SparseCountAccumulator
 from pythia_probe.testing.shards import encode_ids
 
 BASELINE = Path(__file__).parent / "data" / "stats_baseline.safetensors"
@@ -71,8 +76,7 @@ def pass1_of_batch(engine: str, tokens, lengths, V: int) -> dict[str, torch.Tens
 
 
 def stats_of_batch(engine: str, tokens, lengths, V: int, top_k):
-    fn = batch_stats if engine == "dense" else sparse_run.batch_stats
-    return fn(tokens, V, lengths=lengths, top_k=top_k)
+    return batch_stats(tokens, V, lengths=lengths, top_k=top_k, engine=engine)
 
 
 def pass1_of_work(work: Path) -> dict[str, torch.Tensor]:
@@ -91,11 +95,11 @@ def builtin(engine: str, top_k, tmp: Path):
 
 
 def resumed(engine: str, tmp: Path):
-    spec = run.RunSpec(23, SequencePolicy(6, short="keep"), encode_ids, {"case": "resume"},
-                       tmp / engine, batch_size=4, progress=False, engine=engine)
+    spec = RunSpec(23, SequencePolicy(6, short="keep"), encode_ids, {"case": "resume"},
+                   tmp / engine, batch_size=4, progress=False, engine=engine)
     with pytest.raises(KeyboardInterrupt):
-        run.compute_stats(id_shards(fail=3), spec, {})
-    return run.compute_stats(id_shards(), spec, {}), pass1_of_work(tmp / engine)
+        compute_stats(id_shards(fail=3), spec, {})
+    return compute_stats(id_shards(), spec, {}), pass1_of_work(tmp / engine)
 
 
 # -- the comparisons ----------------------------------------------------------------------------

@@ -59,13 +59,13 @@ def test_a_window_longer_than_the_corpus_is_refused_before_any_work(tmp_path, ca
 
 def test_keep_short_token_cache_holds_tokens_not_padding(tmp_path):
     corpus = stories(tmp_path, 20)
-    assert main(compute(tmp_path, "--dataset", str(corpus), "--seq-len", "20000",
+    assert main(compute(tmp_path, "--dataset", str(corpus), "--seq-len", "2000",
                         "--keep-short", "--keep-work", "--tokenizer", "word:3000")) == 0
     stats = CorpusStats.load(tmp_path / "s.safetensors")
     tokens = stats.meta["counts"]["tokens"]
     cache = sum(p.stat().st_size for p in (tmp_path / "s.safetensors.work" / "cache").iterdir())
-    assert cache < 4 * tokens + 8 * 20 + 4096  # padded it was 20 x 20,001 x 4 = 1.6 MB
-    assert stats.T == 20000 and stats.meta["counts"]["sequences"] == 20
+    assert cache < 4 * tokens + 8 * 20 + 4096 < 20 * 2001 * 4  # padded it was 160 kB
+    assert stats.T == 2000 and stats.meta["counts"]["sequences"] == 20
 
 
 def test_huge_t_is_refused_by_every_plan_that_pads():
@@ -85,10 +85,10 @@ def test_huge_t_is_refused_by_every_plan_that_pads():
 
 
 def test_engine_dense_past_its_plan_is_refused_before_allocating(tmp_path, monkeypatch):
-    from pythia_probe.stats import accumulate
+    from pythia_probe.stats.dense.count import CountAccumulator
 
     allocated = []
-    monkeypatch.setattr(accumulate.CountAccumulator, "__init__",
+    monkeypatch.setattr(CountAccumulator, "__init__",
                         lambda self, *a, **k: allocated.append(a))
     monkeypatch.setattr(plan, "memory_budget", lambda device: (2e6, "a 2 MB test budget"))
     with pytest.raises(ResourceError, match=r"--engine dense at d_vocab [\d,]+ needs [\d.]+ GB .*"
@@ -114,7 +114,7 @@ def test_budget_gb_must_be_positive():
 
 
 def test_tokenizer_mismatch_hint_names_the_compute_command():
-    from pythia_probe.stats.corpus_stats import check_tokenizer
+    from pythia_probe.stats.result import check_tokenizer
 
     with pytest.raises(BadInputError, match=r"`python -m pythia_probe\.stats compute "
                                             r"--tokenizer \.\.\.`"):

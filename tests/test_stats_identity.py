@@ -11,11 +11,14 @@ import pytest
 import torch
 
 from pythia_probe.errors import MismatchError
-from pythia_probe.stats import CorpusStats, run, sparse_run
+from pythia_probe.stats import CorpusStats
+from pythia_probe.stats import driver as run
+from pythia_probe.stats.dense.engine import DenseEngine
 from pythia_probe.stats.pass1 import cache_path
 from pythia_probe.stats.recipe import Recipe, ensure
 from pythia_probe.stats.recipe import cache_path as recipe_path
 from pythia_probe.stats.sequences import SequencePolicy
+from pythia_probe.stats.sparse.engine import SparseEngine
 from pythia_probe.testing.shards import IdShard, encode_ids
 from pythia_probe.tokenizer import (
     build_word_tokenizer,
@@ -94,10 +97,8 @@ def kill_between_passes(monkeypatch, engine: str) -> None:
     def killed(*a, **k):
         raise KeyboardInterrupt("killed between the passes")
 
-    if engine == "dense":
-        monkeypatch.setattr(run, "q_pass", killed)
-    else:
-        monkeypatch.setattr(sparse_run, "tile_pass", killed)
+    monkeypatch.setattr(DenseEngine if engine == "dense" else SparseEngine, "second_pass",
+                        killed)
 
 
 @pytest.mark.parametrize("engine", ["dense", "sparse"])

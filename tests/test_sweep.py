@@ -371,7 +371,7 @@ def test_targets_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_pat
 
 
 def test_warm_target_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path, monkeypatch):
-    from pythia_probe.stats import corpus_stats
+    from pythia_probe.stats import result as corpus_stats
 
     root, repo, stats = setup
     real, reads = corpus_stats._read, []

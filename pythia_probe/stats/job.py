@@ -13,8 +13,9 @@ from pythia_probe import corpus, tokenizer
 from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import plan, run
-from pythia_probe.stats.corpus_stats import CorpusStats
+from pythia_probe.stats import driver as run
+from pythia_probe.stats import plan
+from pythia_probe.stats.result import CorpusStats
 from pythia_probe.stats.sequences import MODES, SequencePolicy
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,12 @@
-"""Pass 1 over corpus shards, for both engines: tokenize each shard once, cache its windows
-(int32 safetensors in the work dir), count them, and checkpoint the accumulator with its ledger
-(shards finished; documents, sequences, positions and skips per shard) every
-``checkpoint_every`` shards, atomically. A killed run restarted with the same arguments (and
+"""Pass 1 over corpus shards, for both engines, and the windows pass 2 reads again.
+
+Each shard is tokenized once; its windows are cached (int32 safetensors in the work dir,
+without padding) and counted by the engine's accumulator, which is checkpointed with its ledger
+(shards finished; their content digest and cache sha256; documents, sequences, positions and
+skips) every ``checkpoint_every`` shards. A killed run restarted with the same arguments (and
 the same input bytes) loads them and skips finished shards, so no shard is counted twice.
-With several processes each rank takes shards rank, rank+world, ...
+With several processes each rank takes shards rank, rank+world, ... :class:`Windows` hands
+pass 2 the counted windows again, each cache checked against its ledger entry.
 """
 
 from __future__ import annotations
@@ -25,11 +28,10 @@ from pythia_probe.fileio import remove
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import checkpoint
-from pythia_probe.stats.accumulate import CountAccumulator
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches, describe_skips
-from pythia_probe.stats.sparse import SparseCountAccumulator
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -39,7 +41,8 @@ class RunSpec:
     policy: SequencePolicy
     encode: Callable[[list[str]], Iterator[list[int]]]
     identity: dict[str, Any]
-    work_dir: Path
+    work_dir: Path | None
+    """Checkpoints and token caches (None: nothing kept, one batch in memory)."""
     min_chars: int = 0
     max_docs: int | None = None
     batch_size: int = 256
@@ -64,7 +67,8 @@ def check_counted(acc, spec: RunSpec) -> None:
     counts = doc_counts(acc.ledger)
     line = describe_skips(counts, spec.policy.seq_len)
     if acc.n_positions == 0:
-        remove_work(spec.work_dir)
+        if spec.work_dir is not None:
+            remove_work(spec.work_dir)
         raise BadInputError(f"no positions were counted: {line}; nothing was kept (the work "
                             f"folder {spec.work_dir} is removed)")
     if counts["docs_read"] > counts["docs"] or any(v for k, v in counts.items()
@@ -81,11 +85,16 @@ def run_meta(meta: dict[str, Any], spec: RunSpec, ledger: list[dict]) -> dict[st
 
 
 # -- pass 1 --------------------------------------------------------------------------------
-def count_pass(mine: list, spec: RunSpec, d: Ranks, dev: torch.device,
-               quotas: dict[str, int] | None) -> CountAccumulator:
-    """Pass 1 over this rank's shards, resuming from its checkpoint."""
-    path = spec.work_dir / f"pass1-rank{d.rank}-of{d.world}.safetensors"
-    acc = _resume_counts(path, spec, dev)
+def pass1_path(spec: RunSpec, d: Ranks) -> Path:
+    return spec.work_dir / f"pass1-rank{d.rank}-of{d.world}.safetensors"
+
+
+def count_pass(mine: list, spec: RunSpec, d: Ranks, engine, dev: torch.device,
+               quotas: dict[str, int] | None):
+    """Pass 1 over this rank's shards with ``engine``'s accumulator, resuming from its
+    checkpoint."""
+    path = pass1_path(spec, d)
+    acc = _resume_counts(path, spec, engine, dev)
     done = {e["shard"] for e in acc.ledger}
     used = sum(e["docs"] for e in acc.ledger)
     shown = bar(spec, "statistics pass 1", d)
@@ -105,7 +114,7 @@ def count_pass(mine: list, spec: RunSpec, d: Ranks, dev: torch.device,
     return acc
 
 
-def count_shard(index: int, shard, acc: CountAccumulator, spec: RunSpec, quota: int | None,
+def count_shard(index: int, shard, acc, spec: RunSpec, quota: int | None,
                 shown) -> dict[str, Any]:
     """Count one shard, cache its windows, append its ledger entry (with the shard's content
     digest and the cache's sha256, which pass 2 checks the cache against)."""
@@ -230,15 +239,14 @@ def _quota(name: str, quotas: dict[str, int] | None, max_docs: int | None, used:
     return None if max_docs is None else max(max_docs - used, 0)
 
 
-def _resume_counts(path: Path, spec: RunSpec, dev: torch.device) -> CountAccumulator:
-    cls = SparseCountAccumulator if spec.engine == "sparse" else CountAccumulator
+def _resume_counts(path: Path, spec: RunSpec, engine, dev: torch.device):
     if not path.exists():
-        return cls(spec.d_vocab, spec.policy.seq_len, dev)
+        return engine.counter(spec.d_vocab, spec.policy.seq_len, dev)
     tensors, meta = checkpoint.load_state(path, spec.identity)
-    return cls.from_state(tensors, meta["state"], dev)
+    return engine.restore_counts(tensors, meta["state"], dev)
 
 
-def _save_counts(path: Path, acc: CountAccumulator, spec: RunSpec) -> None:
+def _save_counts(path: Path, acc, spec: RunSpec) -> None:
     tensors, state = acc.state()
     checkpoint.save_state(path, tensors, {"identity": spec.identity, "state": state})
 
@@ -271,3 +279,31 @@ def spec_identity(**parts: Any) -> dict[str, Any]:
     """JSON-able identity of a run (a checkpoint is only resumed under the same one)."""
     return {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v)
             for k, v in sorted(parts.items())}
+
+
+class Windows:
+    """The windows pass 2 reads again, unit by unit: each counted shard of this rank (its
+    checked token cache), or one batch held in memory. ``units`` are ledger entries."""
+
+    def __init__(self, units: list[dict[str, Any]], load) -> None:
+        self.units, self._load = units, load
+
+    @classmethod
+    def of_shards(cls, spec: RunSpec, ledger: list[dict[str, Any]], mine: list) -> Windows:
+        """This rank's counted shards, in ledger order."""
+        by_name = {s.name: s for _, s in mine}
+        units = [e for e in ledger if e["shard"] in by_name]
+        return cls(units, lambda e: cached_windows(spec, e, by_name[e["shard"]]))
+
+    @classmethod
+    def of_batch(cls, tokens: torch.Tensor, lengths: torch.Tensor | None) -> Windows:
+        L = tokens.shape[1]
+        n = torch.full((tokens.shape[0],), L) if lengths is None else lengths.to(torch.int64)
+        n = n.to(tokens.device)
+        pad = torch.arange(L, device=tokens.device)[None, :] >= n[:, None]
+        batch = {"tokens": tokens.masked_fill(pad, 0).to(torch.int32).cpu(), "lengths": n.cpu()}
+        return cls([{"shard": "batch", "index": 0}], lambda e: batch)
+
+    def load(self, unit: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """One unit's windows: int32 tokens [n, T+1] padded with 0, int64 lengths."""
+        return self._load(unit)

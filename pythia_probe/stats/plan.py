@@ -1,26 +1,24 @@
 """Memory plans of the dense and sparse statistics engines, and ``--engine auto``.
 
-dense (``CountAccumulator``, ``engine.first_pass``, ``QAccumulator``): V x V tensors of 8 B,
-"1 VV" = 8 V^2 bytes (20.2 GB at V = 50,277). Pass 1 holds 3 VV (bigram counts and two
-fixed-point limbs); on the host the peak is 5 VV (Bbar, Phibar, SigmaB, Gbar and pass 2's
-centred Gc), 7 VV at full vocabulary up to engine.EAGER_LIMIT tokens (Qbar twice and PhiBT),
-plus the matmul tiles (compose.DEFAULT_CPU_BUDGET). See MEMORY.md.
+dense (``stats/dense/``): V x V tensors of 8 B, "1 VV" = 8 V^2 bytes (20.2 GB at
+V = 50,277). Pass 1 holds 3 VV (bigram counts and two fixed-point limbs); on the host the peak
+is 5 VV (Bbar, Phibar, SigmaB, Gbar and pass 2's centred Gc), 7 VV at full vocabulary up to
+result.DERIVED_LIMIT ids (Qbar twice and PhiBT), plus the matmul tiles. Its pass 2 runs the
+torch kernels on every device: a batch needs their per-pair workspace (B x T(T+1)/2 pairs).
 
-sparse (``sparse.SparseCountAccumulator``, ``outofcore``, ``tilepass``): memory grows with
-what the corpus holds, not with V^2:
+sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^2:
   24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
-  28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens), the pair buffer
-  (16 B x sparse.BUFFER), column tiles (4 arrays of V x width float64, width from the tile
-  budget), the head block (8 B x sparse.HEAD^2) and the outputs: 8 K^2 B x 8 for top-k K, or
-  3 VV at full vocabulary (Bbar, Phibar, Qbar; 6 VV up to engine.EAGER_LIMIT, where SigmaB,
-  PhiBT and Gbar are stored too).
+  28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
+  padded to T+1 slots), the pair buffer (16 B x max(sparse.BUFFER, one window's pairs)),
+  column tiles (4 arrays of V x width float64, width from the tile budget), the head block
+  (8 B x sparse.HEAD^2) and the outputs.
 
 ``choose_engine``: "auto" follows the plan: dense when its peak fits the device's budget (free
 CUDA memory x 0.9, or the host's available RAM x 0.8) and is below the sparse engine's (its
 fixed bytes, or its bound when --docs is known), else sparse; "dense" past the budget is
 refused up front with the numbers; an existing pass-1 checkpoint keeps the engine that wrote it
-(a resumed run never switches). The choice, why, and the sparse plan are
-printed by the driver and stored in the statistics metadata (``meta["engine"]``).
+(a resumed run never switches). The choice, why, and the sparse plan are printed by the driver
+and stored in the statistics metadata (``meta["engine"]``).
 """
 
 from __future__ import annotations
@@ -28,13 +26,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
 from pythia_probe import fileio
-from pythia_probe.errors import BadInputError, MismatchError, ResourceError
+from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
 from pythia_probe.resources import memory_budget
-from pythia_probe.stats import compose, kernels, sparse, sparse_tables
-from pythia_probe.stats.engine import EAGER_LIMIT
+from pythia_probe.stats.dense import compose
+from pythia_probe.stats.native import fastcount
+from pythia_probe.stats.result import DERIVED_LIMIT as EAGER_LIMIT
+from pythia_probe.stats.sparse import count as sparse
+from pythia_probe.stats.sparse import tables as sparse_tables
 
 GB = 1e9
 ENGINES = ("auto", "dense", "sparse")
@@ -123,10 +122,27 @@ def describe_sparse(plan: dict[str, Any]) -> str:
 def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
                   device: str = "cpu", budget: tuple[float | None, str] | None = None,
                   checkpoint_kind: str | None = None, tile_budget: int | None = None,
-                  docs: int | None = None) -> EngineChoice:
-    """Resolve ``--engine``: auto -> dense when its peak fits ``budget``, else sparse."""
+                  docs: int | None = None, sparse_built: bool = True) -> EngineChoice:
+    """Resolve ``--engine``: auto -> dense when its peak fits ``budget`` and is below the
+    sparse engine's, else sparse (which needs its C kernels: ``sparse_built``)."""
     if requested not in ENGINES:
         raise BadInputError(f"--engine {requested!r}; valid: {', '.join(ENGINES)}")
+    choice = _choose(requested, d_vocab, T, top_k, device, budget, checkpoint_kind,
+                     tile_budget, docs)
+    if choice.resolved == "sparse" and not sparse_built:
+        if requested == "auto" and choice.plan["budget_bytes"] is not None and \
+                choice.plan["dense_peak_bytes"] <= choice.plan["budget_bytes"]:
+            return EngineChoice(requested, "dense", "the sparse engine's C kernels are not "
+                                "built; " + choice.reason.split(";")[0], choice.plan)
+        raise KernelError("the sparse engine needs its C kernels, which are not built "
+                          f"(reinstall with `pip install -e .` and a C compiler); "
+                          f"{choice.reason.split(';')[0]}")
+    return choice
+
+
+def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str,
+            budget: tuple[float | None, str] | None, checkpoint_kind: str | None,
+            tile_budget: int | None, docs: int | None) -> EngineChoice:
     splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs)
     need = dense_peak(d_vocab, top_k, device)
     limit, how = budget if budget is not None else memory_budget(device)
@@ -225,9 +241,22 @@ def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: 
                   torch_kernels: bool | None = None) -> str:
     """Refuse, before any document is read, a run whose batches, kernel workspace or token
     cache cannot fit (e.g. --seq-len 100000000); return the plan line."""
-    torch_kernels = (not kernels.use_c(torch.device(device)) if torch_kernels is None
+    torch_kernels = (not (device == "cpu" and fastcount.use_c()) if torch_kernels is None
                      else torch_kernels)
     need = batch_needs(T, batch_size, docs, mode, torch_kernels)
+    return _check_batches(T, batch_size, docs, need, device, work_dir, budget)
+
+
+def check_dense_batches(T: int, batch_size: int, device: str,
+                        budget: tuple[float | None, str] | None = None) -> None:
+    """The dense engine's pass 2 (torch kernels on every device) needs the per-pair workspace
+    of a batch: refuse up front when it cannot fit."""
+    _check_batches(T, batch_size, None, batch_needs(T, batch_size, None, "first", True),
+                   device, None, budget)
+
+
+def _check_batches(T: int, batch_size: int, docs: int | None, need: dict, device: str,
+                   work_dir, budget: tuple[float | None, str] | None) -> str:
     mem = need["batch_bytes"] + need["position_bytes"] + need["kernel_bytes"]
     limit, how = budget if budget is not None else memory_budget(device)
     if limit is not None and mem > limit:

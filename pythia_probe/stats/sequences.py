@@ -146,3 +146,39 @@ def describe_skips(counts: dict, T: int) -> str:
         parts.append("a .txt file is cut into documents at <|endoftext|> lines, or at blank "
                      "lines when it has none (--doc-split line|blank-line|endoftext|whole)")
     return "; ".join(parts)
+
+
+def as_ids(tokens: Tensor, device: torch.device) -> Tensor:
+    """An integer batch as int64 on ``device`` (anything else is refused in one line)."""
+    if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+        raise BadInputError("tokens must be an integer tensor [n, T+1]")
+    return tokens.to(device, torch.int64)
+
+
+def check_batch(tokens: Tensor, lengths: Tensor | None, d_vocab: int, T: int) -> Tensor:
+    """Validate a batch of windows for a pass; return lengths (full rows when None)."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+        raise BadInputError("tokens must be an integer tensor [n, T+1]")
+    if tokens.shape[1] < 2 or tokens.shape[1] > T + 1:
+        raise BadInputError(f"tokens have {tokens.shape[1]} columns; valid: 2..T+1 = {T + 1}")
+    L = tokens.shape[1]
+    if lengths is None:
+        lengths = torch.full((tokens.shape[0],), L, dtype=torch.int64, device=tokens.device)
+    lengths = lengths.to(device=tokens.device, dtype=torch.int64)
+    if lengths.shape != (tokens.shape[0],) or bool(((lengths < 2) | (lengths > L)).any()):
+        raise BadInputError(f"lengths must be [n] with 2 <= length <= {L} (T+1 tokens)")
+    valid = torch.arange(L, device=tokens.device)[None, :] < lengths[:, None]
+    bad = valid & ((tokens < 0) | (tokens >= d_vocab))
+    if bool(bad.any()):
+        raise BadInputError(f"token id {int(tokens[bad][0])} outside the vocabulary "
+                            f"0..{d_vocab - 1} (d_vocab = {d_vocab})")
+    return lengths
+
+
+def trimmed(tokens: Tensor, lengths: Tensor) -> Tensor:
+    """The batch without the columns no row reaches (padding only): the kernels then cost
+    what the longest window of the batch needs, not T (--keep-short with a large T)."""
+    if lengths.numel() == 0:
+        return tokens
+    L = int(lengths.max())
+    return tokens if L >= tokens.shape[1] else tokens[:, :L]

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats.corpus_stats import MATRICES, CorpusStats
+from pythia_probe.stats.result import MATRICES, CorpusStats
 from pythia_probe.tokenizer import load_tokenizer
 
 

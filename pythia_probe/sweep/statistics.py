@@ -21,8 +21,8 @@ from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
 from pythia_probe.resources import GB, memory_budget
 from pythia_probe.stats import CorpusStats, read_meta
 from pythia_probe.stats import plan as stats_plan
-from pythia_probe.stats.corpus_stats import check_tokenizer
 from pythia_probe.stats.recipe import Recipe, cache_path
+from pythia_probe.stats.result import check_tokenizer
 from pythia_probe.sweep.config import StatisticsConfig, parse_top_k
 from pythia_probe.tokenizer import d_vocab as tokenizer_d_vocab
 

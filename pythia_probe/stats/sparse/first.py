@@ -1,4 +1,4 @@
-"""Compositions and pass 2 from sparse counts, never a dense V x V (the section-6 algebra).
+"""The sparse engine's first pass: the section-6 algebra on sparse counts, never a V x V.
 
 With C the bigram counts, n = C 1 (input-token counts), W the fixed-point context sums and
 w = 1^T W, P the number of positions:
@@ -9,7 +9,7 @@ column tiles from these: SigmaB[:, J] = Bbar^T Bbar[:, J]; for context tokens A,
 Y = Bbar Phibar[:, A] (PhiBT[A, :] = Y^T) and Gbar[:, A] = Bbar^T Y. Entries of Bbar and Phibar
 are computed with the dense engine's own float operations, so they are bit-identical to it.
 
-``gc_tile`` gives pass 2 (``tilepass``) the columns of Gbar one tile at a time.
+``gc_tile`` gives pass 2 (``second.py``) the columns of Gbar one tile at a time.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats import sparsefast
-from pythia_probe.stats.sparse import SparseCountAccumulator
-from pythia_probe.stats.sparse_tables import F, FixedTable, ranges, reduce_equal
+from pythia_probe.stats.native import sparsecount
+from pythia_probe.stats.sparse.count import SparseCountAccumulator
+from pythia_probe.stats.sparse.tables import F, FixedTable, ranges, reduce_equal
 
 
 @dataclass
@@ -52,8 +52,8 @@ class Csr:
         """(self @ X - u v^T) * scale for a dense X [V, w] (u None: ones; v None: no rank-one
         term), by the compiled kernel in one pass, else scipy; ``transposed``: the result's
         transpose as a contiguous [w, rows] array."""
-        if sparsefast.use_c():
-            return sparsefast.spmm(self.indptr, self.col, self.val, X,
+        if sparsecount.use_c():
+            return sparsecount.spmm(self.indptr, self.col, self.val, X,
                                    torch.get_num_threads(), transposed, u, v, scale)
         A = scipy.sparse.csr_matrix((self.val, self.col, self.indptr),
                                     shape=(self.indptr.size - 1, X.shape[0]))

@@ -7,8 +7,8 @@
 - pair codes ((a * V + y) << tbits) | t of every (target y_t, context a = x_m) pair, reduced
   after a sort to one fixed-point sum per key; pairs of two head tokens are summed in a dense
   block instead (``drain`` turns it back into sorted keys).
-Each numpy function has a compiled twin in ``sparsefast`` (used when built); both give the same
-integers.
+Each numpy function has a compiled twin in ``stats/native/sparsecount.py`` (used when built);
+both give the same integers.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import numpy as np
 import torch
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats import kernels, sparsefast
-from pythia_probe.stats.accumulate import INT_MAX
+from pythia_probe.stats.fixedpoint import FRAC_BITS, INT_MAX
+from pythia_probe.stats.native import sparsecount
 
-F = kernels.FRAC_BITS
+F = FRAC_BITS
 MASK = (1 << F) - 1
 CHUNK = 1 << 22
 """Entries per chunk of the context table (a merge copies at most two chunks at a time)."""
-DIGEST_MOD = (1 << 31) - 1
 
 
 def t_bits(T: int) -> int:
@@ -57,8 +56,8 @@ def merge_fixed(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...]
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Two sorted (keys, hi, lo) tables -> their exact sum, canonical. a is canonical; b may
     be a raw run of sums (hi None, any lo < 2^62)."""
-    if sparsefast.use_c():
-        return sparsefast.merge(a, b, F)
+    if sparsecount.use_c():
+        return sparsecount.merge(a, b, F)
     hb = np.zeros_like(b[2]) if b[1] is None else b[1]
     k = np.concatenate([a[0], b[0]])
     order = np.argsort(k, kind="stable")
@@ -173,8 +172,8 @@ def pair_codes(tokens: np.ndarray, lengths: np.ndarray, d_vocab: int, tbits: int
     """Write the code ((x_m V + y_t) << tbits) | t of every context pair into ``out``; with
     ``head`` = (head_of, w, block), pairs of two head tokens add w[t] to
     block[head_of[y] * H + head_of[x_m]] instead. Returns the number of codes written."""
-    if sparsefast.use_c():
-        return sparsefast.pairs(tokens, lengths, d_vocab, tbits, out, head)
+    if sparsecount.use_c():
+        return sparsecount.pairs(tokens, lengths, d_vocab, tbits, out, head)
     base, y = tokens[:, :-1] * d_vocab, tokens[:, 1:]
     c = 0
     for t in range(tokens.shape[1] - 1):
@@ -206,8 +205,8 @@ def drain(block: np.ndarray, head_ids: np.ndarray, d_vocab: int
           ) -> tuple[np.ndarray, np.ndarray]:
     """(keys a * V + y, raw sums) of the head block's non-zero entries in key order; the
     block is zeroed. head_ids ascending, so (context, target) head order is key order."""
-    if sparsefast.use_c():
-        return sparsefast.drain(block, head_ids, d_vocab)
+    if sparsecount.use_c():
+        return sparsecount.drain(block, head_ids, d_vocab)
     H = head_ids.size
     bt = block.reshape(H, H).T  # [context, target]
     ha, hy = np.nonzero(bt)
@@ -220,21 +219,11 @@ def reduce_codes(codes: np.ndarray, tbits: int, w: np.ndarray, lo: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Sorted pair codes -> unique keys and the sum of the fixed-point weight w[t] per key
     (``lo``: scratch of codes.size int64 the C kernel writes into)."""
-    if sparsefast.use_c():
-        return sparsefast.reduce_sorted(codes, tbits, w, lo)
+    if sparsecount.use_c():
+        return sparsecount.reduce_sorted(codes, tbits, w, lo)
     return reduce_equal(codes >> tbits, w[codes & ((1 << tbits) - 1)])
 
 
 def dense_index(keys: np.ndarray, d_vocab: int) -> np.ndarray:
     """Context-major keys a * V + y -> the dense accumulator's flat index y * V + a."""
     return (keys % d_vocab) * d_vocab + keys // d_vocab
-
-
-def digest(index: np.ndarray, values: np.ndarray) -> int:
-    """accumulate._int_digest of a tensor holding ``values`` at ``index`` and 0 elsewhere."""
-    total = 0
-    for i in range(0, index.size, 1 << 24):
-        v = values[i:i + (1 << 24)] % DIGEST_MOD
-        w = index[i:i + (1 << 24)] % 1_000_003 + 1
-        total = (total + int(((v * w) % DIGEST_MOD).sum())) % DIGEST_MOD
-    return total

@@ -8,7 +8,7 @@ Densified, its state equals the dense accumulator's bit for bit (``to_dense``), 
 ``checksum`` is the dense one, so both engines give the same ``stats_id``.
 
 Storage (section 6 of the algebra: the counts live on the pairs the corpus holds; the tables
-and pair codes are in ``sparse_tables``):
+and pair codes are in ``tables.py``):
 - C: sorted unique keys x * V + y (int64) with int64 counts (16 B per distinct bigram);
 - W: sorted unique keys a * V + y (context-major, so Gbar's column tiles are key ranges) with
   int64 hi and lo (24 B per distinct (target, context) pair), in chunks of <= 2 CHUNK entries
@@ -28,22 +28,17 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError, MismatchError
-from pythia_probe.stats import kernels, sparsefast
-from pythia_probe.stats.accumulate import (
-    INT_MAX,
-    CountAccumulator,
-    _as_ids,
-    _check_compatible,
-    check_batch,
-)
-from pythia_probe.stats.sparse_tables import (
-    DIGEST_MOD,
+from pythia_probe.stats import checksum, engine
+from pythia_probe.stats.dense.count import CountAccumulator
+from pythia_probe.stats.fixedpoint import INT_MAX, context_weights
+from pythia_probe.stats.native import sparsecount
+from pythia_probe.stats.sequences import as_ids, check_batch
+from pythia_probe.stats.sparse.tables import (
     CountTable,
     F,
     FixedTable,
     check_key_range,
     dense_index,
-    digest,
     drain,
     merge_fixed,
     pair_codes,
@@ -92,7 +87,7 @@ class SparseCountAccumulator:
         self.n_sequences = self.n_positions = self.n_tokens = 0
         self.ledger: list[dict[str, Any]] = []
         self._tbits = t_bits(T)
-        self._w = kernels.context_weights(T, torch.device("cpu")).numpy()
+        self._w = context_weights(T, torch.device("cpu")).numpy()
         self._buf = np.empty(max(int(buffer_pairs), T * (T + 1) // 2), dtype=np.int64)
         self._lo = np.empty(0, dtype=np.int64)  # reduce scratch, as large as _buf once used
         self._fill = self._pending = 0
@@ -104,7 +99,7 @@ class SparseCountAccumulator:
 
     def update(self, tokens: Tensor, lengths: Tensor | None = None) -> SparseCountAccumulator:
         """Count one batch [n, <=T+1] (padding beyond ``lengths`` ignored)."""
-        tokens = _as_ids(tokens, self.device)
+        tokens = as_ids(tokens, self.device)
         lengths = check_batch(tokens, lengths, self.d_vocab, self.T)
         x, n = tokens.numpy(), lengths.numpy()
         pos = n - 1
@@ -156,7 +151,7 @@ class SparseCountAccumulator:
             return None
         codes = self._buf[: self._fill]
         codes.sort()
-        if self._lo.size < self._buf.size and sparsefast.use_c():
+        if self._lo.size < self._buf.size and sparsecount.use_c():
             self._lo = np.empty(self._buf.size, dtype=np.int64)
         return reduce_codes(codes, self._tbits, self._w, self._lo)
 
@@ -178,7 +173,7 @@ class SparseCountAccumulator:
 
     def merge(self, other: SparseCountAccumulator) -> SparseCountAccumulator:
         """Add another partial accumulator (exact, any order); refuses shards counted twice."""
-        _check_compatible(self, other)
+        engine.check_mergeable(self, other)
         self.flush()
         other.flush()
         self.token_counts += other.token_counts
@@ -256,10 +251,10 @@ class SparseCountAccumulator:
         """The dense accumulator's fingerprints, computed from the non-zero entries only."""
         self.flush()
         V = self.d_vocab
-        sums = [digest(np.arange(V), self.token_counts), digest(self.bigram.keys,
-                                                                self.bigram.counts), 0, 0]
+        sums = [checksum.sparse_digest(np.arange(V), self.token_counts),
+                checksum.sparse_digest(self.bigram.keys, self.bigram.counts), 0, 0]
         for k, h, low in self.context.chunks:
             idx = dense_index(k, V)
-            sums[2] = (sums[2] + digest(idx, h)) % DIGEST_MOD
-            sums[3] = (sums[3] + digest(idx, low)) % DIGEST_MOD
+            sums[2] = (sums[2] + checksum.sparse_digest(idx, h)) % checksum.MOD
+            sums[3] = (sums[3] + checksum.sparse_digest(idx, low)) % checksum.MOD
         return sums

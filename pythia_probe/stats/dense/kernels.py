@@ -1,4 +1,5 @@
-"""Per-batch counting kernels (device-agnostic torch): scatter/index_add, never dense one-hots.
+"""Per-batch kernels of the dense engine (device-agnostic torch): scatter/index_add, never dense
+one-hots.
 
 A batch is ``tokens [n, T+1]`` (int64) plus ``lengths [n]`` (valid tokens per row, >= 2; the
 rest is padding and never counted). Row i has ``lengths[i] - 1`` predicted positions.
@@ -12,35 +13,20 @@ as a pair-major order). Every kernel works on flat keys ``row * d_vocab + col`` 
 flattened accumulator; keys are int32 when d_vocab^2 < 2^31, int64 otherwise. On CPU,
 per-position blocks are filled by T slice operations (no gathers, no large temporaries).
 
-Backends: ``add_context`` and ``add_q`` run the compiled C kernel (``fastcount``, row-local
-loops, no pair arrays) on CPU when it is built, else these torch kernels (always on CUDA).
-``PYTHIA_PROBE_KERNEL=auto|c|torch`` or ``use_backend(...)`` choose; ``kernel_info(device)``
-records the choice. The C kernel gives the same bits in pass 1 (integers) and in Qbar (same
-summation order per entry); Delta sums the same terms in another order, so it differs by
-float64 rounding only (tests: |diff| <= 1e-12 x 2 max|Gbar|; about 2e-15 x max|Delta|).
+``add_context`` (pass 1) runs the compiled C kernel on the CPU when it is built
+(``stats/native/fastcount.py``, same integers), these torch kernels elsewhere; pass 2 (Eq. 16)
+is ``stats/dense/second.py``.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import cache, lru_cache
-from typing import Any
+from functools import lru_cache
 
 import torch
 from torch import Tensor
 
-from pythia_probe.errors import BadInputError, KernelError
-from pythia_probe.stats import fastcount
-
-log = logging.getLogger(__name__)
-BACKENDS = ("auto", "c", "torch")
-_backend = os.environ.get("PYTHIA_PROBE_KERNEL", "auto")
-
-FRAC_BITS = 42
-"""Fixed-point fraction bits of the context weights 1/t (see accumulate.FixedPoint)."""
+from pythia_probe.stats.fixedpoint import context_weights
+from pythia_probe.stats.native import fastcount
 
 
 @lru_cache(maxsize=32)
@@ -48,13 +34,6 @@ def pair_index(T: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """(t, m) for every 0 <= m <= t < T, row major: the lower triangle of A0."""
     t, m = torch.tril_indices(T, T, device=device)
     return t, m
-
-
-@lru_cache(maxsize=32)
-def context_weights(T: int, device: torch.device) -> Tensor:
-    """round(2^FRAC_BITS / (t + 1)) for t < T, exact integer rounding (int64)."""
-    d = torch.arange(1, T + 1, dtype=torch.int64, device=device)
-    return ((1 << (FRAC_BITS + 1)) + d) // (2 * d)
 
 
 @lru_cache(maxsize=8)
@@ -65,7 +44,7 @@ def _pair_weights(T: int, n: int, device: torch.device) -> Tensor:
 
 
 @lru_cache(maxsize=8)
-def _pair_inv_t(T: int, device: torch.device) -> Tensor:
+def pair_inv_t(T: int, device: torch.device) -> Tensor:
     t, _ = pair_index(T, device)
     return 1.0 / (t + 1).to(torch.float64)
 
@@ -86,53 +65,6 @@ class Workspace:
         if b is None or b.numel() < numel or b.dtype != dtype or b.device != device:
             b = self._bufs[name] = torch.empty(numel, dtype=dtype, device=device)
         return b[:numel].view(shape)
-
-
-def _check_backend(name: str) -> str:
-    if name not in BACKENDS:
-        raise BadInputError(f"kernel backend {name!r} (PYTHIA_PROBE_KERNEL); valid: {BACKENDS}")
-    if name == "c" and not fastcount.available():
-        raise KernelError("PYTHIA_PROBE_KERNEL=c, but the C kernel is not built (reinstall with "
-                          "`pip install -e .` and a C compiler, or use PYTHIA_PROBE_KERNEL=torch)")
-    return name
-
-
-@cache
-def log_fallback(library: str, instead: str) -> None:
-    """Say once per process that a C library is not built and what runs instead."""
-    log.warning("the C kernel %s is not built: using the %s kernels (same numbers, slower); "
-                "`pip install -e .` with a C compiler builds it", library, instead)
-
-
-@contextmanager
-def use_backend(name: str) -> Iterator[None]:
-    """Temporarily force a kernel backend: "auto" (C on CPU when built), "c" or "torch"."""
-    global _backend
-    old, _backend = _backend, _check_backend(name)
-    try:
-        yield
-    finally:
-        _backend = old
-
-
-def use_c(device: torch.device) -> bool:
-    """True when add_context/add_q run the compiled kernel on ``device``."""
-    if _check_backend(_backend) == "torch" or device.type != "cpu":
-        return False
-    if not fastcount.available():
-        log_fallback("_fastcount", "torch")
-    return fastcount.available()
-
-
-def kernel_info(device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Which counting kernel runs on ``device`` (for stats metadata and benchmarks)."""
-    device = torch.device(device)
-    if not use_c(device):
-        return {"backend": "torch", "device": device.type,
-                "c_available": fastcount.available()}
-    lanes = fastcount.centre_lanes()
-    return {"backend": "c", "device": "cpu", "library": fastcount.library_path().name,
-            "centre_sum": f"torch order, {lanes} lanes" if lanes else "left to right"}
 
 
 def use_slices(device: torch.device) -> bool:
@@ -240,7 +172,8 @@ def add_context(acc_lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int,
                 ws: Workspace | None = None) -> None:
     """Scatter the fixed-point weight of 1/t into acc_lo[y_t * V + x_m] for every m <= t."""
     n, T = tokens.shape[0], tokens.shape[1] - 1
-    if use_c(tokens.device) and acc_lo.dtype == torch.int64 and acc_lo.is_contiguous():
+    if (tokens.device.type == "cpu" and acc_lo.dtype == torch.int64 and acc_lo.is_contiguous()
+            and fastcount.use_c()):
         fastcount.add_context(acc_lo, _i64(tokens), _i64(lengths), d_vocab,
                               context_weights(T, tokens.device))
         return
@@ -253,46 +186,5 @@ def add_context(acc_lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int,
     acc_lo.index_add_(0, keys, w)
 
 
-def add_q(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor, lengths: Tensor,
-          d_vocab: int, row_of: Tensor | None = None, ws: Workspace | None = None) -> None:
-    """Second pass: scatter Q_i (Eq. 16) into Qbar[x_t, x_j] and Delta[t - j].
-
-    Gc is the column-centred Gbar, flattened: M_i[t, k] = Gc[y_t, x_k]. ``row_of`` maps a
-    token id to its row of a restricted (top-k) Qbar, k (a dummy row dropped at the end) when
-    outside; None = full vocabulary.
-    """
-    if _c_pass2_ok(Qbar, Delta, Gc, tokens):
-        side = d_vocab if row_of is None else int(round(Qbar.numel() ** 0.5))
-        fastcount.add_q(Qbar, Delta, Gc, _i64(tokens), _i64(lengths), d_vocab, side,
-                        None if row_of is None else _i64(row_of))
-        return
-    ws = ws or Workspace()
-    n, T = tokens.shape[0], tokens.shape[1] - 1
-    tokens = clean(tokens, lengths)
-    t, m = pair_index(T, tokens.device)
-    dev = tokens.device
-    keys = pair_keys(tokens[:, 1:], tokens[:, :-1], d_vocab, ws).reshape(-1)
-    M = ws.get("M", (n, t.numel()), torch.float64, dev)
-    torch.index_select(Gc, 0, keys, out=M.view(-1))              # M_i[t, m], [n, P]
-    mask = position_mask(lengths, T)
-    if mask is not None:
-        M.mul_(per_pair(mask.to(M.dtype)))
-    inv_t = 1.0 / torch.arange(1, T + 1, dtype=M.dtype, device=dev)
-    centre = position_sums(M, T) * (inv_t * inv_t)[None, :]      # mean_t / t
-    M.mul_(_pair_inv_t(T, dev)[None, :])
-    q = sub_per_position(M, centre)                               # Q_i[t, m]
-    Delta.index_add_(0, t - m, q.sum(0))
-    x = tokens[:, :-1] if row_of is None else row_of[tokens[:, :-1]]
-    k = d_vocab if row_of is None else int(round(Qbar.numel() ** 0.5))
-    Qbar.index_add_(0, pair_keys(x, x, k, ws).reshape(-1), q.view(-1))
-
-
 def _i64(t: Tensor) -> Tensor:
     return t.to(torch.int64).contiguous()
-
-
-def _c_pass2_ok(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor) -> bool:
-    """The C kernel needs contiguous float64 CPU accumulators (it writes through pointers)."""
-    return (use_c(tokens.device) and tokens.shape[1] - 1 <= Delta.numel()
-            and all(t.dtype == torch.float64 and t.is_contiguous() and t.device.type == "cpu"
-                    for t in (Qbar, Delta, Gc)))

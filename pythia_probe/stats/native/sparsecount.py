@@ -1,11 +1,11 @@
-"""ctypes binding of the compiled kernels of the sparse engine (``_sparsecount.c``).
+"""ctypes binding of ``_sparsecount.c``, the sparse engine's compiled kernels.
 
-Built at install time next to this file (``setup.py``, optional like ``_fastcount``).
-``use_c()`` says whether the sparse engine calls them: only when the library loaded and the
-kernel backend (``PYTHIA_PROBE_KERNEL`` / ``kernels.use_backend``) is not "torch". Every
-function here has a numpy / scipy / torch twin (``sparse_tables``, ``outofcore``,
-``tilepass``) that is the specification; tests check that both give the same numbers
-(integers exactly, floats to float64 rounding).
+Pass 1 (pair codes, the head block, sorted reductions, exact merges) and the sparse products
+have numpy / scipy twins in ``stats/sparse/`` that run where the library is not built or
+``PYTHIA_PROBE_KERNEL=torch`` (``use_c()``), with the same integers and the same products to
+float64 rounding. Pass 2 (``sweep``, ``centre``: Eq. 16, tile by tile) exists only here
+(``require()``): the sparse engine needs the library; the numpy specification of these two
+kernels is the tests' oracle (tests/sparse_pass2_oracle.py).
 """
 
 from __future__ import annotations
@@ -18,22 +18,20 @@ from pathlib import Path
 import numpy as np
 
 from pythia_probe.errors import KernelError
-from pythia_probe.stats import fastcount, kernels
+from pythia_probe.stats import native
 
 ABI_VERSION = 4
-_ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position past it)",
-           -2: "a token id is outside the vocabulary or the tile",
-           -3: "out of memory for the kernel's scratch buffers"}
+STEM = "_sparsecount"
 
 
 def library_path() -> Path | None:
     """The built ``_sparsecount`` shared library next to this module, or None."""
-    return fastcount.library_path("_sparsecount")
+    return native.library_path(STEM)
 
 
 @lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL | None:
-    lib = fastcount.open_library("_sparsecount", "sc_abi_version", ABI_VERSION)
+    lib = native.open_library(STEM, "sc_abi_version", ABI_VERSION)
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -62,22 +60,21 @@ def available() -> bool:
 
 
 def use_c() -> bool:
-    """True when the sparse engine runs the compiled kernels (same switch as the dense ones)."""
-    backend = kernels._check_backend(kernels._backend)
-    if backend == "c" and not available():
-        raise KernelError("PYTHIA_PROBE_KERNEL=c, but the sparse C kernel is not built "
-                          "(reinstall with `pip install -e .` and a C compiler, or use "
-                          "PYTHIA_PROBE_KERNEL=torch)")
-    if backend == "auto" and not available():
-        kernels.log_fallback("_sparsecount", "numpy / scipy")
-    return backend != "torch" and available()
+    """True when pass 1 and the products run the compiled kernels (else their twins)."""
+    return native.wants_c(STEM, available(), "numpy / scipy")
+
+
+def require() -> None:
+    """Pass 2 of the sparse engine runs only here: refuse when the library is not built."""
+    if not available():
+        raise KernelError(f"the sparse engine needs its C kernels ({STEM}), which are not "
+                          "built: reinstall with `pip install -e .` and a C compiler, or use "
+                          "--engine dense")
 
 
 def info() -> dict:
-    """Which sparse kernels run (recorded in the stats metadata)."""
-    if use_c():
-        return {"backend": "c", "library": library_path().name}
-    return {"backend": "numpy", "c_available": available()}
+    """Which sparse kernels run (recorded in the statistics metadata)."""
+    return {"backend": "c" if use_c() else "numpy", "pass2": "c", "library": STEM}
 
 
 def _p(a: np.ndarray | None) -> int | None:
@@ -85,9 +82,7 @@ def _p(a: np.ndarray | None) -> int | None:
 
 
 def _check(rc: int) -> int:
-    if rc < 0:
-        raise KernelError(f"sparse C kernel: {_ERRORS.get(rc, f'error code {rc}')}")
-    return rc
+    return native.check(rc, "sparse C kernel")
 
 
 def _contig(a: np.ndarray, dtype) -> np.ndarray:
