@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from pythia_probe import plots, summary
-from pythia_probe.results import read_manifest, read_results
+from pythia_probe.results import NOT_SHARDS, read_manifest, read_results
 from pythia_probe.sweep.config import OutputConfig
 
 log = logging.getLogger(__name__)
@@ -22,13 +22,26 @@ def finish(output: OutputConfig) -> list[str]:
     """Summarise the folder's table (``OUT/summary.parquet``) and draw its figures (unless
     ``--no-plots``); returns the lines to print."""
     out = Path(output.out)
+    if not any(p.name not in NOT_SHARDS for p in out.rglob("*.parquet")):
+        return ["summary and figures: none, no task wrote a shard"]
     df = read_results(out)
     lines = [summary.report(df, out)]
     if output.plots:
-        paths = plots.plot_run(df, output.figures, manifest=read_manifest(out))
-        lines.append(f"drew {len(paths)} figures into {output.figures} (Figures 6 and 7: "
-                     f"{_paper(paths)})")
+        lines.append(_draw(df, output))
     return lines
+
+
+def _draw(df, output: OutputConfig) -> str:
+    """The figures; a failure to draw them leaves the tables as they are and says so."""
+    try:
+        paths = plots.plot_run(df, output.figures, manifest=read_manifest(output.out))
+    except Exception as err:  # noqa: BLE001 - the shards and summary are written already
+        log.warning("figures not drawn (%s: %s); the tables are complete: draw them with "
+                    "`python -m pythia_probe.plots --results %s`", type(err).__name__, err,
+                    output.out)
+        return "figures: not drawn (see the warning)"
+    return (f"drew {len(paths)} figures into {output.figures} (Figures 6 and 7: "
+            f"{_paper(paths)})")
 
 
 def _paper(paths: list[Path]) -> str:
