@@ -208,11 +208,22 @@ def no_network(monkeypatch):
     (["--steps", "1000-"], "cannot parse steps item '1000-'"),
     (["--steps", "1000-143000:0"], "stride must be positive"),
     (["--steps", "5-1"], "empty range"),
+    (["--steps", "1234"], "step 1234 is not available for this model; nearest valid steps: 1000"),
     (["--heads", "0"], "numbered from 1"),
 ])
 def test_bad_model_names_and_steps_are_refused_before_any_network_call(argv, says, no_network,
                                                                       capsys, monkeypatch):
     assert says in _one_line([*argv, "--dry-run"], capsys, monkeypatch)
+
+
+def test_missing_local_files_are_refused_before_any_network_call(tmp_path, no_network, capsys,
+                                                                 monkeypatch):
+    line = _one_line(["--stats", str(tmp_path / "owt.safetensors"), "--dry-run"], capsys,
+                     monkeypatch)
+    assert "owt.safetensors: no such statistics file" in line
+    line = _one_line(["--analyses", "attention_text", "--text", str(tmp_path / "t.st")], capsys,
+                     monkeypatch)
+    assert "--text" in line and "no such file" in line
 
 
 def test_offline_without_the_model_in_the_cache_says_what_to_do(tmp_path, capsys,
@@ -222,11 +233,51 @@ def test_offline_without_the_model_in_the_cache_says_what_to_do(tmp_path, capsys
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
     line = _one_line(["--steps", "1000-143000", "--dry-run"], capsys, monkeypatch)
-    for hint in ("HF_HUB_OFFLINE=1", "--cache-dir", "hf download EleutherAI/pythia-1.4b"):
+    for hint in ("HF_HUB_OFFLINE is set", "--cache-dir", "hf download EleutherAI/pythia-1.4b",
+                 "is not in the cache"):
         assert hint in line
     capsys.readouterr()
     assert run_main(lambda: sweep_main(["--steps", "1000-143000", "--dry-run"]), "sweep") == 2
     assert "143 steps of the Pythia schedule" in capsys.readouterr().out
+
+
+def test_offline_with_the_model_in_the_cache_prints_the_whole_plan(setup, tmp_path, capsys,
+                                                                 monkeypatch):
+    """HF_HUB_OFFLINE=1 and a cache that holds the checkpoints: the dry run plans from it and
+    asks nothing of the network; then the run itself scores from the cache."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from pythia_probe.arch import name_filter
+    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.testing.hub import HubServer
+
+    root, repo, stats = setup
+    cache = tmp_path / "cache"
+    with HubServer(root / "hub") as server:  # fill the cache where the hub is reachable
+        src = CheckpointSource("org/tiny", cache_dir=cache, endpoint=server.endpoint)
+        list(src.stream(src.resolve(STEPS), names=name_filter("embed", "attn", "mlp", "ln"),
+                        keep=True))
+        src.close()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    real_connect = socket.create_connection
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda *a, **k: pytest.fail("a network call was made"))
+    argv = _argv("org/tiny", stats, tmp_path / "o", "--cache-dir", str(cache))
+    assert sweep_main([*argv, "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "model org/tiny: 3 steps" in plan and "download 0 B still" in plan
+    assert sweep_main(argv) == 0 and sorted(read_results(tmp_path / "o")["step"].unique()) == \
+        list(STEPS)
+    # the hub unreachable, HF_HUB_OFFLINE unset: the dry run says the cache holds the steps
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused
+    monkeypatch.setattr(socket, "create_connection", real_connect)
+    assert run_main(lambda: sweep_main([*argv, "--dry-run"]), "sweep") == 2
+    out, err = capsys.readouterr()
+    assert f"the cache {cache}" in out and "holds 3 of them ([0, 1, 2])" in out
+    assert "HF_HUB_OFFLINE=1 plans and scores from it" in out and "cannot be reached" in err
 
 
 def test_an_unreachable_hub_is_one_line_with_the_offline_advice(tmp_path, capsys, monkeypatch):
@@ -242,7 +293,8 @@ def test_an_unreachable_hub_is_one_line_with_the_offline_advice(tmp_path, capsys
     monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
     line = _one_line(["--model", "org/some-model", "--steps", "0", "--dry-run"], capsys,
                      monkeypatch)
-    assert "cannot list the checkpoints of org/some-model" in line and "HF_HUB_OFFLINE" in line
+    assert "cannot list the checkpoints of org/some-model" in line and "HF_HUB_OFFLINE=1" in line
+    assert "hf download org/some-model --revision step1000 --cache-dir DIR" in line
 
 
 # ---- resume, signals ------------------------------------------------------------------------

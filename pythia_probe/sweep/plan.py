@@ -7,13 +7,15 @@ What ``--dry-run`` prints and every run prints first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from pythia_probe.analysis.plan import Plan, choose_targets, memory_plan
 from pythia_probe.arch import NeoXConfig
-from pythia_probe.errors import BadInputError, ResourceError
+from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.resources import human_bytes, memory_budget
+from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
 from pythia_probe.sweep.source import duplicates
 
@@ -46,6 +48,21 @@ def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: i
     need = memory_need(sc, c, rows, stats_bytes)
     limit, how = budget if budget is not None else memory_budget(sc.device)
     return choose_targets(need, limit, how)
+
+
+def check_local(parts) -> None:
+    """What needs no network, checked before any network call: files named on the command
+    line exist, and a Pythia model's --steps are steps of Pythia's schedule."""
+    if is_pythia(parts.source.model):
+        parse_steps(parts.plan.steps, PYTHIA_STEPS)  # StepError names the nearest valid steps
+    stats, text = parts.statistics.stats, parts.scoring.text
+    if stats is not None and not Path(stats).is_file():
+        raise MissingFileError(f"--stats {stats}: no such statistics file; compute one with "
+                               "`python -m pythia_probe.stats compute ...`, or leave --stats "
+                               "out to build the paper's recipe")
+    if text is not None and not Path(text).is_file():
+        raise MissingFileError(f"--text {text}: no such file (a safetensors file with "
+                               "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
 
 
 def check_heads(sc: ScoringConfig, n_layers: int) -> None:

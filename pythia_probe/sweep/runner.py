@@ -47,6 +47,7 @@ from pythia_probe.sweep.layout import (
 from pythia_probe.sweep.manifest import RunRecord
 from pythia_probe.sweep.plan import (
     check_heads,
+    check_local,
     checkpoint_plan,
     downloads,
     plan_lines,
@@ -211,22 +212,29 @@ def _model(parts: SweepParts, source):
         if source.local_dir is not None or not unreachable:
             raise  # a local folder's or the hub's own answer (e.g. no such repository)
         if parts.plan.dry_run:
-            print("\n".join(_local_lines(parts)), flush=True)
-        raise offline_advice(parts.source.model, err) from err
+            print("\n".join(_local_lines(parts, source)), flush=True)
+        raise offline_advice(parts.source.model, err, source.offline) from err
     return steps, first, model_config(source, first)
 
 
-def _local_lines(parts: SweepParts) -> list[str]:
-    """What the plan can say without the hub."""
-    src, sc = parts.source, parts.scoring
-    known = (f"{len(parse_steps(parts.plan.steps, PYTHIA_STEPS))} steps of the Pythia schedule"
-             if is_pythia(src.model) else "steps not known offline")
-    return [f"model {src.model}: --steps {parts.plan.steps} ({known}); analyses "
-            f"{','.join(sc.analyses)}; results in {parts.output.out}"]
+def _local_lines(parts: SweepParts, source) -> list[str]:
+    """What the plan can say without the hub: the asked steps (Pythia's schedule is known) and
+    which of them the cache holds (read without the network)."""
+    src, sc, spec = parts.source, parts.scoring, parts.plan.steps
+    asked = parse_steps(spec, PYTHIA_STEPS) if is_pythia(src.model) else None
+    known = f"{len(asked)} steps of the Pythia schedule" if asked else "steps not known offline"
+    cached = source.cached_steps()
+    held = [s for s in cached if asked is None or s in asked]
+    where = (f"the cache {source.storage} holds {len(held)} of them"
+             + (f" ({held[:6]}{' ...' if len(held) > 6 else ''}); HF_HUB_OFFLINE=1 plans and "
+                "scores from it" if held else ""))
+    return [f"model {src.model}: --steps {spec} ({known}); analyses {','.join(sc.analyses)}; "
+            f"results in {parts.output.out}", where]
 
 
 def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
     src, st, sc = parts.source, parts.statistics, parts.scoring
+    check_local(parts)
     steps, first, c = _model(parts, source)
     check_heads(sc, c.n_layers)
     tok = model_tokenizer(source, first, st.tokenizer, src.model)

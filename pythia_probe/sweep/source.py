@@ -25,11 +25,12 @@ from pythia_probe.errors import (
     BadInputError,
     CorruptFileError,
     HubError,
+    HubUnreachableError,
     MissingFileError,
     UserError,
 )
 from pythia_probe.fileio import free_bytes
-from pythia_probe.hubio import endpoint
+from pythia_probe.hubio import endpoint, offline_hint
 from pythia_probe.resources import human_bytes
 from pythia_probe.revisions import ledger
 from pythia_probe.steps import is_pythia, parse_steps
@@ -74,14 +75,17 @@ def select_steps(spec: str, source) -> list[int]:
     return parse_steps(spec, available)
 
 
-def offline_advice(model: str, err: BaseException) -> HubError:
-    """The one line for a hub that cannot be reached (or an offline cache without the model)."""
-    return HubError(
-        f"cannot list the checkpoints of {model} ({' '.join(str(err).split())[:200]}). "
-        f"Offline: set HF_HUB_OFFLINE=1 to use the cache, or pass --cache-dir with an existing "
-        f"Hugging Face cache that holds the model (fill one where the hub is reachable, e.g. "
-        f"`hf download {model} --revision step1000 --cache-dir DIR`), or a local folder of "
-        f"step*/ checkpoints as --model (hub: {endpoint()})")
+def offline_advice(model: str, err: BaseException, offline: bool) -> HubError:
+    """The one line for a hub that cannot be reached, or (``offline``: HF_HUB_OFFLINE is set)
+    a cache without the model: what to do offline (hubio's advice, for this model)."""
+    todo = offline_hint(model, "step1000")
+    if offline:
+        return HubError(f"cannot list the checkpoints of {model} (HF_HUB_OFFLINE is set): "
+                        f"{' '.join(str(err).split())}; pass --cache-dir with a Hugging Face "
+                        f"cache that holds it, or {todo.split('; ', 1)[1]}")
+    why = ("it cannot be reached" if isinstance(err, HubUnreachableError) else
+           " ".join(str(err).split()))
+    return HubError(f"cannot list the checkpoints of {model} on {endpoint()}: {why}; {todo}")
 
 
 def tensor_names(needs: Needs):
