@@ -8,7 +8,10 @@
 - :func:`remove`: every delete of the tool goes through here and is refused for any path outside
   the folders the caller owns (a name from the hub that is really a path cannot escape them).
 - :class:`FolderLock`: one writer per output folder (an exclusive ``flock`` on ``FOLDER/.lock``,
-  released by the kernel when its process dies, so a dead holder's lock is simply taken over).
+  released by the kernel when its process dies, so a dead holder's lock is simply taken over;
+  shared by the cooperating holders of one key, e.g. the shards of one sweep).
+- :func:`create_exclusive` (a whole file created only where none is, e.g. a claim) and
+  :func:`touch` (a heartbeat).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -145,7 +149,7 @@ def remove(path: str | os.PathLike, owned: Iterable[str | os.PathLike]) -> None:
 
 
 class FolderLock:
-    """An exclusive lock on ``folder`` for as long as this object holds it (``with`` block).
+    """A lock on ``folder`` for as long as this object holds it (``with`` block).
 
     ``FOLDER/.lock`` is opened (never through a symlink) and ``flock``-ed; the holder's
     description (pid, host, what it runs) is written into it for the refusal message. The
@@ -153,12 +157,21 @@ class FolderLock:
     process is simply taken over. A second holder gets :class:`FolderLockedError` naming the
     folder and the holder. Released, the file is removed (a locker that opened it just before
     checks afterwards that it holds the file now at that path, else tries again).
+
+    ``key``: holders that cooperate (the shards of one run, on one machine or several sharing
+    the folder) share the lock. The first writes its description with the key and holds the
+    lock shared; one with the same key joins (:attr:`info` is then the first one's description,
+    e.g. the run id it chose); one with another key, or with none, is refused while any of them
+    holds it. The last to release removes the file.
     """
 
     NAME = ".lock"
+    WAIT = 2.0  # seconds a joiner waits while the first holder writes its description
 
-    def __init__(self, folder: str | os.PathLike, holder: dict[str, Any]) -> None:
-        self.folder, self.holder, self._fd = Path(folder), dict(holder), None
+    def __init__(self, folder: str | os.PathLike, holder: dict[str, Any],
+                 key: str | None = None) -> None:
+        self.folder, self.holder, self.key, self._fd = Path(folder), dict(holder), key, None
+        self.info: dict[str, Any] = {}
 
     @property
     def path(self) -> Path:
@@ -166,39 +179,125 @@ class FolderLock:
 
     def acquire(self) -> FolderLock:
         self.folder.mkdir(parents=True, exist_ok=True)
-        for _ in range(100):
+        deadline = time.monotonic() + self.WAIT
+        for _ in range(1000):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~umask())
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            state = self._take(fd)
+            if state in ("first", "joined") and _same_file(fd, self.path):
+                self._fd = fd
+                return self
+            if state in ("refused", "busy") and (state == "refused" or
+                                                 time.monotonic() > deadline):
                 held = _read_holder(fd)
                 os.close(fd)
                 raise FolderLockedError(f"{self.folder} is in use by another run ({held}); "
                                         "wait for it to end or choose another output "
                                         "folder") from None
-            if _same_file(fd, self.path):
-                break
-            os.close(fd)  # the file was removed by its holder in between: lock the new one
-        else:
-            raise FolderLockedError(f"{self.folder}: could not take {self.NAME}")
-        info = json.dumps({**self.holder, "pid": os.getpid(), "host": os.uname().nodename})
+            os.close(fd)  # removed by its holder in between, or its first holder is writing
+            time.sleep(0.01 if state in ("first", "joined") else 0.05)
+        raise FolderLockedError(f"{self.folder}: could not take {self.NAME}")
+
+    def _take(self, fd: int) -> str:
+        """Lock ``fd``: "first" (exclusive; shared after writing the key), "joined" (shared
+        with holders of the same key), "refused" (held by another run), "busy" (held
+        exclusively, maybe by a first holder still writing), "retry" (an empty file)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "refused" if self.key is None else self._join(fd)
+        self.info = {**self.holder, "pid": os.getpid(), "host": os.uname().nodename,
+                     **({} if self.key is None else {"key": self.key})}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode(), 0)
-        self._fd = fd
-        return self
+        os.pwrite(fd, json.dumps(self.info).encode(), 0)
+        if self.key is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # others with the key may join now
+        return "first"
+
+    def _join(self, fd: int) -> str:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "busy"
+        try:
+            info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+        except (OSError, ValueError):
+            info = {}
+        if isinstance(info, dict) and info.get("key") == self.key:
+            self.info = info
+            return "joined"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return "refused" if info else "retry"
 
     def release(self) -> None:
-        if self._fd is not None:
+        if self._fd is None:
+            return
+        last = True
+        if self.key is not None:  # shared: only the last holder removes the file
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                last = False
+        if last and _same_file(self._fd, self.path):
             self.path.unlink(missing_ok=True)  # while still holding it
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
 
     def __enter__(self) -> FolderLock:
         return self.acquire() if self._fd is None else self
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if nothing (a file, a symlink) is there: the whole
+    file appears at once (a unique temp file beside it, the user's umask, then a hard link,
+    which fails when the name exists), or False. Where hard links are not supported it is
+    created with ``O_EXCL`` and written in place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o666 & ~umask())
+        try:
+            os.link(tmp, path, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        except OSError as err:
+            if is_disk_full(err, path.parent):
+                raise
+            return _create_in_place(path, data)
+        return True
+    except Exception as err:
+        if is_disk_full(err, path.parent):
+            raise disk_full_error(path, len(data)) from err
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _create_in_place(path: Path, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o666 & ~umask())
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return True
+
+
+def touch(path: str | os.PathLike) -> None:
+    """Set ``path``'s modification time to now (a heartbeat), never through a symlink; a
+    missing file is fine."""
+    try:
+        os.utime(path, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -8,6 +8,11 @@ group (gloo on CPU, nccl on CUDA) and names this rank's device. Library code rec
 also gives the rank to the log format (:func:`pythia_probe.logs.set_rank`) and says when a
 launcher asked for several processes but started one (``accelerate launch --cpu
 --num_processes N`` without ``--multi_gpu``).
+
+A Slurm job array is a second level: every array task is a separate launch (one process, or a
+process group of its own), told its place by SLURM_ARRAY_TASK_ID, _MIN, _STEP and _COUNT
+(:func:`slurm_array`). :meth:`Ranks.share` combines the two (and an explicit ``--shard``) into
+this process's share of a job: (index, count) over every process of every array task.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pythia_probe import logs
+from pythia_probe.errors import BadInputError
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +39,18 @@ class Ranks:
     rank: int = 0
     world: int = 1
     device: str = "cpu"
+    array: int = 0  # this launch's place in a Slurm job array (0 of 1: none)
+    arrays: int = 1
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def share(self, shard: tuple[int, int] | None = None) -> tuple[int, int]:
+        """(index, count) of this process among all that split one job: ``shard`` (an explicit
+        ``--shard i/N``) or this launch's Slurm array task, times the ranks of this launch."""
+        outer, outers = shard or (self.array, self.arrays)
+        return outer * self.world + self.rank, outers * self.world
 
     def sum_(self, t: Tensor) -> Tensor:
         """In-place sum over ranks (exact for integer tensors)."""
@@ -81,18 +95,41 @@ def single_process_launch() -> str | None:
             "--multi_gpu --num_processes N` (gloo on the CPU) or `torchrun --nproc_per_node N`")
 
 
+def slurm_array() -> tuple[int, int]:
+    """(index, count) of this Slurm array task among its array (0, 1 outside one): the task id's
+    place from SLURM_ARRAY_TASK_MIN in steps of SLURM_ARRAY_TASK_STEP; an array whose ids are
+    not one evenly spaced range (``--array=1,4,5``) is refused (give ``--shard`` instead)."""
+    env = os.environ
+    if "SLURM_ARRAY_TASK_ID" not in env:
+        return 0, 1
+    try:
+        task, low = int(env["SLURM_ARRAY_TASK_ID"]), int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+        step = int(env.get("SLURM_ARRAY_TASK_STEP", "1"))
+        count = int(env["SLURM_ARRAY_TASK_COUNT"])
+        high = int(env.get("SLURM_ARRAY_TASK_MAX", str(low + (count - 1) * step)))
+    except (KeyError, ValueError) as err:
+        raise BadInputError(f"a Slurm array task without a readable SLURM_ARRAY_TASK_* ({err}); "
+                            "give --shard INDEX/COUNT instead") from None
+    if step < 1 or count < 1 or (high - low) != (count - 1) * step or (task - low) % step:
+        raise BadInputError(f"Slurm array ids {low}..{high} step {step} ({count} tasks) are not "
+                            "one evenly spaced range; give --shard INDEX/COUNT instead")
+    return (task - low) // step, count
+
+
 def from_env(device: str = "cpu") -> Ranks:
     """This process's :class:`Ranks`; several processes join one group through accelerate's
-    ``PartialState``, and ``cuda`` becomes this rank's own GPU."""
+    ``PartialState``, and ``cuda`` becomes this rank's own GPU; a Slurm array task knows its
+    place in the array."""
+    array, arrays = slurm_array()
     if world_size() <= 1:
         note = single_process_launch()
         if note:
             log.warning(note)
         logs.set_rank(None)
-        return Ranks(device=device)
+        return Ranks(device=device, array=array, arrays=arrays)
     from accelerate import PartialState  # seconds to import: only for multi-process runs
 
     state = PartialState(cpu=torch.device(device).type == "cpu")
     dev = str(state.device) if torch.device(device).type == "cuda" else device
     logs.set_rank(state.process_index)
-    return Ranks(state.process_index, state.num_processes, dev)
+    return Ranks(state.process_index, state.num_processes, dev, array, arrays)

@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pythia_probe"
 LAYERS = [
-    "testing | demo",
+    "testing | demo | api",
     "sweep",
     "toy | plots | revisions",
     "analysis | theory | checkpoints | summary",
@@ -119,5 +119,22 @@ def test_importing_a_module_has_no_side_effect():
             "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
             "assert dict.__getitem__(matplotlib.rcParams, 'backend') == backend, 'backend set'\n"
             "assert not logging.getLogger('pythia_probe').handlers, 'logging configured'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_importing_the_package_is_cheap_and_the_api_loads_on_first_use():
+    """``import pythia_probe`` imports nothing heavy; ``pp.run_sweep`` and friends load then."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pythia_probe as pp\n"
+            "heavy = [m for m in ('torch', 'pandas', 'matplotlib', 'transformers') "
+            "if m in sys.modules]\n"
+            "assert not heavy, heavy\n"
+            "assert callable(pp.run_sweep) and callable(pp.read_results) and "
+            "callable(pp.statistics)\n"
+            "from pythia_probe.results import read_results\n"
+            "assert pp.read_results is read_results\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]

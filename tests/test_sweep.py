@@ -108,7 +108,8 @@ def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch)
         sweep_main(_argv(repo, stats, out))
     assert read_manifest(out)["status"] == "interrupted"
     done = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
-    assert sorted(done) == ["step0.parquet", "step1.parquet"]
+    # step1's weights are step0's (as on the hub): copied, not scored; step 4 was the third
+    assert sorted(done) == ["step0.parquet", "step1.parquet", "step2.parquet"]
     calls.clear()
     monkeypatch.setattr(runner, "run_step", real)
     assert sweep_main(_argv(repo, stats, out)) == 0

@@ -44,7 +44,7 @@ def test_every_flag_lands_in_exactly_one_part():
         for f in fields(part):
             flat.setdefault(f.name, []).append(type(part).__name__)
     assert all(len(owners) == 1 for owners in flat.values()), flat
-    renamed = {"targets": "mode", "targets_cache": "cache"}
+    renamed = {"targets": "mode", "targets_cache": "cache", "model": "models"}
     for f in fields(cfg):
         assert renamed.get(f.name, f.name) in flat, f"flag {f.name} in no part"
 

@@ -36,19 +36,42 @@ RUNS = "runs"  # default results root: git-ignored, never beside committed resul
 MAX_STEP = 10_000_000  # larger than any training run's step count
 
 
+#: the Pythia suite by name (pythia-and-data: 10 sizes, -deduped from 70m): explicit hub ids
+SUITES = {
+    "pythia": ("EleutherAI/pythia-14m", "EleutherAI/pythia-31m", "EleutherAI/pythia-70m",
+               "EleutherAI/pythia-160m", "EleutherAI/pythia-410m", "EleutherAI/pythia-1b",
+               "EleutherAI/pythia-1.4b", "EleutherAI/pythia-2.8b", "EleutherAI/pythia-6.9b",
+               "EleutherAI/pythia-12b"),
+    "pythia-deduped": ("EleutherAI/pythia-70m-deduped", "EleutherAI/pythia-160m-deduped",
+                       "EleutherAI/pythia-410m-deduped", "EleutherAI/pythia-1b-deduped",
+                       "EleutherAI/pythia-1.4b-deduped", "EleutherAI/pythia-2.8b-deduped",
+                       "EleutherAI/pythia-6.9b-deduped", "EleutherAI/pythia-12b-deduped"),
+}
+
+
 @dataclass(frozen=True)
 class SourceConfig:
-    """Where the weights come from."""
+    """Where the weights come from: the models (one or several), the cache, the downloads."""
 
-    model: str
+    models: tuple[str, ...]
+    suite: str | None = None
     cache_dir: str | None = None
     prefetch: int = 1
     max_disk_gb: float | None = None
 
     @property
+    def model(self) -> str:
+        """The models as typed: one id, or the comma-separated list."""
+        return ",".join(self.models)
+
+    @staticmethod
+    def name_of(model: str) -> str:
+        """A model's name in the tables: the hub id, or a local folder's own name."""
+        return Path(model).name if Path(model).exists() else model
+
+    @property
     def name(self) -> str:
-        """The model's name in the tables: the hub id, or a local folder's own name."""
-        return Path(self.model).name if Path(self.model).exists() else self.model
+        return ",".join(self.name_of(m) for m in self.models)
 
 
 @dataclass(frozen=True)
@@ -118,11 +141,18 @@ class TargetsConfig:
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """Which steps, how often a failing step is retried, and whether to stop after the plan."""
+    """Which steps, how often a failing step is retried, whether to stop after the plan, and
+    which share of the tasks this launch takes (``--shard i/N``)."""
 
     steps: str = "all"
     retries: int = 1
     dry_run: bool = False
+    shard: str | None = None
+
+    @property
+    def share(self) -> tuple[int, int] | None:
+        """``--shard i/N`` as (i, N), or None."""
+        return None if self.shard is None else parse_shard(self.shard)
 
 
 @dataclass(frozen=True)
@@ -175,9 +205,14 @@ class SweepConfig:
     steps: str = "all"
     """Steps: 1000-143000, 1000-143000:5000, 0,1,2,4,512, early, log or all."""
     model: str = "EleutherAI/pythia-1.4b"
-    """Hub id (any Pythia size or -deduped) or a folder with one step*/ folder per checkpoint."""
+    """Hub id (any Pythia size or -deduped) or a folder with one step*/ folder per checkpoint;
+    several, comma-separated, sweep into one table (a model column)."""
+    suite: Literal["pythia", "pythia-deduped"] | None = None
+    """Every size of a suite instead of --model: pythia (14m, 31m, 70m, 160m, 410m, 1b, 1.4b,
+    2.8b, 6.9b, 12b) or pythia-deduped (70m ... 12b)."""
     out: str | None = None
-    """Results folder: shards/, failed/, manifest.json (default: runs/<model name>)."""
+    """Results folder: shards/, failed/, manifest.json (default: runs/<model name>, runs/<suite>,
+    runs/<name>_<name>... for several)."""
     analyses: tuple[str, ...] = ("embedding", "attention_lnfold", "attention")
     """Comma-separated: embedding, attention_lnfold (the authors' LN-folded, centred W_Q/W_K),
     attention (raw weights), unembedding, attention_text."""
@@ -241,6 +276,10 @@ class SweepConfig:
     below this (fewer reads, more memory); 0: one layer per pass."""
     dry_run: bool = False
     """Print the plan (steps, downloads, disk, memory, vocabulary, targets) and stop."""
+    shard: str | None = None
+    """i/N: this launch scores the i-th of N shares of the tasks (0 <= i < N), into the shared
+    --out (default: the Slurm array task's place, SLURM_ARRAY_TASK_ID, else all); ranks of
+    torchrun/accelerate split each share further."""
     progress: bool = True
     """Show the progress display."""
     plots: bool = True
@@ -271,23 +310,32 @@ class SweepConfig:
         if min(self.docs, self.seq_len) < 1 or self.min_chars < 0:
             raise BadInputError("--docs and --seq-len must be >= 1, --min-chars >= 0")
         check_steps_syntax(self.steps)
+        object.__setattr__(self, "model", ",".join(model_list(self.model, self.suite)))
+        if self.shard is not None:
+            parse_shard(self.shard)
         if self.recipe is not None:
             check_recipe(self.recipe, self.dataset, self.data_dir)
         if self.device == "auto":  # resolved once, so every part and the manifest see one
             object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
         check_device(self.device)
         if self.out is None:
-            object.__setattr__(self, "out", str(Path(RUNS) / Path(self.model.rstrip("/")).name))
+            name = self.suite or "_".join(Path(m.rstrip("/")).name for m in self.models)
+            object.__setattr__(self, "out", str(Path(RUNS) / name))
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self.model.split(","))
 
     def split(self, device: str | None = None) -> SweepParts:
         """The parts; ``device``: this rank's own device (the entry point's Ranks)."""
         return SweepParts(
-            SourceConfig(self.model, self.cache_dir, self.prefetch, self.max_disk_gb),
+            SourceConfig(self.models, self.suite, self.cache_dir, self.prefetch,
+                         self.max_disk_gb),
             self._statistics(),
             ScoringConfig(tuple(self.analyses), device or self.device, self.dtype, self.heads,
                           self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows),
             TargetsConfig(self.targets, self.targets_cache),
-            PlanConfig(self.steps, self.retries, self.dry_run),
+            PlanConfig(self.steps, self.retries, self.dry_run, self.shard),
             OutputConfig(str(self.out), self.progress, self.plots))
 
     def _statistics(self) -> StatisticsConfig:
@@ -308,6 +356,31 @@ def check_recipe(name: str, dataset: str, data_dir: str | None) -> None:
         reads = " ".join(x for x in (preset.dataset, preset.data_dir) if x)
         raise BadInputError(f"--recipe {name} reads {reads}; give either --recipe or "
                             "--dataset/--data-dir, not both")
+
+
+def model_list(model: str, suite: str | None) -> list[str]:
+    """The models of --model (comma-separated) or --suite; both given is refused."""
+    if suite is not None:
+        if suite not in SUITES:
+            raise BadInputError(f"--suite {suite!r}; valid: {', '.join(SUITES)}")
+        if model != SweepConfig.__dataclass_fields__["model"].default:
+            raise BadInputError(f"--suite {suite} names its models; give either --suite or "
+                                "--model, not both")
+        return list(SUITES[suite])
+    models = [m.strip() for m in model.split(",")]
+    if not all(models) or len(set(models)) < len(models):
+        raise BadInputError(f"--model {model!r}: give hub ids or folders, comma-separated, "
+                            "each once")
+    return models
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """--shard "i/N" -> (i, N) with 0 <= i < N."""
+    i, _, n = str(text).partition("/")
+    if not (i.strip().isdigit() and n.strip().isdigit()) or not 0 <= int(i) < int(n):
+        raise BadInputError(f"--shard {text!r}: give INDEX/COUNT with 0 <= INDEX < COUNT, "
+                            "e.g. 0/4 ... 3/4")
+    return int(i), int(n)
 
 
 def parse_top_k(text: str) -> str | int | None:

@@ -1,44 +1,79 @@
-"""The results folder of a sweep, and which steps in it are done.
+"""The results folder of a sweep, and which of its (model, step) tasks are done.
 
-    OUT/manifest.json          the run: argv, configuration as used, choices, status
-    OUT/shards/step{N}.parquet one shard per step, written atomically (the folder is the table)
-    OUT/failed/step{N}.json    a step that failed after its retries (error, traceback)
-    OUT/.lock                  held while a run writes the folder (:class:`~fileio.FolderLock`)
+    OUT/manifest.json                 the run: argv, configuration as used, choices, status
+    OUT/revisions.parquet             the revision ledger of every model (before any weight)
+    OUT/shards/[<model>/]step{N}.parquet  one shard per task, written atomically: the folder
+                                      is the table (no merge step)
+    OUT/failed/[<model>/]step{N}.json a task that failed after its retries (error, traceback)
+    OUT/claims/[<model>/]step{N}.json a task being scored now, by whom (:mod:`.claims`)
+    OUT/summary.parquet, OUT/plots/   written once every task is done (:mod:`.report`)
+    OUT/.lock                         held while runs write the folder (shared by the shards
+                                      of one run, :class:`~pythia_probe.fileio.FolderLock`)
 
-A step counts as done only if its shard reads back valid, for this step (and stats_id), with
-rows of every asked analysis. The unit of work is one (model, step) task; with one model per
-folder today its shard is ``shards/step{N}.parquet``.
+The unit of work is one (model, step) task. A folder of one model keeps the flat
+``shards/step{N}.parquet`` it always had; a folder of several models has one sub-folder per
+model (``EleutherAI--pythia-70m``, the hub id with ``/`` as ``--``). A task counts as done only if
+its shard reads back valid, for this step and model (and stats_id), with rows of every asked
+analysis.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pythia_probe.results import ResultsError, read_shard
 
-SHARDS, FAILED = "shards", "failed"
+SHARDS, FAILED, CLAIMS = "shards", "failed", "claims"
 
 
-def shard_path(out: str | os.PathLike, step: int) -> Path:
-    return Path(out) / SHARDS / f"step{step}.parquet"
+@dataclass(frozen=True)
+class Layout:
+    """Where the files of each (model, step) task go; ``models``: the table's model names."""
+
+    out: str
+    models: tuple[str, ...] = ()
+
+    def _folder(self, kind: str, model: str | None) -> Path:
+        root = Path(self.out) / kind
+        if len(self.models) <= 1:
+            return root
+        return root / str(model).replace("/", "--")
+
+    def shard(self, model: str | None, step: int) -> Path:
+        return self._folder(SHARDS, model) / f"step{step}.parquet"
+
+    def failure(self, model: str | None, step: int) -> Path:
+        return self._folder(FAILED, model) / f"step{step}.json"
+
+    def claim(self, model: str | None, step: int) -> Path:
+        return self._folder(CLAIMS, model) / f"step{step}.json"
+
+    def done(self, model: str | None, step: int, analyses: Iterable[str],
+             stats_id: str | None = None) -> bool:
+        """A valid shard of the task (for ``stats_id``) holding rows of every analysis asked;
+        an empty, truncated or partial shard is recomputed."""
+        return _valid(self.shard(model, step), step, analyses, stats_id,
+                      None if len(self.models) <= 1 else model)
+
+    def failed(self) -> list[tuple[str | None, int]]:
+        """(model, step) of every failure record in ``OUT/failed/``."""
+        root = Path(self.out) / FAILED
+        if len(self.models) <= 1:
+            return [(self.models[0] if self.models else None, s) for s in _steps(root)]
+        by_folder = {m.replace("/", "--"): m for m in self.models}
+        return [(by_folder[d.name], s) for d in sorted(root.glob("*")) if d.name in by_folder
+                for s in _steps(d)]
 
 
-def failure_path(out: str | os.PathLike, step: int) -> Path:
-    return Path(out) / FAILED / f"step{step}.json"
+def _steps(folder: Path) -> list[int]:
+    return sorted(int(p.stem[4:]) for p in folder.glob("step*.json") if p.stem[4:].isdigit())
 
 
-def failed_steps(out: str | os.PathLike) -> list[int]:
-    """Steps with a failure record in ``OUT/failed/``."""
-    return sorted(int(p.stem[4:]) for p in (Path(out) / FAILED).glob("step*.json"))
-
-
-def shard_done(out: str | os.PathLike, step: int, analyses: Iterable[str],
-               stats_id: str | None = None) -> bool:
-    """A valid shard of ``step`` (and ``stats_id``) holding rows of every analysis asked; an
-    empty, truncated or partial shard is recomputed."""
-    path = shard_path(out, step)
+def _valid(path: Path, step: int, analyses: Iterable[str], stats_id: str | None,
+           model: str | None) -> bool:
     if not path.is_file():
         return False
     try:
@@ -47,9 +82,30 @@ def shard_done(out: str | os.PathLike, step: int, analyses: Iterable[str],
         return False
     if df.empty or not (df["step"] == step).all():
         return False
+    if model is not None and not (df["model"] == model).all():
+        return False
     if stats_id is not None and not (df["stats_id"] == stats_id).all():
         return False
     return set(analyses) <= set(df["analysis"])
+
+
+# ---- one model's folder, as before (kept for callers of the flat layout) -----------------------
+def shard_path(out: str | os.PathLike, step: int) -> Path:
+    return Layout(str(out)).shard(None, step)
+
+
+def failure_path(out: str | os.PathLike, step: int) -> Path:
+    return Layout(str(out)).failure(None, step)
+
+
+def failed_steps(out: str | os.PathLike) -> list[int]:
+    """Steps with a failure record in ``OUT/failed/`` (a folder of one model)."""
+    return [s for _, s in Layout(str(out)).failed()]
+
+
+def shard_done(out: str | os.PathLike, step: int, analyses: Iterable[str],
+               stats_id: str | None = None) -> bool:
+    return Layout(str(out)).done(None, step, analyses, stats_id)
 
 
 def split_steps(steps: Sequence[int], rank: int, world_size: int) -> list[int]:

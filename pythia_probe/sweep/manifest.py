@@ -2,18 +2,44 @@
 configuration as used, the choices made (vocabulary, statistics, targets), and how it ended:
 ``running``, ``complete``, ``failed`` (with the reason), ``interrupted`` (SIGINT/SIGTERM; rerun
 to resume) or ``incomplete`` (this process's share is done, other shards' steps are not).
-Rank 0 writes it; the other ranks read the run id from it.
+Rank 0 writes it; the other ranks read the run id from it. The shards of one run on several
+machines share one run id (the first one's, handed on through the folder's lock) and write
+their end status under the manifest's own lock (:meth:`RunRecord.locked`), from what the
+folder holds then, so the last one to finish says ``complete``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pythia_probe.errors import MismatchError
+from pythia_probe.errors import FolderLockedError, MismatchError, ResultsError
+from pythia_probe.fileio import FolderLock
 from pythia_probe.ranks import Ranks
 from pythia_probe.results import LAYERS, MANIFEST, new_run_id, read_manifest, write_manifest
+
+MANIFEST_WAIT = 60.0  # seconds a shard waits for another one writing its end status
+
+
+class _ManifestLock(FolderLock):
+    NAME = ".manifest.lock"
+
+
+def previous_run_id(out: str, identity: dict) -> str:
+    """The run id a launch proposes: the folder's earlier run's when its identity is this one
+    (a resume), else a new one (a different earlier run is refused later, naming the
+    difference)."""
+    try:
+        old = read_manifest(out) if (Path(out) / MANIFEST).exists() else None
+    except ResultsError:
+        old = None  # refused with its one line when the run starts
+    if old and all(old.get("config", {}).get(k) == v for k, v in identity.items()):
+        return old.get("run_id") or new_run_id()
+    return new_run_id()
 
 
 def check_resume(out: str, identity: dict, stats_id: str) -> str | None:
@@ -43,16 +69,20 @@ class RunRecord:
     run_id: str | None = None
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     checkpoints: dict | None = None
+    models: dict | None = None  # several models: each one's steps, lacking steps, stats_id
 
     def _extra(self, **more) -> dict:
+        models = {} if self.models is None else {"models": self.models}
         return {"steps": self.steps, "checkpoints": self.checkpoints, "layers": LAYERS,
-                "world": self.ranks.world, **self.choices, **more}
+                "world": self.ranks.world, **models, **self.choices, **more}
 
-    def start(self, identity: dict, stats_id: str, checkpoints) -> str:
-        """Rank 0 picks the run id (a compatible earlier run's, else new) and writes the
-        manifest with status running; every rank returns the id."""
+    def start(self, identity: dict, stats_id, checkpoints, run_id: str | None = None) -> str:
+        """Rank 0 checks the folder holds no other run, takes the run id (``run_id``: the one
+        the shards share; else a compatible earlier run's, else new) and writes the manifest
+        with status running; every rank returns the id."""
         if self.ranks.is_main:
-            self.run_id = check_resume(self.out, identity, stats_id) or new_run_id()
+            earlier = check_resume(self.out, identity, stats_id)
+            self.run_id = run_id or earlier or new_run_id()
             self.checkpoints = checkpoints() if checkpoints is not None else None
             write_manifest(self.out, self.config, argv=self.argv, run_id=self.run_id,
                            started=self.started, extra=self._extra(status="running"))
@@ -63,6 +93,27 @@ class RunRecord:
                 new_run_id()
         return self.run_id
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Rank 0 holds the manifest's own lock inside (shards ending together take turns)."""
+        if not self.ranks.is_main:
+            yield
+            return
+        lock = _ManifestLock(self.out, {"what": "manifest end"})
+        deadline = time.monotonic() + MANIFEST_WAIT
+        while True:
+            try:
+                lock.acquire()
+                break
+            except FolderLockedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            lock.release()
+
     def end(self, status: str, reason: str | None, failed=()) -> None:
         """Rank 0 records how the run ended."""
         if not self.ranks.is_main:
@@ -70,3 +121,46 @@ class RunRecord:
         write_manifest(self.out, self.config, argv=self.argv, started=self.started,
                        run_id=self.run_id, extra=self._extra(status=status, reason=reason,
                                                              failed_steps=list(failed)))
+
+
+# ---- what the manifest says about the models of a run ------------------------------------
+def run_stats_id(runs, lazies) -> str | dict[str, str]:
+    """The run's stats_id: one, or one per model where the models' statistics differ."""
+    ids = {r.name: lazies[r.stats.path].stats_id for r in runs}
+    return next(iter(ids.values())) if len(set(ids.values())) == 1 else ids
+
+
+def run_steps(runs) -> list[int]:
+    return sorted({s for r in runs for s in r.steps})
+
+
+def models_record(runs, lazies) -> dict | None:
+    if len(runs) == 1:
+        return None
+    return {r.name: {"model": r.model, "steps": r.steps, "lacks": r.lacks,
+                     "stats_id": lazies[r.stats.path].stats_id} for r in runs}
+
+
+def run_choices(parts, runs, lazies, targets) -> dict:
+    """The manifest's record of what was chosen (per statistics file when the models differ)."""
+    by_file = {}
+    for r in runs:
+        mode, why = targets[r.stats.path]
+        meta = lazies[r.stats.path].meta
+        by_file.setdefault(r.stats.path, {
+            "targets_choice": {"requested": parts.targets.mode, "resolved": mode, "reason": why},
+            "vocabulary": {"rows": r.stats.rows, "reason": r.stats.vocab_reason},
+            "statistics": {**r.stats.record(), "stats_id": meta["stats_id"]}})
+    choices = list(by_file.values())
+    return choices[0] if len(choices) == 1 else {
+        "statistics_by_model": {r.name: by_file[r.stats.path] for r in runs}}
+
+
+def run_checkpoints(runs):
+    """The manifest's commits and file hashes (hub models), computed by rank 0 only."""
+    hub = [r for r in runs if r.source.local_dir is None]
+    if not hub:
+        return None
+    if len(runs) == 1:
+        return lambda: hub[0].source.manifest(hub[0].source.resolve(hub[0].steps))
+    return lambda: {r.name: r.source.manifest(r.source.resolve(r.steps)) for r in hub}

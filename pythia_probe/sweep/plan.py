@@ -1,7 +1,8 @@
-"""The sweep's plan, made before any weight is downloaded: steps (done, duplicates, to score),
-bytes to download and the disk they may hold, how the targets are held (``--targets auto``),
-the memory of one step, and the checks that need the model's config (per-head layers).
-What ``--dry-run`` prints and every run prints first.
+"""The sweep's plan, made before any weight is downloaded: per model the steps (done, copied
+from identical weights, to score), bytes to download and the disk they may hold, how the
+targets are held (``--targets auto``), the memory of one step; over all models the totals and
+a time estimate from rates measured now (:mod:`.estimate`); and the checks that need a model's
+config (per-head layers). What ``--dry-run`` prints and every run prints first.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import torch
 
 from pythia_probe.analysis.plan import Plan, choose_targets, memory_plan
 from pythia_probe.arch import NeoXConfig
+from pythia_probe.checkpoints import DownloadPlan
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.resources import human_bytes, memory_budget
 from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
-from pythia_probe.sweep.source import duplicates
+from pythia_probe.sweep.estimate import Rate, estimate, matmul_rate
+from pythia_probe.sweep.layout import Layout
 
 
 def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, streamed: bool) -> Plan:
@@ -53,8 +56,8 @@ def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: i
 def check_local(parts) -> None:
     """What needs no network, checked before any network call: files named on the command
     line exist, and a Pythia model's --steps are steps of Pythia's schedule."""
-    if is_pythia(parts.source.model):
-        parse_steps(parts.plan.steps, PYTHIA_STEPS)  # StepError names the nearest valid steps
+    if all(is_pythia(m) for m in parts.source.models):  # StepError names the nearest steps
+        parse_steps(parts.plan.steps, PYTHIA_STEPS)
     stats, text = parts.statistics.stats, parts.scoring.text
     if stats is not None and not Path(stats).is_file():
         raise MissingFileError(f"--stats {stats}: no such statistics file; compute one with "
@@ -76,10 +79,10 @@ def check_heads(sc: ScoringConfig, n_layers: int) -> None:
 
 @dataclass(frozen=True)
 class Downloads:
-    """What the steps still to score will fetch, and the disk they may hold at once."""
+    """What one model's tasks still to do will fetch, and the disk they may hold at once."""
 
     todo: list[int]
-    duplicates: dict[int, int]
+    copied: int  # tasks given the rows of identical weights (step1 = step0, another model's)
     fetch: list
     bytes: int
     biggest: int
@@ -94,30 +97,70 @@ class Downloads:
                                 f"than the downloads may hold ({human_bytes(self.limit)}: "
                                 f"{self.limit_why}); free space or raise --max-disk-gb")
 
-
-def downloads(source, steps: list[int], todo: list[int], names, limit: tuple[float | None, str]
-              ) -> Downloads:
-    """The downloads of the steps ``todo`` (duplicates of an earlier step are copied)."""
-    revs = source.resolve(todo)
-    dups = duplicates(source, revs, steps)
-    fetch = [r for r in revs if r.step not in dups]
-    need = sum(source.bytes_to_download(r, names) for r in fetch)
-    return Downloads(todo, dups, fetch, need, max([r.nbytes for r in fetch] or [0]), *limit)
+    def held(self, prefetch: int) -> int:
+        """Disk the downloads hold at any time: the checkpoint scored and those prefetched."""
+        return (prefetch + 1) * self.biggest
 
 
-def plan_lines(src: SourceConfig, sc: ScoringConfig, steps: list[int], dl: Downloads,
-               c: NeoXConfig, rows: int, targets: tuple[str, str], requested: str) -> list[str]:
-    """The plan: steps (done, duplicates), bytes still to download, disk, targets, memory."""
+def model_downloads(run, plan: DownloadPlan, layout: Layout, analyses, names,
+                    limit: tuple[float | None, str]) -> Downloads:
+    """What one model's tasks still need (``plan``: every model's tasks grouped by weights):
+    the groups it leads with a task to do, at the bytes not in the cache yet, and its tasks
+    that get the rows of identical weights instead (step1 = step0, another model's
+    checkpoint)."""
+    todo = [s for s in run.steps if not layout.done(run.name, s, analyses,
+                                                    run.stats.stats_id)]
+    left, fetch_steps, copied = set(todo), [], 0
+    for g in plan.groups:
+        mine = sum(1 for t in g.tasks if t.model == run.source.model and t.step in left)
+        leads = g.leader.model == run.source.model and g.leader.step in left
+        fetch_steps += [g.leader.step] if leads else []
+        copied += mine - leads
+    fetch = run.source.resolve(fetch_steps)
+    need = sum(run.source.bytes_to_download(r, names) for r in fetch)
+    return Downloads(todo, copied, fetch, need, max([r.nbytes for r in fetch] or [0]), *limit)
+
+
+def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
+               targets: tuple[str, str], requested: str, memory: bool = True) -> list[str]:
+    """One model's plan: steps (done, copied), bytes still to download, disk, targets, memory
+    (``memory``: every line of the memory plan, else its peak)."""
     mode, why = targets
-    plan = checkpoint_plan(sc, c, rows, streamed=mode == "streamed")
-    held = (src.prefetch + 1) * dl.biggest
+    steps, rows = run.steps, run.stats.rows
+    plan = checkpoint_plan(sc, run.config, rows, streamed=mode == "streamed")
     limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
                                          f"({dl.limit_why})")
-    return [f"model {src.model}: {len(steps)} steps: {len(steps) - len(dl.todo)} already done, "
-            f"{len(dl.duplicates)} with the weights of an earlier step (copied, not downloaded), "
-            f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
-            f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
-            f"<= {human_bytes(held)} ({src.prefetch + 1} checkpoints){limit}",
-            f"targets: {requested} -> {mode} ({why})",
-            f"memory on {sc.device} ({sc.dtype}, V={rows:,}):",
-            *("  " + line for line in plan.lines())]
+    lines = [f"model {run.model}: {len(steps)} steps: {len(steps) - len(dl.todo)} already done, "
+             f"{dl.copied} with the weights of an earlier step (copied, not downloaded), "
+             f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
+             f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
+             f"<= {human_bytes(dl.held(src.prefetch))} ({src.prefetch + 1} checkpoints){limit}",
+             f"targets: {requested} -> {mode} ({why})"]
+    if not memory:
+        return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}): peak total "
+                        f"{plan.total / 1e9:.2f} GB"]
+    return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}):",
+                    *("  " + line for line in plan.lines())]
+
+
+def total_lines(src: SourceConfig, sc: ScoringConfig, runs, dls: dict,
+                targets: dict) -> list[str]:
+    """The whole run: tasks, downloads and disk over every model, and how long it should take
+    (:mod:`.estimate`: rates measured now)."""
+    flops = sum(checkpoint_plan(sc, r.config, r.stats.rows,
+                                targets[r.stats.path][0] == "streamed").flops_per_step
+                * len(dls[r.name].fetch) for r in runs)
+    nbytes = sum(d.bytes for d in dls.values())
+    rates = [r.fetch_rate for r in runs if r.fetch_rate is not None]
+    rate = Rate(sum(x.nbytes for x in rates), sum(x.seconds for x in rates)) if rates else None
+    when = estimate(flops, nbytes, matmul_rate(sc.device), rate, src.prefetch)
+    if len(runs) == 1:
+        return [f"time: {when}"]
+    tasks = sum(len(r.steps) for r in runs)
+    todo = sum(len(d.todo) for d in dls.values())
+    fetched = sum(len(d.fetch) for d in dls.values())
+    return [f"all {len(runs)} models: {tasks} (model, step) tasks, {todo} to do: {fetched} "
+            f"checkpoints to download ({human_bytes(nbytes)} still), "
+            f"{sum(d.copied for d in dls.values())} copied; disk at any time <= "
+            f"{human_bytes(max(d.held(src.prefetch) for d in dls.values()))} (the models one "
+            "after another)", f"time: {when}"]

@@ -1,103 +1,85 @@
-"""The sweep as a library: validate, plan, then score every step and write its shard.
+"""The sweep as a library: validate, plan, then score this process's share of the (model, step)
+tasks and write one shard each.
 
 :func:`run` takes the configuration's parts (:class:`~pythia_probe.sweep.config.SweepParts`)
 and the process group (:class:`~pythia_probe.ranks.Ranks`, built by the entry point); each
-component gets only its part. Order: checks that need no network (flags, model name, --steps
-grammar), the model's steps and config, the tokenizer and statistics, the plan (printed; the
-dry run stops here), the lock on the output folder, the statistics build if needed, the
-targets, then this process's share of the steps (``shard``: default this rank of the group).
+component gets only its part. Order: checks that need no network (flags, model names, --steps
+grammar), each model's steps and config, the tokenizers and statistics (one build per
+tokenizer: every Pythia size shares one), the plan (printed; the dry run stops here), the
+revision ledgers, the output folder's lock (shared by the shards of one run), the statistics
+builds if needed, the targets, then this process's share of the tasks (:mod:`.tasks`), and at
+the end, once every share is done, the summary and the figures (:mod:`.report`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
-import traceback
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
 from tqdm import tqdm
 
 from pythia_probe.analysis import Analysis, combined_needs, get_analyses
-from pythia_probe.errors import (
-    DiskFullError,
-    FolderLockedError,
-    HubError,
-    MissingFileError,
-    ResourceError,
-    user_message,
-)
-from pythia_probe.fileio import FolderLock, remove, write_json
+from pythia_probe.checkpoints import plan_downloads
+from pythia_probe.errors import FolderLockedError, HubError, MissingFileError, user_message
+from pythia_probe.fileio import FolderLock
 from pythia_probe.progress import JobProgress, Stage
 from pythia_probe.ranks import Ranks
-from pythia_probe.results import make_rows, read_shard, write_shard
+from pythia_probe.results import make_rows, write_shard
 from pythia_probe.revisions import write_ledger
 from pythia_probe.stats.recipe import ensure
 from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
+from pythia_probe.sweep.claims import Claims, one_builder
 from pythia_probe.sweep.config import SweepParts
-from pythia_probe.sweep.layout import (
-    failed_steps,
-    failure_path,
-    shard_done,
-    shard_path,
-    split_steps,
+from pythia_probe.sweep.layout import Layout
+from pythia_probe.sweep.manifest import (
+    RunRecord,
+    models_record,
+    previous_run_id,
+    run_checkpoints,
+    run_choices,
+    run_stats_id,
+    run_steps,
 )
-from pythia_probe.sweep.manifest import RunRecord
 from pythia_probe.sweep.plan import (
     check_heads,
     check_local,
     checkpoint_plan,
-    downloads,
+    model_downloads,
     plan_lines,
     resolve_targets,
+    total_lines,
 )
 from pythia_probe.sweep.report import finish, pending_line
 from pythia_probe.sweep.scoring import Scorer, build_scorer
 from pythia_probe.sweep.source import (
+    ModelRun,
+    asked_steps,
     disk_limit,
-    duplicates,
+    lacking_lines,
     ledger_lines,
     load_weights,
     model_config,
-    model_tokenizer,
     offline_advice,
     open_source,
     revision_ledger,
-    select_steps,
     stream,
     tensor_names,
+    timed_tokenizer,
     to_weights,
 )
-from pythia_probe.sweep.statistics import (
-    LazyStats,
-    check_fits_model,
-    choose_statistics,
-    read_stats_meta,
-)
+from pythia_probe.sweep.statistics import LazyStats, choose_for_models, read_stats_meta
 from pythia_probe.sweep.targets import prepare_targets
+from pythia_probe.sweep.tasks import ShardInfo, Work, share, sweep_tasks
 from pythia_probe.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 REVISIONS = "revisions.parquet"  # OUT/revisions.parquet: the revision ledger of the run
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """Where one run's shards go and what every row carries besides the scores."""
-
-    out: str
-    model: str
-    run_id: str
-    status: Mapping[int, str] = field(default_factory=dict)  # step -> the ledger's status
-
-
-@dataclass
-class Outcome:
-    done: list[int] = field(default_factory=list)
-    skipped: list[int] = field(default_factory=list)
-    failed: dict[int, str] = field(default_factory=dict)
 
 
 def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
@@ -107,70 +89,7 @@ def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
     rows = scorer.rows(loaded.config, weights)
     df = make_rows(rows, model=where.model, step=step, stats_id=scorer.stats_id,
                    dtype=sc.dtype, run_id=where.run_id, revision_status=where.status.get(step))
-    return write_shard(df, shard_path(where.out, step))
-
-
-def _record_failure(out: str, step: int, err: BaseException, tries: int, rank: int) -> str:
-    """Write ``OUT/failed/step{N}.json`` atomically; return the one-line message."""
-    msg = user_message(err) or f"{type(err).__name__}: {err}"
-    write_json(failure_path(out, step),
-               {"step": step, "error": msg, "rank": rank, "tries": tries,
-                "traceback": "".join(traceback.format_exception(err))})
-    return msg
-
-
-def sweep_steps(source, steps: Sequence[int], scorer: Scorer, parts: SweepParts,
-                where: ShardInfo, max_disk: float | None, rank: int = 0,
-                progress: JobProgress | None = None) -> Outcome:
-    """Every step not already done; retry each failure, then record it and go on."""
-    out, analyses, retries = where.out, parts.scoring.analyses, parts.plan.retries
-    result = Outcome()
-    todo = [s for s in steps if not shard_done(out, s, analyses, scorer.stats_id)]
-    result.skipped = [s for s in steps if s not in todo]
-    names = tensor_names(scorer.needs)
-    revs = source.resolve(todo)
-    dups = duplicates(source, revs, steps)
-    bar = (progress.counter("sweep", len(todo)) if progress is not None else
-           tqdm(total=len(todo), desc=f"sweep rank {rank}", unit="step",
-                disable=not parts.output.progress))
-    fetch = [r for r in revs if r.step not in dups]
-    for rev, first in stream(source, fetch, names, parts.source.prefetch, max_disk):
-        for attempt in range(retries + 1):
-            try:
-                loaded = first if attempt == 0 else load_weights(source, rev, names)
-                if isinstance(loaded, Exception):
-                    raise loaded
-                run_step(loaded, rev.step, scorer, where)
-                remove(failure_path(out, rev.step), [out])
-                result.done.append(rev.step)
-                break
-            except (DiskFullError, ResourceError):
-                raise  # no later step can succeed either: stop the sweep
-            except Exception as e:  # noqa: BLE001 - a bad checkpoint must not stop the sweep
-                if attempt == retries:
-                    result.failed[rev.step] = _record_failure(out, rev.step, e, attempt + 1, rank)
-                    log.warning("step %d failed after %d tries: %s", rev.step, attempt + 1,
-                                result.failed[rev.step])
-        bar.update(1)
-    _copy_duplicates(dups, scorer, where, result, rank)
-    bar.update(len(dups))
-    bar.close()
-    return result
-
-
-def _copy_duplicates(dups: dict[int, int], scorer: Scorer, where: ShardInfo, result: Outcome,
-                     rank: int) -> None:
-    """Steps whose weights are byte-identical to an earlier one (Pythia's step1 == step0)
-    get that step's rows."""
-    for step, same in dups.items():
-        if shard_done(where.out, same, scorer.scoring.analyses, scorer.stats_id):
-            df = read_shard(shard_path(where.out, same)).assign(
-                step=step, run_id=where.run_id, revision_status=where.status.get(step))
-            write_shard(df, shard_path(where.out, step))
-            result.done.append(step)
-        else:
-            result.failed[step] = _record_failure(where.out, step, RuntimeError(
-                f"weights identical to step {same}, which has no results"), 0, rank)
+    return write_shard(df, where.shard(step))
 
 
 def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats, mode: str,
@@ -189,140 +108,235 @@ def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats,
 
 def run(parts: SweepParts, ranks: Ranks | None = None, argv: list[str] | None = None, *,
         shard: tuple[int, int] | None = None) -> int:
-    """Validate everything, then sweep this process's share of the steps; 0 if every step
-    succeeded, else 1. ``shard`` (index, count): which share (default: this rank of
-    ``ranks``)."""
+    """Validate everything, then sweep this process's share of the tasks; 0 if every task
+    succeeded, else 1. ``shard`` (index, count): which share (default: ``--shard`` or the
+    Slurm array task, combined with this rank of ``ranks``: :meth:`Ranks.share`)."""
     ranks = ranks or Ranks(device=parts.scoring.device)
     analyses = get_analyses(list(parts.scoring.analyses))
-    source = open_source(parts.source)
+    sources = [open_source(parts.source, m) for m in parts.source.models]
     try:
-        return _run(parts, analyses, source, ranks, argv, shard or (ranks.rank, ranks.world))
+        return _run(parts, analyses, sources, ranks, argv,
+                    shard or ranks.share(parts.plan.share))
     finally:
-        source.close()  # leases of planning fetches (config, tokenizer) released
+        for source in sources:
+            source.close()  # leases of planning fetches (config, tokenizer) released
 
 
-def _model(parts: SweepParts, source):
-    """(steps, first revision, its config): the hub's (or cache's) listing, nothing
+def _models(parts: SweepParts, sources) -> list[ModelRun]:
+    """Each model's steps, first revision and config: the hub's (or cache's) listing, nothing
     downloaded but config.json; an unreachable hub is one line saying what to do offline."""
+    src = parts.source
+    with _offline_advice(parts, sources):
+        found = asked_steps(parts.plan.steps, sources)
+    runs = []
+    for model, source, (steps, lacks) in zip(src.models, sources, found, strict=True):
+        if not steps:
+            log.warning("%s has none of the asked steps (%s): left out", model, parts.plan.steps)
+            continue
+        with _offline_advice(parts, [source]):
+            first = source.resolve(steps[:1])[0]
+        runs.append(ModelRun(model, src.name_of(model), source, steps, lacks, first,
+                             model_config(source, first)))
+    return runs
+
+
+@contextlib.contextmanager
+def _offline_advice(parts: SweepParts, sources) -> Iterator[None]:
     try:
-        steps = select_steps(parts.plan.steps, source)
-        first = source.resolve(steps[:1])[0]
+        yield
     except (HubError, MissingFileError) as err:
+        source = sources[0]
         unreachable = isinstance(err, HubError) or source.offline
         if source.local_dir is not None or not unreachable:
             raise  # a local folder's or the hub's own answer (e.g. no such repository)
         if parts.plan.dry_run:
-            print("\n".join(_local_lines(parts, source)), flush=True)
-        raise offline_advice(parts.source.model, err, source.offline) from err
-    return steps, first, model_config(source, first)
+            print("\n".join(line for s in sources for line in _local_lines(parts, s)),
+                  flush=True)
+        raise offline_advice(source.model, err, source.offline) from err
 
 
 def _local_lines(parts: SweepParts, source) -> list[str]:
     """What the plan can say without the hub: the asked steps (Pythia's schedule is known) and
     which of them the cache holds (read without the network)."""
-    src, sc, spec = parts.source, parts.scoring, parts.plan.steps
-    asked = parse_steps(spec, PYTHIA_STEPS) if is_pythia(src.model) else None
+    sc, spec, model = parts.scoring, parts.plan.steps, source.model
+    asked = parse_steps(spec, PYTHIA_STEPS) if is_pythia(model) else None
     known = f"{len(asked)} steps of the Pythia schedule" if asked else "steps not known offline"
     cached = source.cached_steps()
     held = [s for s in cached if asked is None or s in asked]
     where = (f"the cache {source.storage} holds {len(held)} of them"
              + (f" ({held[:6]}{' ...' if len(held) > 6 else ''}); HF_HUB_OFFLINE=1 plans and "
                 "scores from it" if held else ""))
-    return [f"model {src.model}: --steps {spec} ({known}); analyses {','.join(sc.analyses)}; "
+    return [f"model {model}: --steps {spec} ({known}); analyses {','.join(sc.analyses)}; "
             f"results in {parts.output.out}", where]
 
 
-def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
-    src, st, sc = parts.source, parts.statistics, parts.scoring
+def _prepare(parts: SweepParts, sources) -> list[ModelRun]:
+    """Each model's steps, config, tokenizer and statistics choice: nothing downloaded but
+    config and tokenizer files."""
+    st, sc = parts.statistics, parts.scoring
     check_local(parts)
-    steps, first, c = _model(parts, source)
-    check_heads(sc, c.n_layers)
-    tok = model_tokenizer(source, first, st.tokenizer, src.model)
-    fingerprint = None if tok is None else tokenizer_fingerprint(tok)
-    stats = choose_statistics(st, src.model, tok, fingerprint,
-                              lambda V: checkpoint_plan(sc, c, V, streamed=True).total, sc.device)
-    check_fits_model(stats, c.d_vocab, src.model)
-    targets = resolve_targets(parts.targets, sc, c, stats.rows, stats.file_bytes())
-    out = parts.output.out
-    todo = [s for s in steps if not shard_done(out, s, sc.analyses, stats.stats_id)]
-    dl = downloads(source, steps, todo, tensor_names(combined_needs(analyses)),
-                   disk_limit(src, source))
-    revisions = revision_ledger(source, steps, src.name)  # metadata only, before any weight
-    lines = stats.lines() + plan_lines(src, sc, steps, dl, c, stats.rows, targets,
-                                       parts.targets.mode)
+    runs = _models(parts, sources)
+    for r in runs:
+        check_heads(sc, r.config.n_layers)
+        r.tokenizer, r.fetch_rate = timed_tokenizer(r.source, r.first, st.tokenizer, r.model)
+        r.fingerprint = None if r.tokenizer is None else tokenizer_fingerprint(r.tokenizer)
+    choose_for_models(st, runs, lambda r, V: checkpoint_plan(sc, r.config, V, True).total,
+                      sc.device)
+    return runs
+
+
+def build_statistics(parts: SweepParts, ranks: Ranks | None = None) -> list[Path]:
+    """The statistics files the sweep of ``parts`` scores against (one per tokenizer), built
+    now where missing, as :func:`run` would; nothing else is done."""
+    ranks = ranks or Ranks(device=parts.scoring.device)
+    sources = [open_source(parts.source, m) for m in parts.source.models]
+    try:
+        return list(_statistics(parts, _prepare(parts, sources), ranks, None))
+    finally:
+        for source in sources:
+            source.close()
+
+
+def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int:
+    sc = parts.scoring
+    runs = _prepare(parts, sources)
+    targets = {r.stats.path: resolve_targets(parts.targets, sc, _largest(runs, r.stats).config,
+                                             r.stats.rows, r.stats.file_bytes()) for r in runs}
+    for r in runs:
+        r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
+    layout = Layout(parts.output.out, tuple(r.name for r in runs))
+    names = tensor_names(combined_needs(analyses))
+    plan = plan_downloads([r.source for r in runs], {r.source.model: r.steps for r in runs})
+    dls = {r.name: model_downloads(r, plan, layout, sc.analyses, names,
+                                   disk_limit(parts.source, r.source)) for r in runs}
     if ranks.is_main:
-        print("\n".join(lines + ledger_lines(revisions, src.model)), flush=True)
-    dl.check()
+        print("\n".join(_plan(parts, runs, dls, targets, shard)), flush=True)
+    for dl in dls.values():
+        dl.check()
     if parts.plan.dry_run:
         return 0
-    with _folder_lock(out, argv, ranks):
-        progress = _progress(parts, stats, len(steps), ranks)
+    with _folder_lock(parts, runs, argv, ranks) as run_id:
+        progress = _progress(parts, runs, ranks)
         try:
-            if not stats.built:
-                ensure(stats.recipe, tok, fingerprint, sc.device, ranks, progress,
-                       show=parts.output.progress)
-            meta = read_stats_meta(stats.path, fingerprint)
-            choices = {"targets_choice": {"requested": parts.targets.mode,
-                                          "resolved": targets[0], "reason": targets[1]},
-                       "vocabulary": {"rows": stats.rows, "reason": stats.vocab_reason},
-                       "statistics": {**stats.record(), "stats_id": meta["stats_id"]}}
-            record = RunRecord(out, {**parts.record(), "stats_id": meta["stats_id"]}, argv,
-                               steps, choices, ranks)
+            lazies = _statistics(parts, runs, ranks, progress)
+            record = RunRecord(parts.output.out, {**parts.record(), "stats_id": run_stats_id(runs,
+                               lazies)}, argv, run_steps(runs), run_choices(parts, runs, lazies,
+                               targets), ranks, models=models_record(runs, lazies))
             if ranks.is_main:
-                write_ledger(revisions, Path(out) / REVISIONS)
-            claimed = {int(s): str(v) for s, v in zip(revisions["step"], revisions["status"],
-                                                      strict=True)}
-            return _sweep(parts, source, steps, analyses, LazyStats(stats.path, meta),
-                          targets[0], record, ranks, progress, shard, dl.limit, claimed)
+                write_ledger(pd.concat([r.ledger for r in runs], ignore_index=True),
+                             Path(parts.output.out) / REVISIONS)
+            return _sweep(parts, runs, plan, layout, analyses, lazies, targets, record, ranks,
+                          progress, shard, run_id, dls)
         finally:
             if progress is not None:
                 progress.close()
 
 
+def _largest(runs: list[ModelRun], stats) -> ModelRun:
+    """The model of the biggest checkpoint among those sharing ``stats`` (its plan decides)."""
+    mine = [r for r in runs if r.stats.path == stats.path]
+    return max(mine, key=lambda r: (r.config.d_model * r.config.n_layers, r.config.d_vocab))
+
+
+def _plan(parts, runs, dls, targets, shard) -> list[str]:
+    """What every run prints first (and --dry-run only)."""
+    sc, lines, seen = parts.scoring, [], set()
+    for r in runs:
+        if r.stats.path not in seen:
+            seen.add(r.stats.path)
+            users = [x.model for x in runs if x.stats.path == r.stats.path]
+            shared = f" (shared by {', '.join(users)})" if len(users) > 1 else ""
+            lines += [line + shared if line.startswith("statistics") else line
+                      for line in r.stats.lines()]
+    for r in runs:
+        lines += plan_lines(parts.source, sc, r, dls[r.name], targets[r.stats.path],
+                            parts.targets.mode, memory=len(runs) == 1)
+        lines += ledger_lines(r.ledger, r.model)
+    lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets)
+    if shard[1] > 1:
+        lines.append(f"this process: share {shard[0]} of {shard[1]} (every {shard[1]}-th "
+                     f"group of identical weights, from the {shard[0]}-th)")
+    return lines
+
+
+def _statistics(parts, runs, ranks, progress) -> dict[Path, LazyStats]:
+    """Each distinct statistics file built once if missing, then read (by its path, which is
+    named by its content)."""
+    out = {}
+    for r in runs:
+        path = r.stats.path
+        if path in out:
+            continue
+        if not r.stats.built:  # shards started together build it once
+            with one_builder(path, ranks, f"statistics for {r.model}"):
+                ensure(r.stats.recipe, r.tokenizer, r.fingerprint, parts.scoring.device,
+                       ranks, progress if not out else None, show=parts.output.progress)
+        out[path] = LazyStats(path, read_stats_meta(path, r.fingerprint))
+    return out
+
+
+def _lock_key(parts: SweepParts, runs) -> str:
+    """What makes two processes shards of one run: the identity and the statistics."""
+    ident = {**parts.identity(), "stats": sorted({str(r.stats.path) for r in runs})}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @contextlib.contextmanager
-def _folder_lock(out: str, argv, ranks: Ranks) -> Iterator[None]:
-    """Rank 0 holds the output folder's lock for the whole launch; every rank learns whether
-    it got it, so a refused launch stops everywhere with the same one line."""
+def _folder_lock(parts: SweepParts, runs, argv, ranks: Ranks) -> Iterator[str]:
+    """Rank 0 holds the output folder's lock for the whole launch, shared with the other
+    shards of this run (same identity and statistics) and refused to any other run; every
+    rank learns whether it got it, and the run id (the first shard's, or the folder's earlier
+    compatible run's)."""
+    out = parts.output.out
     what = "sweep " + " ".join(argv if argv is not None else [])
-    lock = FolderLock(out, {"what": what[:300], "since": datetime.now(timezone.utc).isoformat()})
-    err = None
+    lock = FolderLock(out, {"what": what[:300], "since": datetime.now(timezone.utc).isoformat(),
+                            "run_id": previous_run_id(out, parts.identity())},
+                      key=_lock_key(parts, runs))
+    err, run_id = None, None
     if ranks.is_main:
         try:
-            lock.acquire()
+            run_id = lock.acquire().info.get("run_id")
         except Exception as e:  # noqa: BLE001 - shared with the other ranks, then raised
             err = e
-    refused = ranks.gather(None if err is None else user_message(err) or str(err))[0]
+    said = ranks.gather(None if err is None else user_message(err) or str(err))[0]
     if err is not None:
         raise err
-    if refused:
-        raise FolderLockedError(refused)
+    if said:
+        raise FolderLockedError(said)
     try:
-        yield
+        yield run_id
     finally:
         lock.release()
 
 
-def _progress(parts: SweepParts, stats, n_steps: int, ranks: Ranks) -> JobProgress | None:
+def _progress(parts: SweepParts, runs, ranks: Ranks) -> JobProgress | None:
     """One display across the statistics (when they are built now) and the sweep (rank 0)."""
     if not parts.output.progress or not ranks.is_main:
         return None
-    stages = [] if stats.built else [
-        Stage("statistics pass 1", stats.recipe.docs * (stats.recipe.seq_len + 1), "tok"),
+    unbuilt = next((r.stats for r in runs if not r.stats.built), None)
+    stages = [] if unbuilt is None else [
+        Stage("statistics pass 1", unbuilt.recipe.docs * (unbuilt.recipe.seq_len + 1), "tok"),
         Stage("statistics pass 2", None, "tok")]
-    return JobProgress(stages + [Stage("sweep", n_steps, "step")])
+    return JobProgress(stages + [Stage("sweep", sum(len(r.steps) for r in runs), "step")])
 
 
-def _sweep(parts: SweepParts, source, steps, analyses, lazy: LazyStats, mode: str,
-           record: RunRecord, ranks: Ranks, progress, shard, max_disk, claimed) -> int:
+def _sweep(parts, runs, plan, layout, analyses, lazies, targets, record: RunRecord,
+           ranks: Ranks, progress, shard, run_id, dls) -> int:
     out = parts.output.out
-    checkpoints = (lambda: source.manifest(source.resolve(steps))) \
-        if source.local_dir is None else None
-    run_id = record.start(parts.identity(), lazy.stats_id, checkpoints)
-    where = ShardInfo(out, parts.source.name, run_id, claimed)
+    run_id = record.start(parts.identity(), record.config["stats_id"], run_checkpoints(runs),
+                          run_id)
+    infos = {r.source.model: ShardInfo(out, r.name, run_id, r.status, layout) for r in runs}
     try:
-        scorer = prepare_scorer(parts, analyses, lazy, mode, ranks)
-        outcome = sweep_steps(source, split_steps(steps, *shard), scorer, parts, where,
-                              max_disk, ranks.rank, progress)
+        scorers = _scorers(parts, runs, analyses, lazies, targets, ranks)
+        mine = share(plan.groups, *shard)
+        with Claims(Path(out) / "claims", run_id) as claims:
+            work = Work(infos, scorers, {r.source.model: r.source for r in runs},
+                        tensor_names(combined_needs(analyses)), parts.scoring.analyses,
+                        parts.plan.retries, parts.source.prefetch,
+                        min((d.limit for d in dls.values() if d.limit is not None),
+                            default=None), claims, ranks.rank)
+            outcome = sweep_tasks(mine, work, run_step, stream, load_weights,
+                                  _bar(parts, mine, work, ranks, progress))
     except KeyboardInterrupt:
         record.end("interrupted", "stopped by a signal (SIGINT/SIGTERM); rerun to resume")
         raise
@@ -330,18 +344,49 @@ def _sweep(parts: SweepParts, source, steps, analyses, lazy: LazyStats, mode: st
         record.end("failed", user_message(err) or f"{type(err).__name__}: {err}")
         raise
     ranks.barrier()
-    failed = failed_steps(out)
-    complete = all(shard_done(out, s, parts.scoring.analyses, lazy.stats_id) for s in steps)
-    status = "failed" if failed else "complete" if complete else "incomplete"
-    reason = (f"{len(failed)} steps failed (see failed/)" if failed else None if complete
-              else "steps of other shards are not done yet")
-    record.end(status, reason, failed)
+    status = _finish_record(parts, runs, layout, scorers, record)
     if progress is not None:
         progress.close()
     print(f"rank {ranks.rank}: {len(outcome.done)} steps done, {len(outcome.skipped)} already "
-          f"done, {len(outcome.failed)} failed" + "".join(
-              f"\n  step {s}: {m}" for s, m in outcome.failed.items()), flush=True)
+          f"done, {len(outcome.failed)} failed" + (f", {len(outcome.elsewhere)} being scored "
+                                                   "elsewhere" if outcome.elsewhere else "")
+          + "".join(f"\n  {t.model} step {t.step}: {m}" if len(runs) > 1 else
+                    f"\n  step {t.step}: {m}" for t, m in outcome.failed.items()), flush=True)
     if ranks.is_main:
         print("\n".join(finish(parts.output) if status != "incomplete" else
                         [pending_line(out)]), flush=True)
     return 1 if outcome.failed else 0
+
+
+def _scorers(parts, runs, analyses, lazies, targets, ranks) -> dict:
+    """One Scorer per statistics file, shared by the models that use it (by source model)."""
+    built = {}
+    for r in runs:
+        if r.stats.path not in built:
+            built[r.stats.path] = prepare_scorer(parts, analyses, lazies[r.stats.path],
+                                                 targets[r.stats.path][0], ranks)
+    return {r.source.model: built[r.stats.path] for r in runs}
+
+
+def _bar(parts, groups, work: Work, ranks: Ranks, progress):
+    total = sum(1 for g in groups for t in g.tasks if not work.done(t))
+    if progress is not None:
+        return progress.counter("sweep", total)
+    return tqdm(total=total, desc=f"sweep rank {ranks.rank}", unit="step",
+                disable=not parts.output.progress)
+
+
+def _finish_record(parts, runs, layout: Layout, scorers, record: RunRecord) -> str:
+    """The run's status from the folder (every share's tasks), recorded under the manifest's
+    own lock so that two shards finishing together cannot leave a stale status."""
+    with record.locked():
+        failed = layout.failed()
+        complete = all(layout.done(r.name, s, parts.scoring.analyses,
+                                   scorers[r.source.model].stats_id)
+                       for r in runs for s in r.steps)
+        status = "failed" if failed else "complete" if complete else "incomplete"
+        reason = (f"{len(failed)} steps failed (see failed/)" if failed else None if complete
+                  else "steps of other shards are not done yet")
+        record.end(status, reason, [s for _, s in failed] if len(runs) == 1 else
+                   [f"{m} step{s}" for m, s in failed])
+    return status

@@ -13,6 +13,8 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +37,7 @@ from pythia_probe.resources import human_bytes
 from pythia_probe.revisions import ledger
 from pythia_probe.steps import is_pythia, parse_steps
 from pythia_probe.sweep.config import SourceConfig
+from pythia_probe.sweep.estimate import Rate
 from pythia_probe.tokenizer import load_tokenizer
 from pythia_probe.weights_io import read_json
 
@@ -60,10 +63,12 @@ def check_model_name(model: str) -> None:
                         f"{', '.join(PYTHIA_SIZES)}, each also -deduped); nearest: {valid}")
 
 
-def open_source(src: SourceConfig) -> CheckpointSource:
-    """The model's CheckpointSource: ``--cache-dir``, else the tool's own checkpoint cache."""
-    check_model_name(src.model)
-    return CheckpointSource(src.model, cache_dir=src.cache_dir)
+def open_source(src: SourceConfig, model: str | None = None) -> CheckpointSource:
+    """The CheckpointSource of ``model`` (default the first of the run's models):
+    ``--cache-dir``, else the tool's own checkpoint cache."""
+    model = src.models[0] if model is None else model
+    check_model_name(model)
+    return CheckpointSource(model, cache_dir=src.cache_dir)
 
 
 def select_steps(spec: str, source) -> list[int]:
@@ -121,6 +126,17 @@ def model_tokenizer(source, rev, tokenizer: str | None, model: str):
                     "(pass --tokenizer to check it)", model)
         return None
     return _load_model_tokenizer(path, rev)
+
+
+def timed_tokenizer(source, rev, tokenizer: str | None, model: str):
+    """(:func:`model_tokenizer`, the :class:`~pythia_probe.sweep.estimate.Rate` its downloads
+    reached, or None when nothing was fetched): the plan's measured bandwidth."""
+    files = ([] if tokenizer or source.local_dir is not None or source.offline else
+             [f for n in TOKENIZER_FILES if (f := rev.file(n)) is not None])
+    fetched = sum(f.size for f in files if source.cache.find(rev.commit, f) is None)
+    start = time.perf_counter()
+    tok = model_tokenizer(source, rev, tokenizer, model)
+    return tok, (Rate(fetched, time.perf_counter() - start) if fetched else None)
 
 
 def _load_model_tokenizer(path: Path, rev):
@@ -208,3 +224,56 @@ def ledger_lines(df: pd.DataFrame, model: str) -> list[str]:
                     model, ",".join(map(str, suspect["step"])), suspect["step"].iloc[0],
                     suspect["reason"].iloc[0])
     return [line]
+
+
+# ---- the models of one sweep ------------------------------------------------------------------
+@dataclass
+class ModelRun:
+    """One model of a sweep: its source, the asked steps it has (and those it lacks), the first
+    revision's config and the tokenizer of its statistics; later its ledger and statistics."""
+
+    model: str
+    name: str  # the model column of the table
+    source: CheckpointSource
+    steps: list[int]
+    lacks: list[int]
+    first: object  # Revision
+    config: NeoXConfig
+    tokenizer: object = None
+    fingerprint: dict | None = None
+    fetch_rate: Rate | None = None  # what the planning fetches reached (the tokenizer files)
+    ledger: pd.DataFrame | None = None
+    stats: object = None  # sweep.statistics.StatsChoice
+
+    @property
+    def status(self) -> dict[int, str]:
+        """step -> the ledger's status (ok, duplicate, suspect)."""
+        if self.ledger is None:
+            return {}
+        return {int(s): str(v) for s, v in zip(self.ledger["step"], self.ledger["status"],
+                                               strict=True)}
+
+
+def asked_steps(spec: str, sources) -> list[tuple[list[int], list[int]]]:
+    """(steps it has, asked steps it lacks) per source. One model: the spec against its own
+    steps (a step it lacks is an error naming the nearest). Several: against every step any of
+    them has (a step none has is the error), each model reported lacking the others'."""
+    if len(sources) == 1:
+        return [(select_steps(spec, sources[0]), [])]
+    have = [set(src.steps()) for src in sources]
+    for src, steps in zip(sources, have, strict=True):
+        if not steps and src.local_dir is None and src.offline:
+            raise MissingFileError(f"no checkpoint of {src.model} in the cache {src.storage}")
+    asked = parse_steps(spec, sorted(set().union(*have)))
+    return [([s for s in asked if s in h], [s for s in asked if s not in h]) for h in have]
+
+
+def lacking_lines(runs) -> list[str]:
+    """One line per model that lacks asked steps (reported for that model only)."""
+    return [f"{r.model} lacks {len(r.lacks)} of the asked steps ({_few(r.lacks)}): not on the "
+            "hub for this model; its other steps and the other models are swept"
+            for r in runs if r.lacks]
+
+
+def _few(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")

@@ -119,6 +119,26 @@ def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict |
     return StatsChoice(path, recipe, V if top_k is None else min(top_k, V), why, meta, V - 1)
 
 
+def choose_for_models(st: StatisticsConfig, runs, step_bytes, device: str,
+                      budget: tuple[float | None, str] | None = None) -> None:
+    """Each model's statistics (``run.stats``): one choice per tokenizer, by its canonical
+    fingerprint, so models sharing one (every Pythia size) share one file, built once; the
+    vocabulary for ``--top-k auto`` is chosen for the largest of them (``step_bytes(run, V)``:
+    one sweep step's peak), so all of them are scored against the same rows."""
+    groups: dict[str, list] = {}
+    for r in runs:
+        key = f"none:{r.model}" if r.fingerprint is None else str(r.fingerprint.get("sha256"))
+        groups.setdefault(key, []).append(r)
+    for members in groups.values():
+        first = members[0]
+        choice = choose_statistics(st, first.model, first.tokenizer, first.fingerprint,
+                                   lambda V, m=members: max(step_bytes(r, V) for r in m),
+                                   device, budget)
+        for r in members:
+            check_fits_model(choice, r.config.d_vocab, r.model)
+            r.stats = choice
+
+
 def read_stats_meta(path: Path, fingerprint: dict | None) -> dict:
     """A statistics file's metadata, refused when built with another tokenizer."""
     if not path.is_file():

@@ -1,0 +1,192 @@
+"""Scale-out without a scheduler of our own (issue 20 item 4): the output folder's lock shared
+by the shards of one run and refused to any other, claim files per (model, step) task (atomic
+create, heartbeat, a dead holder's claim taken over), and the share of a process among Slurm
+array tasks and ranks."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from pythia_probe import fileio
+from pythia_probe.errors import BadInputError, FolderLockedError
+from pythia_probe.fileio import FolderLock, create_exclusive
+from pythia_probe.ranks import Ranks, from_env, slurm_array
+from pythia_probe.stats import batch_stats
+from pythia_probe.sweep import claims as claims_mod
+from pythia_probe.sweep.__main__ import main as sweep_main
+from pythia_probe.sweep.claims import Claims, one_builder
+from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---- the folder's lock -----------------------------------------------------------------------
+def test_one_key_shares_the_lock_another_key_or_none_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(FolderLock, "WAIT", 0.2)
+    first = FolderLock(tmp_path, {"what": "shard 0", "run_id": "R1"}, key="run-a").acquire()
+    second = FolderLock(tmp_path, {"what": "shard 1", "run_id": "R2"}, key="run-a").acquire()
+    assert second.info["run_id"] == "R1"  # the joiner learns the first holder's run id
+    for key in ("run-b", None):
+        with pytest.raises(FolderLockedError, match="in use by another run .*shard 0"):
+            FolderLock(tmp_path, {"what": "other"}, key=key).acquire()
+    first.release()
+    assert (tmp_path / ".lock").exists()  # still held by the second
+    with pytest.raises(FolderLockedError):
+        FolderLock(tmp_path, {"what": "other"}, key="run-b").acquire()
+    second.release()
+    assert not (tmp_path / ".lock").exists()  # the last one removed it
+    alone = FolderLock(tmp_path, {"what": "exclusive"}).acquire()
+    with pytest.raises(FolderLockedError, match="exclusive"):
+        FolderLock(tmp_path, {"what": "x"}, key="run-a").acquire()
+    alone.release()
+
+
+def test_a_different_run_is_refused_while_a_shard_holds_the_folder(tmp_path, monkeypatch):
+    """A sweep of other settings into a folder a shard of a run holds: one line, nothing run."""
+    repo = build_pythia_like_repo(tmp_path / "hub", "org/tiny", (0, 2), tiny_config(),
+                                  {0: ("safetensors", 1), 2: ("safetensors", 1)},
+                                  with_main=False)
+    stats = batch_stats(torch.randint(0, 90, (20, 9)), 90).save(tmp_path / "s.safetensors")
+    out = tmp_path / "o"
+    held = FolderLock(out, {"what": "sweep --shard 0/2 (another run)"}, key="another").acquire()
+    monkeypatch.setattr(FolderLock, "WAIT", 0.2)
+    try:
+        with pytest.raises(FolderLockedError, match=r"--shard 0/2 \(another run\)"):
+            sweep_main(["--model", str(repo), "--stats", str(stats), "--out", str(out),
+                        "--analyses", "embedding", "--no-plots", "--no-progress"])
+    finally:
+        held.release()
+    assert not (out / "shards").exists()
+
+
+# ---- claims ------------------------------------------------------------------------------------
+def test_a_claim_is_created_whole_once_and_released(tmp_path):
+    path = tmp_path / "claims" / "step0.json"
+    with Claims(tmp_path / "claims", "R") as mine:
+        assert mine.take(path)
+        seen = json.loads(path.read_text())
+        assert seen["pid"] == os.getpid() and seen["run_id"] == "R"
+        other = Claims(tmp_path / "claims", "R")
+        assert not other.take(path)  # a live holder's claim is left alone
+        assert not create_exclusive(path, b"x")  # never overwritten
+        mine.release(path)
+        assert not path.exists() and other.take(path)
+        other.release_all()
+    assert list((tmp_path / "claims").iterdir()) == []
+
+
+def test_the_claim_of_a_dead_process_is_taken_over(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    path = tmp_path / "step4.json"
+    host = Claims(tmp_path).me["host"]
+    path.write_text(json.dumps({"host": host, "pid": int(dead), "token": "old"}))
+    mine = Claims(tmp_path)
+    assert mine.take(path) and json.loads(path.read_text())["token"] == mine.me["token"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step4.json"]  # no tomb left
+
+
+def test_another_hosts_claim_is_stale_only_when_its_heartbeat_stops(tmp_path, monkeypatch):
+    path = tmp_path / "step8.json"
+    path.write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "token": "t"}))
+    mine = Claims(tmp_path)
+    assert not mine.take(path)  # its heartbeat is fresh: a live machine
+    old = time.time() - claims_mod.STALE_AFTER - 5
+    os.utime(path, (old, old))
+    assert mine.take(path)
+
+
+def test_the_heartbeat_touches_every_held_claim(tmp_path, monkeypatch):
+    monkeypatch.setattr(claims_mod, "HEARTBEAT", 0.05)
+    path = tmp_path / "step16.json"
+    with Claims(tmp_path) as mine:
+        assert mine.take(path)
+        os.utime(path, (1.0, 1.0))
+        deadline = time.time() + 5
+        while path.stat().st_mtime < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert path.stat().st_mtime > time.time() - 10
+    assert not path.exists()
+
+
+def test_create_exclusive_honours_the_umask_and_never_follows_a_symlink(tmp_path):
+    target = tmp_path / "elsewhere"
+    (tmp_path / "link.json").symlink_to(target)
+    assert not create_exclusive(tmp_path / "link.json", b"x") and not target.exists()
+    old = os.umask(0o077)
+    try:
+        assert create_exclusive(tmp_path / "c.json", b"{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "c.json").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    fileio.touch(tmp_path / "missing.json")  # a heartbeat on a released claim is fine
+
+
+def test_shards_started_together_build_a_shared_file_once(tmp_path, monkeypatch):
+    """Three shards finding the statistics missing at once: one builds, the others wait for it
+    and then find the file (without the lock each would build it)."""
+    monkeypatch.setattr(claims_mod, "POLL", 0.02)
+    target, builds = tmp_path / "cache" / "stats.safetensors", []
+
+    def shard(name: str) -> None:
+        with one_builder(target, Ranks(), name):
+            if not target.exists():
+                builds.append(name)
+                time.sleep(0.3)
+                target.write_bytes(name.encode())
+
+    threads = [threading.Thread(target=shard, args=(f"shard {i}",)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert len(builds) == 1 and target.read_bytes() == builds[0].encode()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["stats.safetensors"]
+
+
+# ---- shares: --shard, Slurm arrays, ranks ------------------------------------------------------
+def test_share_combines_the_shard_or_slurm_array_with_the_ranks():
+    assert Ranks().share() == (0, 1)
+    assert Ranks(rank=1, world=2).share() == (1, 2)
+    assert Ranks(rank=1, world=2, array=3, arrays=4).share() == (7, 8)
+    assert Ranks(rank=0, world=2, array=3, arrays=4).share((1, 2)) == (2, 4)  # --shard wins
+    shares = [Ranks(rank=r, world=2, array=a, arrays=3).share() for a in range(3)
+              for r in range(2)]
+    assert sorted(shares) == [(i, 6) for i in range(6)]  # disjoint and complete
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, (0, 1)),
+    ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_MAX": "7",
+      "SLURM_ARRAY_TASK_COUNT": "4"}, (1, 4)),
+    ({"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "8",
+      "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "5"}, (3, 5)),
+])
+def test_slurm_array_task_place(env, want, monkeypatch):
+    for var in ("ID", "MIN", "MAX", "STEP", "COUNT"):
+        monkeypatch.delenv(f"SLURM_ARRAY_TASK_{var}", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert slurm_array() == want
+    assert (from_env().array, from_env().arrays) == want
+
+
+def test_an_irregular_slurm_array_is_refused_naming_the_way_out(monkeypatch):
+    for k, v in {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_MIN": "1",
+                 "SLURM_ARRAY_TASK_MAX": "5", "SLURM_ARRAY_TASK_COUNT": "3"}.items():
+        monkeypatch.setenv(k, v)  # --array=1,4,5
+    with pytest.raises(BadInputError, match="--shard INDEX/COUNT"):
+        slurm_array()
+
+
+@pytest.mark.parametrize("bad", ["2/2", "1", "a/b", "-1/3"])
+def test_a_bad_shard_is_one_line(bad):
+    with pytest.raises(BadInputError, match="INDEX/COUNT"):
+        sweep_main([f"--shard={bad}", "--model", "org/x", "--dry-run"])
