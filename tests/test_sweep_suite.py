@@ -19,6 +19,7 @@ import torch
 
 from pythia_probe.analysis.cosine import materialised_cosine
 from pythia_probe.arch import NeoXConfig, NeoXWeights, single_token_residuals
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_manifest, read_results
 from pythia_probe.revisions import read_ledger
 from pythia_probe.stats import CorpusStats, recipe
@@ -137,6 +138,7 @@ def test_one_command_two_sizes_one_statistics_build_one_table(suite, one_process
         pd.testing.assert_series_equal(a, b)
     m = read_manifest(out)
     assert m["status"] == "complete" and m["config"]["model"] == f"{SMALL},{LARGE}"
+    assert not (out / "claims").exists()  # every claim released, none can come any more
     assert set(m["models"]) == {SMALL, LARGE} and m["models"][LARGE]["lacks"] == []
     ledger = read_ledger(out / "revisions.parquet")
     assert len(ledger) == 2 * len(STEPS)
@@ -207,15 +209,16 @@ def test_two_shards_in_two_processes_equal_one_and_a_killed_shard_resumes(
     with HubServer(root) as hub:
         env = _env(hub, home)
         killed = subprocess.run([sys.executable, str(tmp_path / "killer.py"),
-                                 *_argv(out, "--shard", "0/2")], env=env, capture_output=True,
-                                text=True, timeout=300)
+                                 *_argv(out, "--shard", "0/2", "--no-plots")], env=env,
+                                capture_output=True, text=True, timeout=300)
         assert killed.returncode == -9, killed.stderr[-2000:]
         left = list((out / "claims").rglob("step*.json"))
         assert left and json.loads(left[0].read_text())["pid"] != os.getpid()
         assert not (out / "summary.parquet").exists()
         procs = [subprocess.Popen([sys.executable, "-m", "pythia_probe.sweep",
-                                   *_argv(out, "--shard", f"{i}/2")], env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                   *_argv(out, "--shard", f"{i}/2", "--no-plots")],
+                                  env=env, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
                  for i in (0, 1)]
         done = [p.communicate(timeout=600) for p in procs]
     for p, (_, e) in zip(procs, done, strict=True):
@@ -224,7 +227,7 @@ def test_two_shards_in_two_processes_equal_one_and_a_killed_shard_resumes(
     pd.testing.assert_frame_equal(_table(got), _table(want))
     assert got["run_id"].nunique() == 1
     assert read_manifest(out)["status"] == "complete" and (out / "summary.parquet").is_file()
-    assert not list((out / "claims").rglob("*.json"))  # every claim released
+    assert not (out / "claims").exists()  # every claim released, the folder removed at the end
     assert any("peak step" in o for o, _ in done)  # the last one to finish summarised
 
 
@@ -234,7 +237,7 @@ def test_torchrun_of_two_ranks_equals_one_process(suite, one_process, tmp_path):
     out = tmp_path / "ranks"
     with HubServer(root) as hub:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", "-m", "pythia_probe.sweep", *_argv(out)]
+               "--nproc_per_node", "2", "-m", "pythia_probe.sweep", *_argv(out, "--no-plots")]
         proc = subprocess.run(cmd, env=_env(hub, home), capture_output=True, text=True,
                               timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -321,3 +324,19 @@ def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, m
     assert (out / "plots" / "compare_embedding_cos_post.png").is_file()
     printed = capsys.readouterr().out
     assert "EleutherAI/pythia-160m" in printed and "peak_step" in printed
+
+
+def test_pp_statistics_finds_the_recipe_file_by_content_and_bad_keywords_are_one_line(
+        suite, one_process, monkeypatch):
+    import pythia_probe as pp
+
+    root, _ = suite
+    home, df, *_ = one_process
+    monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(home / "cache"))
+    builds = _count_builds(monkeypatch)
+    with HubServer(root) as hub, use_endpoint(hub.endpoint):
+        st = pp.statistics(model=LARGE, top_k=str(K))  # the recipe for its tokenizer: cached
+    assert not builds and set(df["stats_id"]) == {st.stats_id} and st.d_vocab == K
+    assert pp.statistics(home / "out").stats_id == st.stats_id  # the file a run used
+    with pytest.raises(BadInputError, match=r"unknown flags \['stepz'\]"):
+        pp.run_sweep(model=SMALL, stepz="0")

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from pythia_probe.analysis import Analysis, combined_needs, get_analyses
 from pythia_probe.checkpoints import plan_downloads
 from pythia_probe.errors import FolderLockedError, HubError, MissingFileError, user_message
-from pythia_probe.fileio import FolderLock
+from pythia_probe.fileio import FolderLock, remove
 from pythia_probe.progress import JobProgress, Stage
 from pythia_probe.ranks import Ranks
 from pythia_probe.results import make_rows, write_shard
@@ -36,7 +36,7 @@ from pythia_probe.stats.recipe import ensure
 from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.claims import Claims, one_builder
 from pythia_probe.sweep.config import SweepParts
-from pythia_probe.sweep.layout import Layout
+from pythia_probe.sweep.layout import CLAIMS, Layout
 from pythia_probe.sweep.manifest import (
     RunRecord,
     models_record,
@@ -254,8 +254,9 @@ def _plan(parts, runs, dls, targets, shard) -> list[str]:
         lines += ledger_lines(r.ledger, r.model)
     lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets)
     if shard[1] > 1:
-        lines.append(f"this process: share {shard[0]} of {shard[1]} (every {shard[1]}-th "
-                     f"group of identical weights, from the {shard[0]}-th)")
+        i, n = shard
+        lines.append(f"this process: share {i} of {n} (the plan's groups of identical weights "
+                     f"number {i}, {i + n}, {i + 2 * n}, ...)")
     return lines
 
 
@@ -389,4 +390,7 @@ def _finish_record(parts, runs, layout: Layout, scorers, record: RunRecord) -> s
                   else "steps of other shards are not done yet")
         record.end(status, reason, [s for _, s in failed] if len(runs) == 1 else
                    [f"{m} step{s}" for m, s in failed])
+        claims = Path(parts.output.out) / CLAIMS
+        if complete and claims.is_dir() and not any(p.is_file() for p in claims.rglob("*")):
+            remove(claims, [parts.output.out])  # every task done: no claim can come any more
     return status
