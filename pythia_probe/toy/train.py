@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if ranks.is_main:
         d_vocab = int(read_manifest(out)["config"]["d_vocab"])
         print("\n".join(paper.comparison_lines(read_results(out / "rows"), cfg, d_vocab)))
+    ranks.barrier()  # every rank leaves together, after rank 0 has written and reported
     return 0
 
 

@@ -82,8 +82,8 @@ def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> tup
     m = float(x.mean())
     if x.size == 1:
         return m, m
-    half = float(scipy_stats.t.ppf(0.5 + level / 2, x.size - 1)) * float(x.std(ddof=1)) / math.sqrt(
-        x.size)
+    t = float(scipy_stats.t.ppf(0.5 + level / 2, x.size - 1))
+    half = t * float(x.std(ddof=1)) / math.sqrt(x.size)
     return m - half, m + half
 
 
