@@ -13,17 +13,52 @@ Measures, in one run:
 
 from __future__ import annotations
 
-import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pythia_probe.cli import parse_configs, run_main
+from pythia_probe.errors import BadInputError
 
 REPO = "EleutherAI/pythia-bench"
+PROG = "python benchmarks/bench_checkpoints.py"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Stream checkpoints from a throttled loopback hub: ours vs from_pretrained one by one."""
+
+    n_steps: int = 10
+    """Checkpoints streamed."""
+    mb_per_s: float = 40.0
+    """Hub bandwidth, MB/s."""
+    d_model: int = 256
+    """Width of the tiny GPT-NeoX (sets the checkpoint size with --vocab)."""
+    vocab: int = 8192
+    """Vocabulary of the tiny GPT-NeoX."""
+    work_fraction: float = 0.5
+    """Work per step as a fraction of one step's download time."""
+    prefetch: int = 1
+    """Checkpoints downloaded ahead of the one being worked on."""
+    work: Literal["cpu", "sleep"] = "cpu"
+    """cpu (matmuls, GIL released) or sleep (immune to other jobs on the cores)."""
+
+    def __post_init__(self):
+        for name in ("n_steps", "d_model", "vocab"):
+            if getattr(self, name) < 1:
+                raise BadInputError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                    f"{getattr(self, name)}")
+        if self.mb_per_s <= 0 or self.work_fraction < 0 or self.prefetch < 0:
+            raise BadInputError("--mb-per-s must be > 0, --work-fraction and --prefetch >= 0; "
+                                f"got {self.mb_per_s}, {self.work_fraction}, {self.prefetch}")
 
 
 def free_port() -> int:
@@ -143,16 +178,8 @@ def run_baseline(steps: list[int], cache: Path, work) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--n-steps", type=int, default=10)
-    ap.add_argument("--mb-per-s", type=float, default=40.0, help="hub bandwidth, MB/s")
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--work-fraction", type=float, default=0.5,
-                    help="work per step as a fraction of one step's download time")
-    ap.add_argument("--prefetch", type=int, default=1)
-    ap.add_argument("--work", choices=("cpu", "sleep"), default="cpu")
-    args = ap.parse_args(argv)
+    [fields] = parse_configs([BenchConfig], argv, PROG, __doc__)
+    args = BenchConfig(**fields)
     port = free_port()
     os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{port}"  # before huggingface_hub is imported
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -180,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         hub.terminate()
         hub.wait()
+        shutil.rmtree(tmp, ignore_errors=True)  # the repo and the three caches
     print(f"{len(steps)} steps, checkpoint {ckpt / 1e6:.2f} MB, hub {args.mb_per_s:.0f} MB/s, "
           f"prefetch {args.prefetch}, work {args.work} "
           f"{args.work_fraction:.2f} x one step's download")
@@ -199,4 +227,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, PROG))

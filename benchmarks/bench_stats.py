@@ -10,8 +10,9 @@
     downloaded). The engine counts each document's first 129 tokens.
 (c) With CUDA: |V| = 50,304, T = 128 time and peak GPU memory (skipped without a GPU).
 
-(a) and (b) time both CPU kernels side by side: the compiled C kernel (stats/_fastcount.c,
-"c") and the pure-torch kernels ("torch"). CPU rates are tokens per CPU-second of this process
+(a) and (b) time both pass-1 kernels side by side: the compiled C kernel
+(stats/native/_fastcount.c, "c") and the pure-torch kernel ("torch"); pass 2 of the dense
+engine is torch in both. CPU rates are tokens per CPU-second of this process
 (time.process_time: every thread counted, so it is a per-core rate even if a library used more
 threads), each the best of --repeat runs (the tokenizers too), so that load from other
 processes on a shared machine biases no side. (c) uses wall-clock time.
@@ -32,7 +33,8 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from pythia_probe.stats import CountAccumulator, QAccumulator, first_pass, kernels  # noqa: E402
+from pythia_probe.stats import CountAccumulator, QAccumulator, first_pass, native  # noqa: E402
+from pythia_probe.stats.native import fastcount  # noqa: E402
 from pythia_probe.stats.reference import (  # noqa: E402
     one_hot_xy,
     softmax_jacobian_uniform,
@@ -90,7 +92,7 @@ def best_engine_times(batches: list[tuple[torch.Tensor, torch.Tensor]], V: int, 
     out: dict[str, tuple[float, float, int]] = {}
     for _ in range(repeat):
         for b in BACKENDS:
-            with kernels.use_backend(b):
+            with native.use_backend(b):
                 p1, p2, n = engine_time(batches, V, T)
             old = out.get(b, (float("inf"), float("inf"), n))
             out[b] = (min(old[0], p1), min(old[1], p2), n)
@@ -212,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.repeat < 1:
         ap.error(f"--repeat must be >= 1, got {a.repeat}")
     torch.set_num_threads(1)
-    with kernels.use_backend("c" if kernels.fastcount.available() else "torch"):
-        print(f"CPU kernel: {kernels.kernel_info('cpu')}")
-    if not kernels.fastcount.available():
+    with native.use_backend("c" if fastcount.available() else "torch"):
+        print(f"CPU pass-1 kernel: {fastcount.info()} (pass 2: torch)")
+    if not fastcount.available():
         print("the C kernel is not built (pip install -e .): only the torch kernels are timed")
         BACKENDS[:] = ["torch"]
     bench_dense(a.quick, a.repeat)

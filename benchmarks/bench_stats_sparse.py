@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pythia_probe.stats import engine, outofcore, plan, sparse_run, tilepass
-from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
-from pythia_probe.stats.corpus_stats import CorpusStats
-from pythia_probe.stats.sparse import SparseCountAccumulator
+from pythia_probe.ranks import Ranks
+from pythia_probe.stats import CorpusStats, SequencePolicy, plan, top_k_ids
+from pythia_probe.stats.driver import ENGINES, RunSpec
+from pythia_probe.stats.pass1 import Windows
 
 PYTHIA_VOCAB, T, K, ZIPF, BATCH = 50277, 128, 5000, 1.08, 256
 GB = 1e9
@@ -72,40 +72,30 @@ class Clock:
         self._t = now
 
 
-def run_sparse(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock) -> tuple:
-    acc = SparseCountAccumulator(d_vocab, T)
+def run_engine(name: str, tokens: torch.Tensor, d_vocab: int, k: int | None,
+               clock: Clock) -> tuple:
+    """Both passes with engine ``name`` through the engine interface, phase by phase."""
+    eng = ENGINES[name]
+    acc = eng.counter(d_vocab, T, "cpu")
     for i in range(0, tokens.shape[0], BATCH):
         acc.update(tokens[i:i + BATCH])
-    acc.flush()
-    info = {"context_pairs": len(acc.context), "bigrams": len(acc.bigram),
-            "pass1_bytes": acc.nbytes}
+    info = {}
+    if name == "sparse":
+        acc.flush()
+        info = {"context_pairs": len(acc.context), "bigrams": len(acc.bigram),
+                "pass1_bytes": acc.nbytes, "tile_width": plan.tile_width(d_vocab)}
     clock.lap("pass 1")
-    fp = outofcore.first_pass(acc)
-    ids = None if k is None else engine.top_k_ids(fp.token_counts, k)
-    width = plan.tile_width(d_vocab)
-    Q, D = tilepass.second_pass(fp, *tilepass.pass2_tokens(tokens, None), ids, width)
-    clock.lap("pass 2 (Gbar tiles)")
-    stats = sparse_run.assemble(fp, Q, D, {"T": T, "policy": {"kind": "bench"}}, ids, width)
-    clock.lap("outputs (K x K compositions)")
-    return stats, dict(info, tile_width=width)
-
-
-def run_dense(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock) -> tuple:
-    acc = CountAccumulator(d_vocab, T)
-    for i in range(0, tokens.shape[0], BATCH):
-        acc.update(tokens[i:i + BATCH])
-    clock.lap("pass 1")
-    fp = engine.first_pass(acc, consume=True)
-    ids = None if k is None else engine.top_k_ids(fp.token_counts, k)
-    clock.lap("compositions (V^3)")
-    q = QAccumulator(fp.Gbar, T, ids)
-    for i in range(0, tokens.shape[0], BATCH):
-        q.update(tokens[i:i + BATCH])
-    q.Gc = None
-    clock.lap("pass 2")
-    stats = engine.assemble(fp, q, {"T": T, "policy": {"kind": "bench"}}, ids)
-    clock.lap("assemble")
-    return stats, {}
+    spec = RunSpec(d_vocab, SequencePolicy(T), None, {}, None, top_k=k, batch_size=BATCH,
+                   progress=False, engine=name)
+    d = Ranks(device="cpu")
+    fp = eng.first_pass(acc, spec, d)
+    ids = None if k is None else top_k_ids(fp.token_counts, k)
+    clock.lap("first pass" + (" (V^3 compositions)" if name == "dense" else ""))
+    Q, D = eng.second_pass(fp, Windows.of_batch(tokens, None), ids, spec, d)
+    clock.lap("pass 2" + (" (Gbar tiles)" if name == "sparse" else ""))
+    stats = eng.assemble(fp, Q, D, {"T": T, "policy": {"kind": "bench"}}, ids, spec)
+    clock.lap("outputs")
+    return stats, info
 
 
 def child(spec: dict) -> None:
@@ -113,8 +103,7 @@ def child(spec: dict) -> None:
     torch.set_num_threads(spec["threads"])
     tokens = zipf_tokens(spec["docs"], spec["d_vocab"], spec["seed"])
     clock = Clock()
-    fn = run_sparse if spec["engine"] == "sparse" else run_dense
-    stats, info = fn(tokens, spec["d_vocab"], spec["k"], clock)
+    stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock)
     rss = peak_rss()
     if spec.get("out"):
         stats.save(spec["out"], derived=True)

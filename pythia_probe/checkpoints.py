@@ -10,11 +10,10 @@ API::
         ...                                    # tensors {hf_name: Tensor}; config.json dict
     src.manifest(revs)                         # commit shas + file hashes for the run manifest
 
-- ``resolve`` reads every branch's commit (one ``list_repo_refs`` call per source) and each
-  revision's files with sizes and hashes (``list_repo_tree``) before anything is downloaded;
-  every name and hash is validated first (a hash or commit that is really a path raises
-  :class:`UnsafeCheckpointError`). Unknown steps raise :class:`~pythia_probe.steps.StepError`
-  naming the nearest valid steps.
+- ``resolve`` (:class:`~pythia_probe.catalog.CheckpointCatalog`) reads every branch's commit
+  and each revision's files with sizes and hashes before anything is downloaded (the hub's
+  listings, the cache offline, or local folders); ``resolve_cached`` / ``cached_steps`` read the
+  cache alone, with no request, for plans when the hub cannot be reached.
 - Every file is verified before use against the tree API's hash (LFS sha256, or the git blob id
   of small files): weights, config, index, tokenizer files, in the cache or freshly downloaded.
   Bad bytes are fetched once more, then reported as :class:`ChecksumError` naming the file; a
@@ -35,6 +34,9 @@ API::
   ``scan_cache_dir`` reads them (symlinks to blobs or plain files); files are checked against
   the listing saved when they were fetched, else against the hash their blob is named after.
 - Local sources: a folder with one sub-folder per step (``step1000/``). Never deleted.
+- Many models: ``plan_downloads(sources, steps)`` groups the (model, step) tasks by weights
+  digest (metadata only) so that ``stream_plan(plan, sources)`` fetches each distinct
+  checkpoint once, in an order that keeps each model's fetches together.
 - Lower level: ``fetch(rev, names) -> {path: local Path}``, ``fetch_file(rev, name)``,
   ``read_json(rev, name)``, ``load(rev, paths, names) -> Loaded``, ``evict(rev)``, ``steps()``,
   ``live_bytes()`` (bytes reserved by fetched, not evicted revisions: what ``max_disk`` bounds),
@@ -43,55 +45,41 @@ API::
 
 from __future__ import annotations
 
+import itertools
 import os
-import re
-import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from huggingface_hub import HfApi
 
 from pythia_probe import hubio
-from pythia_probe import steps as steps_mod
-from pythia_probe.errors import UnsafeFileError
-from pythia_probe.hubcache import HubCache
-from pythia_probe.hubio import RETRY_STATUS, RetryPolicy
-from pythia_probe.weights_io import (
-    INDEX_NAMES,
-    WEIGHT_SUFFIXES,
-    CheckpointDiskError,
-    CheckpointDownloadError,
-    CheckpointError,
+from pythia_probe.catalog import CheckpointCatalog
+from pythia_probe.errors import (
     CheckpointNotCachedError,
     ChecksumError,
     CorruptCheckpointError,
+)
+from pythia_probe.hubcache import Holdings
+from pythia_probe.hubio import RetryPolicy
+from pythia_probe.weights_io import (
     FileInfo,
-    MissingTensorError,
     Names,
     Revision,
-    UnsafeCheckpointError,
     dir_bytes,
     file_digest,
     file_matches,
-    hub_cache_layout,
-    load_tensors,
     load_weight_files,
     read_json,
     shards_for,
+    weights_digest,
 )
 
-__all__ = [
-    "INDEX_NAMES", "RETRY_STATUS", "WEIGHT_SUFFIXES", "CheckpointDiskError",
-    "CheckpointDownloadError", "CheckpointError", "CheckpointNotCachedError", "CheckpointSource",
-    "ChecksumError", "CorruptCheckpointError", "FileInfo", "Loaded", "MissingTensorError",
-    "Names", "Revision", "RetryPolicy", "UnsafeCheckpointError", "dir_bytes", "load_tensors",
-]
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+__all__ = ["CheckpointSource", "DownloadPlan", "FileInfo", "Group", "Loaded", "Names",
+           "Revision", "RetryPolicy", "Task", "dir_bytes", "plan_downloads", "stream_plan"]
 
 
 class Loaded(NamedTuple):
@@ -100,148 +88,39 @@ class Loaded(NamedTuple):
     config: dict
 
 
-def _local_or_hub(model: str | os.PathLike) -> tuple[Path | None, Path | None]:
-    """``(step-folder dir, hub-style cache dir)`` for a local path; a string that is neither
-    a folder nor a hub id (or whose first part is a local folder) is a mistyped path."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return (None, path) if hub_cache_layout(path) else (path, None)
-    text = str(model)
-    if not _HUB_ID.fullmatch(text) or Path(text.split("/")[0]).is_dir():
-        raise CheckpointNotCachedError(
-            f"model {text!r}: no such folder, and not a hub id (ORG/NAME); give a hub id or a "
-            "folder holding step*/ sub-folders or a hub cache (models--ORG--NAME)")
-    return None, None
+class CheckpointSource(CheckpointCatalog):
+    """Resolve, download, verify, load and evict checkpoint revisions of one model (resolving:
+    :class:`~pythia_probe.catalog.CheckpointCatalog`)."""
 
-
-class CheckpointSource:
-    """Resolve, download, verify, load and evict checkpoint revisions of one model."""
-
-    def __init__(self, model: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-                 revision_for: Callable[[int], str] = steps_mod.revision,
-                 endpoint: str | None = None, retry: RetryPolicy | None = None,
-                 token: str | bool | None = None):
-        self.revision_for, self.retry, self.token = revision_for, retry, token
-        self.endpoint = (endpoint or hubio.endpoint()).rstrip("/")
-        self.local_dir, as_cache = _local_or_hub(model)
-        self.from_cache = as_cache is not None
-        if as_cache is not None:
-            cache_dir, model = hub_cache_layout(as_cache)
-        self.model = str(model)
-        self.cache_dir = Path(cache_dir) if cache_dir else hubio.tool_cache("checkpoints")
-        self.cache = HubCache(self.cache_dir, self.model)
-        self.api = HfApi(endpoint=self.endpoint, token=token)
-        self._lock = threading.Condition()
-        self._live: dict[str, dict[str, int]] = {}  # commit -> {blob hash: size}: the budget
-        self._held: dict[str, dict[str, FileInfo]] = {}  # commit -> files this source leased
-        self._branches: dict[str, str] | None = None
-        self._trees: dict[str, tuple[FileInfo, ...]] = {}
-        self._cached: dict[str, tuple[str, dict[str, Path]]] | None = None
-
-    @property
-    def offline(self) -> bool:
-        return self.from_cache or hubio.offline()
-
-    @property
-    def storage(self) -> Path:
-        return self.cache.storage
-
-    # ---- resolution ----------------------------------------------------------------------------
-    def steps(self) -> list[int]:
-        """Steps this source has: step folders, cached refs (offline), else the hub's branches."""
-        if self.local_dir is not None:
-            names = [p.name for p in self.local_dir.iterdir() if p.is_dir()]
-        else:
-            names = list(self.branches())
-        return sorted(s for n in names if (s := steps_mod.step_of(n)) is not None)
-
-    def branches(self) -> dict[str, str]:
-        """``{branch: commit}``: the hub's (listed once per source, retried) or the cache's."""
-        if self.offline:
-            return {b: c for b, (c, _) in self._scan().items()}
-        if self._branches is None:
-            refs = self._call(lambda: self.api.list_repo_refs(self.model),
-                              f"listing the branches of {self.model}")
-            self._branches = {b.name: b.target_commit for b in refs.branches}
-        return self._branches
-
-    def resolve(self, steps: Iterable[int]) -> list[Revision]:
-        """Revisions for ``steps``: commit sha + files with sizes and hashes, nothing downloaded."""
-        steps = list(steps)
-        if self.local_dir is not None:
-            return [self._resolve_local(s) for s in steps]
-        branches = self.branches()
-        revs = []
-        for s in steps:
-            branch = self.revision_for(s)
-            if branch not in branches:
-                self._missing_branch(s, branch, branches)
-            commit = self._commit(branches[branch], branch)
-            files = self._cached_files(branch) if self.offline else self._hub_files(commit)
-            revs.append(Revision(self.model, s, branch, commit, files))
-        return revs
-
-    def _commit(self, commit: object, branch: str) -> str:
-        try:
-            return hubio.check_oid(commit, f"the commit of {self.model}@{branch}")
-        except UnsafeFileError as err:
-            raise UnsafeCheckpointError(str(err)) from err
-
-    def _missing_branch(self, step: int, branch: str, branches: dict) -> None:
-        avail = sorted(x for b in branches if (x := steps_mod.step_of(b)) is not None)
-        near = ", ".join(map(str, steps_mod.nearest_steps(step, avail)))
-        where = f"the cache {self.storage}" if self.offline else f"{self.endpoint}"
-        err = CheckpointNotCachedError if self.offline else steps_mod.StepError
-        raise err(f"{self.model} has no branch {branch!r} in {where}; nearest available steps: "
-                  f"{near or 'none'}")
-
-    def _hub_files(self, commit: str) -> tuple[FileInfo, ...]:
-        if commit not in self._trees:
-            where = f"{self.model}@{commit}"
-            entries = self._call(lambda: list(self.api.list_repo_tree(self.model, revision=commit)),
-                                 f"listing the files of {where}")
-            self._trees[commit] = tuple(
-                FileInfo.from_hub(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id,
-                                  where) for e in entries if hasattr(e, "size"))
-        return self._trees[commit]
-
-    def _scan(self) -> dict[str, tuple[str, dict[str, Path]]]:
-        """The cache's refs and snapshots, read once per source."""
-        if self._cached is None:
-            self._cached = self.cache.cached()
-        return self._cached
-
-    def _cached_files(self, branch: str) -> tuple[FileInfo, ...]:
-        commit, files = self._scan()[branch]
-        tree = self.cache.load_tree(commit)
-        return tuple(self.cache.cached_file(commit, n, p, tree) for n, p in sorted(files.items()))
-
-    def _resolve_local(self, step: int) -> Revision:
-        branch = self.revision_for(step)
-        folder = self.local_dir / branch
-        if not folder.is_dir():
-            avail = sorted(x for p in self.local_dir.iterdir() if (x := steps_mod.step_of(p.name))
-                           is not None)
-            near = ", ".join(map(str, steps_mod.nearest_steps(step, avail))) or "none"
-            raise CheckpointNotCachedError(f"no folder {folder}; nearest local steps: {near}")
-        files = tuple(FileInfo(p.name, p.stat().st_size) for p in sorted(folder.iterdir())
-                      if p.is_file())
-        return Revision(self.model, step, branch, None, files, local_dir=str(folder))
+    def __init__(self, model: str | os.PathLike, **kw):
+        """``model``: a hub id, a folder of step*/ sub-folders or a hub-style cache folder;
+        ``cache_dir``, ``revision_for``, ``endpoint``, ``retry``, ``token``: see
+        :class:`~pythia_probe.catalog.CheckpointCatalog`."""
+        super().__init__(model, **kw)
+        self.holdings = Holdings(self.cache)  # leases and the disk budget of this source
 
     # ---- duplicates ----------------------------------------------------------------------------
-    def weights_key(self, rev: Revision) -> tuple:
-        """Identity of a revision's weight bytes (hub hashes; hashed locally when unknown)."""
-        if rev.local_dir is not None or any(f.sha256 is None for f in rev.weight_files):
-            return tuple((f.path, file_digest(self.fetch_file(rev, f.path), True))
-                         for f in rev.weight_files)
-        return tuple((f.path, f.sha256, f.size) for f in rev.weight_files)
+    def file_identity(self, rev: Revision, f: FileInfo) -> str:
+        """A weight file's identity, never downloading it: the hub's sha256 (else its git blob
+        id, ``git-blob:<id>``); local folders, and cached copies whose listing gives no
+        sha256, are hashed where they lie."""
+        if rev.local_dir is None and f.sha256:
+            return f.sha256
+        if rev.local_dir is None and not self.offline:
+            return f"git-blob:{f.git_oid}"
+        return file_digest(self.fetch_file(rev, f.path), True)
+
+    def weights_digest(self, rev: Revision) -> str:
+        """One digest of the revision's weight files
+        (:func:`~pythia_probe.weights_io.weights_digest`): equal digests, equal bytes."""
+        return weights_digest({f.path: self.file_identity(rev, f) for f in rev.weight_files})
 
     def duplicates(self, revisions: Iterable[Revision]) -> dict[int, int]:
         """``{step: earlier step}`` for revisions whose weights are byte-identical to an earlier."""
-        first: dict[tuple, int] = {}
+        first: dict[str, int] = {}
         dups = {}
         for rev in sorted(revisions, key=lambda r: r.step):
-            key = self.weights_key(rev)
+            key = self.weights_digest(rev)
             if key in first:
                 dups[rev.step] = first[key]
             else:
@@ -256,10 +135,6 @@ class CheckpointSource:
                 "duplicates": {str(k): v for k, v in self.duplicates(revs).items()}}
 
     # ---- fetching + verification ---------------------------------------------------------------
-    def _call(self, fn: Callable, what: str):
-        return hubio.call(fn, what, self.retry, fail=CheckpointDownloadError,
-                          missing=CheckpointNotCachedError)
-
     def files_to_fetch(self, rev: Revision, names: Names = None) -> list[FileInfo]:
         """config.json, the index and the weight files holding the asked tensors."""
         index = rev.index_file
@@ -320,9 +195,7 @@ class CheckpointSource:
         return found
 
     def _fetch_online(self, rev: Revision, f: FileInfo) -> Path:
-        with self._lock:  # leased before the blob's lock: other processes see it at once
-            self._held.setdefault(rev.commit, {})[f.path] = f
-            self.cache.lease(f.etag)
+        self.holdings.hold(rev.commit, f)
         with self.cache.lock(f.etag):
             found = self.cache.find(rev.commit, f)
             if found is not None and file_matches(found, f):
@@ -342,7 +215,7 @@ class CheckpointSource:
         url = hubio.resolve_url(self.endpoint, self.model, rev.commit, f.path)
         remote = hubio.Remote(url, f"{f.path} of {rev.where}", f.size, f.sha256, f.git_oid)
         part = hubio.download(remote, self.cache.blob(f.etag), [self.storage / "blobs"],
-                              self.token, mismatch=ChecksumError)
+                              self.token)
         return self.cache.place(rev.commit, f, part)
 
     def fetch(self, rev: Revision, names: Names = None) -> dict[str, Path]:
@@ -362,32 +235,16 @@ class CheckpointSource:
 
     # ---- disk budget + eviction ----------------------------------------------------------------
     def _reserve(self, rev: Revision, files: list[FileInfo]) -> None:
-        if rev.local_dir is not None or self.offline:
-            return
-        with self._lock:
-            blobs = self._live.setdefault(rev.commit, {})
-            blobs.update({f.etag: f.size for f in files})
-            self._lock.notify_all()
+        if rev.local_dir is None and not self.offline:
+            self.holdings.reserve(rev.commit, files)
 
     def live_bytes(self) -> int:
         """Bytes of the distinct blobs of fetched, not yet evicted revisions."""
-        with self._lock:
-            return sum({k: v for b in self._live.values() for k, v in b.items()}.values())
+        return self.holdings.live_bytes()
 
     def _wait_for_budget(self, rev: Revision, need: list[FileInfo], max_disk: float | None) -> None:
-        if max_disk is None or rev.local_dir is not None or self.offline:
-            return
-        with self._lock:
-            while True:
-                live = {k: v for b in self._live.values() for k, v in b.items()}
-                extra = sum(f.size for f in need if f.etag not in live)
-                if sum(live.values()) + extra <= max_disk:
-                    return
-                if not live:
-                    raise CheckpointDiskError(
-                        f"{rev.where} needs {extra} bytes, more than max_disk={int(max_disk)}; "
-                        "raise the disk budget or ask for fewer tensors")
-                self._lock.wait(timeout=1.0)
+        if max_disk is not None and rev.local_dir is None and not self.offline:
+            self.holdings.wait_for(need, max_disk, rev.where)
 
     def evict(self, rev: Revision, *, keep_partial: bool = False) -> None:
         """Delete the revision's files that this tool created and no other live revision or
@@ -395,15 +252,9 @@ class CheckpointSource:
         Files the tool did not create, local folders and read-only caches are never touched."""
         if rev.local_dir is not None or self.offline:
             return
-        with self._lock:  # leases change only under this lock, with what they record
-            held = self._held.pop(rev.commit, {})
-            for etag in {f.etag for f in held.values()} - self._used_etags():
-                self.cache.unlease(etag)
-        self.cache.release(rev.commit, rev.branch, list(held.values()), self._still_used,
-                           keep_partial)
-        with self._lock:  # the budget is freed once the files are gone
-            self._live.pop(rev.commit, None)
-            self._lock.notify_all()
+        held = self.holdings.drop(rev.commit)
+        self.cache.release(rev.commit, rev.branch, held, self.holdings.still_used, keep_partial)
+        self.holdings.unreserve(rev.commit)  # the budget is freed once the files are gone
 
     def forget(self, rev: Revision) -> None:
         """Stop using a revision without deleting anything: its budget and leases are dropped,
@@ -411,18 +262,12 @@ class CheckpointSource:
         self._forget(rev.commit)
 
     def _forget(self, commit: str) -> None:
-        with self._lock:
-            held = self._held.pop(commit, {})
-            for etag in {f.etag for f in held.values()} - self._used_etags():
-                self.cache.unlease(etag)
-            self._live.pop(commit, None)
-            self._lock.notify_all()
+        self.holdings.drop(commit)
+        self.holdings.unreserve(commit)
 
     def close(self) -> None:
         """Forget every revision still held (planning fetches, ``keep=True`` streams)."""
-        with self._lock:
-            commits = list(self._held)
-        for commit in commits:
+        for commit in self.holdings.commits():
             self._forget(commit)
 
     def __enter__(self) -> CheckpointSource:
@@ -430,13 +275,6 @@ class CheckpointSource:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def _used_etags(self) -> set[str]:
-        return {f.etag for files in self._held.values() for f in files.values()}
-
-    def _still_used(self, etag: str) -> bool:
-        with self._lock:
-            return etag in self._used_etags()
 
     def disk_usage(self) -> int:
         """Bytes of regular files under this model's cache folder."""
@@ -496,3 +334,87 @@ class CheckpointSource:
                 self.forget(rev)
             else:
                 self.evict(rev, keep_partial=True)
+
+
+# ---- many models: each distinct checkpoint fetched once ----------------------------------------
+class Task(NamedTuple):
+    """One unit of a sweep: one step of one model."""
+
+    model: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """Tasks whose weights are byte-identical (one weights digest): fetched once, through the
+    first task's model (``leader``); ``nbytes``: its files' bytes (config, index, weights)."""
+
+    digest: str
+    tasks: tuple[Task, ...]
+    nbytes: int
+
+    @property
+    def leader(self) -> Task:
+        return self.tasks[0]
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    """(model, step) tasks of one or more models grouped by weights digest, in the order to
+    run them: every group sits at its first task, so each model's leaders stay contiguous (and
+    prefetch keeps working) and no checkpoint is downloaded twice, within a model (step1 =
+    step0) or across models (a -deduped twin, a branch serving another's weights)."""
+
+    groups: tuple[Group, ...]
+
+    def leaders(self) -> dict[str, list[int]]:
+        """``{model: steps to fetch}``, in plan order."""
+        out: dict[str, list[int]] = {}
+        for g in self.groups:
+            out.setdefault(g.leader.model, []).append(g.leader.step)
+        return out
+
+    def copies(self) -> dict[Task, Task]:
+        """``{task: its group's leader}`` for every task that is not fetched itself."""
+        return {t: g.leader for g in self.groups for t in g.tasks[1:]}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes fetched by the plan (each group once)."""
+        return sum(g.nbytes for g in self.groups)
+
+    @property
+    def naive_nbytes(self) -> int:
+        """Bytes a sweep fetching every task would download."""
+        return sum(g.nbytes * len(g.tasks) for g in self.groups)
+
+
+def plan_downloads(sources: Sequence[CheckpointSource],
+                   steps: Mapping[str, Iterable[int]] | Iterable[int]) -> DownloadPlan:
+    """The plan for ``steps`` (one list for every source, or ``{model: steps}``) of ``sources``
+    (in the order given), from metadata alone: hub-listed sha256 (local folders: hashed)."""
+    if not isinstance(steps, Mapping):
+        steps = {src.model: list(steps) for src in sources}
+    by_digest: dict[str, list[tuple[Task, Revision]]] = {}
+    for src in sources:
+        for rev in src.resolve(sorted(set(steps[src.model]))):
+            by_digest.setdefault(src.weights_digest(rev), []).append((Task(src.model, rev.step),
+                                                                      rev))
+    return DownloadPlan(tuple(Group(d, tuple(t for t, _ in tr), tr[0][1].nbytes)
+                              for d, tr in by_digest.items()))
+
+
+def stream_plan(plan: DownloadPlan, sources: Sequence[CheckpointSource], *,
+                names: Names = None, prefetch: int = 1,
+                max_disk: float | None = None) -> Iterator[tuple[Group, Loaded]]:
+    """Yield ``(group, loaded)`` in plan order: each group's leader fetched once through its
+    model's source (``prefetch`` ahead within each run of one model's leaders, ``max_disk``
+    per source), evicted when the next is asked for. Every task of the group has these
+    weights: score each, or copy the leader's rows where the statistics are the same."""
+    by_model = {src.model: src for src in sources}
+    for model, run in itertools.groupby(plan.groups, key=lambda g: g.leader.model):
+        src = by_model[model]
+        of_step = {g.leader.step: g for g in run}
+        for loaded in src.stream(src.resolve(list(of_step)), names=names, prefetch=prefetch,
+                                 max_disk=max_disk):
+            yield of_step[loaded.revision.step], loaded

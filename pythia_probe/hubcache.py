@@ -28,21 +28,24 @@ import json
 import os
 import shutil
 import socket
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from filelock import FileLock
 from huggingface_hub import constants, scan_cache_dir, try_to_load_from_cache
 
-from pythia_probe.errors import CorruptFileError, UnsafeFileError
-from pythia_probe.fileio import atomic_write, remove, write_json, write_text
-from pythia_probe.hubio import check_name, check_oid, partial_path
-from pythia_probe.weights_io import (
+from pythia_probe.errors import (
+    CheckpointDiskError,
     CheckpointNotCachedError,
     CorruptCheckpointError,
-    FileInfo,
+    CorruptFileError,
+    UnsafeFileError,
 )
+from pythia_probe.fileio import atomic_write, remove, write_json, write_text
+from pythia_probe.hubio import check_name, check_oid, partial_path
+from pythia_probe.weights_io import FileInfo
 
 HOST = socket.gethostname()
 
@@ -291,6 +294,82 @@ class HubCache:
         sha = tag if len(tag) == 64 and _hex(tag) else None
         oid = tag if len(tag) == 40 and _hex(tag) else None
         return FileInfo(name, size, sha, oid)
+
+
+class Holdings:
+    """What one source holds in its cache, per commit: the files it leased (so no other source
+    evicts them meanwhile) and the blob bytes it reserved (what ``max_disk`` bounds; a blob
+    shared by several commits counts once). Thread-safe: the prefetch thread fetches while the
+    caller's thread evicts."""
+
+    def __init__(self, cache: HubCache):
+        self.cache = cache
+        self._lock = threading.Condition()
+        self._live: dict[str, dict[str, int]] = {}  # commit -> {blob hash: size}: the budget
+        self._held: dict[str, dict[str, FileInfo]] = {}  # commit -> files leased
+
+    def hold(self, commit: str, f: FileInfo) -> None:
+        """Lease ``f``'s blob for ``commit`` (before taking the blob's lock, so other processes
+        see the lease at once)."""
+        with self._lock:
+            self._held.setdefault(commit, {})[f.path] = f
+            self.cache.lease(f.etag)
+
+    def reserve(self, commit: str, files: Iterable[FileInfo]) -> None:
+        with self._lock:
+            self._live.setdefault(commit, {}).update({f.etag: f.size for f in files})
+            self._lock.notify_all()
+
+    def _blobs(self) -> dict[str, int]:
+        return {k: v for b in self._live.values() for k, v in b.items()}
+
+    def live_bytes(self) -> int:
+        """Bytes of the distinct blobs reserved by commits not yet released."""
+        with self._lock:
+            return sum(self._blobs().values())
+
+    def wait_for(self, need: Iterable[FileInfo], max_disk: float, where: str) -> None:
+        """Block until ``need`` fits under ``max_disk`` beside what is reserved; a revision
+        larger than the whole budget raises :class:`~pythia_probe.errors.CheckpointDiskError`."""
+        need = list(need)
+        with self._lock:
+            while True:
+                live = self._blobs()
+                extra = sum(f.size for f in need if f.etag not in live)
+                if sum(live.values()) + extra <= max_disk:
+                    return
+                if not live:
+                    raise CheckpointDiskError(
+                        f"{where} needs {extra} bytes, more than max_disk={int(max_disk)}; "
+                        "raise the disk budget or ask for fewer tensors")
+                self._lock.wait(timeout=1.0)
+
+    def drop(self, commit: str) -> list[FileInfo]:
+        """Stop holding ``commit``'s files: leases no other held commit needs are dropped;
+        returns the files it held."""
+        with self._lock:  # leases change only under this lock, with what they record
+            held = self._held.pop(commit, {})
+            for etag in {f.etag for f in held.values()} - self._used():
+                self.cache.unlease(etag)
+        return list(held.values())
+
+    def unreserve(self, commit: str) -> None:
+        """Free ``commit``'s share of the budget (once its files are gone, or forgotten)."""
+        with self._lock:
+            self._live.pop(commit, None)
+            self._lock.notify_all()
+
+    def commits(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
+
+    def _used(self) -> set[str]:
+        return {f.etag for files in self._held.values() for f in files.values()}
+
+    def still_used(self, etag: str) -> bool:
+        """Whether a commit still held needs the blob ``etag``."""
+        with self._lock:
+            return etag in self._used()
 
 
 def _hex(s: str) -> bool:

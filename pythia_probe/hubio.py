@@ -6,15 +6,19 @@ the one place that moves file bytes from the hub to disk.
   (components checked one by one). A name that fails raises
   :class:`~pythia_probe.errors.UnsafeFileError` naming where it came from.
 - Retries: :class:`RetryPolicy` and :func:`call`, used for every hub request (refs, tree,
-  paths-info, HEAD, GET, dataset listings). Transient failures (HTTP 408/429/5xx, dropped or
-  refused connections, short bodies) are retried with exponential backoff (``Retry-After``
-  honoured up to ``max_delay``); bytes that do not match the announced hash are fetched once
-  more, then reported; anything else becomes a one-line user error at once.
+  paths-info, HEAD, GET, dataset listings), each with a connect and read timeout
+  (:mod:`pythia_probe.hubnet`). Transient failures (HTTP 408/429/5xx, dropped connections,
+  timeouts, short bodies) are retried with exponential backoff (``Retry-After`` honoured up to
+  ``max_delay``); bytes that do not match the announced hash are fetched once more, then
+  reported; a host that does not resolve or refuses connections is reported at once with what
+  to do offline (:class:`~pythia_probe.errors.HubUnreachableError`); anything else becomes a
+  one-line user error at once. The errors live in :mod:`pythia_probe.errors`.
 - Bytes: :func:`download` appends the missing bytes of a file to ``<dest>.partial`` with an HTTP
   Range request, hashing while it writes (sha256 for LFS files, the git blob id for small ones),
-  and raises :class:`HashMismatchError` (deleting the partial) when the result does not match.
-  The partial's name is built from the validated hash, so it survives the process and a run
-  killed mid-file resumes from the bytes on disk.
+  stops reading at the size the hub listed, and raises :class:`~pythia_probe.errors.ChecksumError`
+  (deleting the partial) when the body is longer or the result does not match. The partial's
+  name is built from the validated hash, so it survives the process and a run killed mid-file
+  resumes from the bytes on disk. The access token goes to the hub's own host only.
 
 Why not ``hf_hub_download`` for the bytes: it names the cache blob after the server's ``ETag``
 header, and ``.no_exist/`` entries after ``X-Repo-Commit``, without checking them, so a broken
@@ -47,9 +51,14 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
+from pythia_probe import hubnet
 from pythia_probe.errors import (
-    CorruptFileError,
+    ChecksumError,
+    HubDownloadError,
     HubError,
+    HubNotFoundError,
+    HubUnreachableError,
+    IncompleteDownloadError,
     MissingFileError,
     UnsafeFileError,
     UserError,
@@ -61,22 +70,6 @@ PARTIAL_SUFFIX = ".partial"
 CHUNK = 1 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _OID = re.compile(r"[0-9a-f]{40}")
-
-
-class HashMismatchError(CorruptFileError):
-    """Bytes from the hub (or in a cache) that do not match the hash the hub announced."""
-
-
-class HubDownloadError(HubError):
-    """The hub refused a request or kept failing after all retries."""
-
-
-class HubNotFoundError(MissingFileError):
-    """The hub has no such repository, revision or file."""
-
-
-class IncompleteDownloadError(HubError):
-    """The server closed a body early (transient: the next try resumes)."""
 
 
 # ---- names from the hub ------------------------------------------------------------------------
@@ -155,23 +148,47 @@ def status_of(err: BaseException) -> int | None:
 
 
 def is_transient(err: BaseException) -> bool:
-    """A failure worth another try: HTTP 408/429/5xx, a transport error, a short body."""
+    """A failure worth another try: HTTP 408/429/5xx, a dropped connection, a timeout, a short
+    body. A host that does not resolve or refuses connections is not: it will not appear."""
     if isinstance(err, HfHubHTTPError):
         return status_of(err) in RETRY_STATUS
     if isinstance(err, UserError):
         return isinstance(err, IncompleteDownloadError)
+    if hubnet.unreachable(err):
+        return False
     return isinstance(err, (httpx2.TransportError, ConnectionError, TimeoutError))
 
 
 def one_line(err: BaseException, limit: int = 300) -> str:
     """``Type: message`` on one line (hub errors carry request ids and blank lines)."""
+    err = hubnet.original(err)
     text = " ".join(str(err).split())
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(err).__name__}: {text}"
 
 
+def offline_hint(repo: str = "REPO", revision: str = "REV") -> str:
+    """What to do when the hub cannot be reached at all."""
+    return ("no network? HF_HUB_OFFLINE=1 uses what is already cached (the tool's own cache, "
+            "or an existing Hugging Face cache given with --cache-dir); fill a cache where the "
+            f"network works with `hf download {repo} --revision {revision} --cache-dir DIR`, "
+            "or give local files (a folder of step*/ checkpoints); check HF_ENDPOINT if it is set")
+
+
+def _host() -> str:
+    return hubnet.origin(endpoint())[1] or endpoint()
+
+
+def _why(err: BaseException) -> str:
+    """The error on one line, with what to do when it is a timeout."""
+    if hubnet.timed_out(err):
+        return f"{one_line(err)}: {hubnet.timeout_advice(err, hubnet.host_of(err, _host()))}"
+    return one_line(err)
+
+
 def user_error(err: BaseException, what: str, fail: type[HubError] = HubDownloadError,
-               missing: type[MissingFileError] = HubNotFoundError) -> BaseException:
+               missing: type[MissingFileError] = HubNotFoundError,
+               hint: str | None = None) -> BaseException:
     """The one-line user error for a hub failure that retrying will not fix (or ``err`` itself
     when it is not a hub failure: a bug keeps its traceback)."""
     if isinstance(err, UserError):
@@ -184,40 +201,50 @@ def user_error(err: BaseException, what: str, fail: type[HubError] = HubDownload
         return fail(f"{what}: HF_HUB_OFFLINE is set, so the hub is not asked; unset it or use "
                     "files already in the cache")
     if isinstance(err, HfHubHTTPError):
-        hint = "check the access token" if status_of(err) in (401, 403) else "retry later"
-        return fail(f"{what}: the hub refused it ({one_line(err)}); {hint}")
-    if is_transient(err):
-        return fail(f"{what}: {one_line(err)}")
+        todo = "check the access token" if status_of(err) in (401, 403) else "retry later"
+        return fail(f"{what}: the hub refused it ({one_line(err)}); {todo}")
+    why = hubnet.unreachable(err)
+    if why:
+        return HubUnreachableError(f"{what}: cannot reach {hubnet.host_of(err, _host())} "
+                                   f"({why}); {hint or offline_hint()}")
+    if isinstance(err, httpx2.TooManyRedirects):
+        return fail(f"{what}: the hub's redirects never end ({one_line(err)}); check "
+                    "HF_ENDPOINT and any proxy")
+    if is_transient(err) or isinstance(err, httpx2.HTTPError):
+        return fail(f"{what}: {_why(err)}")
     return err
 
 
 def call(fn: Callable, what: str, policy: RetryPolicy | None = None,
          fail: type[HubError] = HubDownloadError,
-         missing: type[MissingFileError] = HubNotFoundError):
-    """``fn()`` under the retry policy. Transient errors are retried ``policy.attempts`` times in
-    all; a :class:`HashMismatchError` is retried once (a second mismatch is reported as is);
-    other hub errors become one-line user errors naming ``what`` at once."""
+         missing: type[MissingFileError] = HubNotFoundError, hint: str | None = None):
+    """``fn()`` under the retry policy, every request with a timeout and no retry loop of
+    huggingface_hub's inside it (:func:`~pythia_probe.hubnet.our_policy`). Transient errors
+    are retried ``policy.attempts`` times in all; a :class:`ChecksumError` is retried once (a second
+    mismatch is reported as is); other hub errors become one-line user errors naming ``what``
+    at once (``hint``: what to do when the hub cannot be reached)."""
     policy = policy or DEFAULT_RETRY
     last: BaseException | None = None
     mismatches = 0
     for attempt in range(policy.attempts):
         try:
-            return fn()
-        except HashMismatchError as err:
+            with hubnet.our_policy():
+                return fn()
+        except ChecksumError as err:
             mismatches += 1
             if mismatches > 1:
                 raise
             last = err
         except Exception as err:  # noqa: BLE001 - classified here
             if not is_transient(err):
-                raise user_error(err, what, fail, missing) from err
+                raise user_error(err, what, fail, missing, hint) from err
             last = err
             if attempt + 1 < policy.attempts:
                 time.sleep(policy.delay(attempt, err))
-    if isinstance(last, HashMismatchError):
+    if isinstance(last, ChecksumError):
         raise last
     raise fail(f"{what} failed: the hub kept failing after {policy.attempts} attempts; last "
-               f"error: {one_line(last)}") from last
+               f"error: {_why(last)}") from last
 
 
 # ---- bytes -------------------------------------------------------------------------------------
@@ -259,11 +286,23 @@ class Remote:
         return self.sha256 or self.git_oid
 
 
-def download(remote: Remote, dest: Path, owned: list[Path], token: str | bool | None = None,
-             mismatch: type[HashMismatchError] = HashMismatchError) -> Path:
+class _TooLong(Exception):
+    """A body that goes past the listed size (``at``: the bytes it announced or reached)."""
+
+    def __init__(self, at: int):
+        super().__init__(at)
+        self.at = at
+
+
+def download(remote: Remote, dest: Path, owned: list[Path],
+             token: str | bool | None = None) -> Path:
     """Fetch ``remote`` into ``dest.partial`` (resuming the bytes already there), check its hash
-    and return the partial's path; the caller renames it into place. The partial is deleted
-    (through :func:`~pythia_probe.fileio.remove`, inside ``owned``) when the bytes are wrong."""
+    and return the partial's path; the caller renames it into place. Reading stops at the
+    listed size: a longer body (announced or sent) is cut off there. The partial is deleted
+    (through :func:`~pythia_probe.fileio.remove`, inside ``owned``) when the bytes are wrong,
+    raising :class:`ChecksumError`. The token goes to the hub's own host only
+    (:func:`~pythia_probe.hubnet.keeps_token`), never to a CDN a redirect names."""
+    hubnet.install()
     part = partial_path(dest)
     part.parent.mkdir(parents=True, exist_ok=True)
     if part.exists() and part.stat().st_size > remote.size:
@@ -271,16 +310,26 @@ def download(remote: Remote, dest: Path, owned: list[Path], token: str | bool | 
     hasher = new_hasher(remote.size, remote.sha256)
     have = _hash_existing(part, hasher) if part.exists() else 0
     if have < remote.size or not part.exists():
-        location = get_hf_file_metadata(remote.url, token=token).location
-        have, hasher = _append(location, part, have, hasher, remote, build_hf_headers(token=token))
+        location = get_hf_file_metadata(remote.url, token=token,
+                                        timeout=httpx2.Timeout(**hubnet.timeouts())).location
+        headers = {**build_hf_headers(token=token), "Accept-Encoding": "identity"}
+        if not hubnet.keeps_token(remote.url, location):
+            headers = hubnet.without_token(headers)
+        try:
+            have, hasher = _append(location, part, have, hasher, remote, headers)
+        except _TooLong as err:
+            remove(part, owned)
+            raise ChecksumError(f"{remote.name}: the server sent more than the {remote.size} "
+                                f"bytes the hub lists ({err.at} or more); cut off there, the "
+                                "partial download was deleted") from None
     if have < remote.size:
         raise IncompleteDownloadError(f"{remote.name}: got {have} of {remote.size} bytes")
     if have > remote.size or (remote.digest and hasher.hexdigest() != remote.digest):
         remove(part, owned)
-        raise mismatch(f"{remote.name}: the downloaded bytes do not match the hub's "
-                       f"{'sha256' if remote.sha256 else 'git blob id'} {remote.digest} "
-                       f"({have} bytes, the hub announced {remote.size}); the partial download "
-                       "was deleted")
+        raise ChecksumError(f"{remote.name}: the downloaded bytes do not match the hub's "
+                            f"{'sha256' if remote.sha256 else 'git blob id'} {remote.digest} "
+                            f"({have} bytes, the hub announced {remote.size}); the partial "
+                            "download was deleted")
     return part
 
 
@@ -289,18 +338,23 @@ def _append(url: str, part: Path, have: int, hasher, remote: Remote, headers: di
     if have:
         headers = {**headers, "Range": f"bytes={have}-"}
     with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                              timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                                         timeout=httpx2.Timeout(**hubnet.timeouts())) as response:
         hf_raise_for_status(response)
         mode = "ab"
         if have and response.status_code == 200:  # the server ignored Range: start again
             mode, have, hasher = "wb", 0, new_hasher(remote.size, remote.sha256)
-        return _write_body(response, part, mode, have, hasher), hasher
+        length = response.headers.get("Content-Length", "")
+        if length.isdigit() and have + int(length) > remote.size:
+            raise _TooLong(have + int(length))  # announced: not one byte is read
+        return _write_body(response, part, mode, have, hasher, remote.size), hasher
 
 
-def _write_body(response, part: Path, mode: str, have: int, hasher) -> int:
+def _write_body(response, part: Path, mode: str, have: int, hasher, limit: int) -> int:
     try:
         with open(part, mode) as fh:
-            for chunk in response.iter_bytes(chunk_size=constants.DOWNLOAD_CHUNK_SIZE):
+            for chunk in response.iter_bytes():  # as read from the socket (<= 64 KiB each)
+                if have + len(chunk) > limit:
+                    raise _TooLong(have + len(chunk))
                 fh.write(chunk)
                 hasher.update(chunk)
                 have += len(chunk)

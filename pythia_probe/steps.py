@@ -24,16 +24,12 @@ from collections.abc import Sequence
 from huggingface_hub import HfApi
 
 from pythia_probe import hubio
-from pythia_probe.errors import BadInputError, HubError
+from pythia_probe.errors import HubError, HubUnreachableError, StepError
 
 PYTHIA_STEPS: tuple[int, ...] = (0, *(2**k for k in range(10)), *range(1000, 143_001, 1000))
 _STEP_BRANCH = re.compile(r"step(\d+)")
 _RANGE = re.compile(r"(\d+)-(\d+)(?::(\d+))?")
 PRESETS = ("early", "all", "log")
-
-
-class StepError(BadInputError):
-    """A steps spec that names a step the model does not have, or is malformed."""
 
 
 def revision(step: int) -> str:
@@ -130,7 +126,10 @@ def available_steps(model_id: str, api=None) -> list[int]:
     where = getattr(api, "endpoint", "the hub")
     try:
         refs = hubio.call(lambda: api.list_repo_refs(model_id),
-                          f"listing the branches of {model_id} on {where}")
+                          f"listing the branches of {model_id} on {where}",
+                          hint=hubio.offline_hint(model_id, "step1000"))
+    except HubUnreachableError:
+        raise  # its message already says what to do offline
     except (HubError, OSError) as e:  # OSError: a resolver or socket failure outside httpx
         raise HubError(f"cannot list the branches of {model_id} on {where} ({hubio.one_line(e)}). "
                        "Offline? Pass a local folder of step*/ checkpoints, or set "

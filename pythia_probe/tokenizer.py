@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -33,6 +35,7 @@ from tokenizers.models import WordLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from pythia_probe.errors import BadInputError, HubError, MissingFileError
+from pythia_probe.fileio import atomic_write
 
 UNK = "[UNK]"
 WORD_PATTERN = r"\p{L}+|."
@@ -201,13 +204,17 @@ def tokenizer_fingerprint(tok: PreTrainedTokenizerFast) -> dict:
 
 def save_tokenizer(tok: PreTrainedTokenizerFast, path: str | Path) -> Path:
     """Save as a standard tokenizer: `path` ending in .json -> that tokenizer.json file;
-    otherwise a folder (save_pretrained: tokenizer.json + tokenizer_config.json)."""
+    otherwise a folder (save_pretrained: tokenizer.json + tokenizer_config.json). Every file
+    goes through the one atomic writer (the user's umask, never through a symlink)."""
     path = Path(path)
     if path.suffix == ".json":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tok.backend_tokenizer.save(str(path))
-    else:
-        tok.save_pretrained(str(path))
+        data = tok.backend_tokenizer.to_str(pretty=True).encode("utf-8")
+        atomic_write(path, lambda tmp: tmp.write_bytes(data), len(data))
+        return path
+    with tempfile.TemporaryDirectory() as staged:
+        tok.save_pretrained(staged)
+        for f in sorted(Path(staged).iterdir()):
+            atomic_write(path / f.name, lambda tmp, f=f: shutil.copyfile(f, tmp))
     return path
 
 

@@ -7,7 +7,9 @@ The file-level half of :mod:`pythia_probe.checkpoints` (which resolves, download
   name and hash the tree API gives before it can become a path); ``Revision`` (a step's branch,
   commit and files; its ``layout``: bin / safetensors, single or sharded).
 - Hashes: ``sha256_file``, ``git_blob_oid``; :func:`file_matches` checks size and hash (each
-  file hashed once per process while it stays unchanged).
+  file hashed once per process while it stays unchanged); :func:`weights_digest`: one digest
+  of a revision's weight files (what the duplicate check, the revision ledger and the
+  download plan compare).
 - ``load_tensors(path, want)``: one weight file, only the names ``want`` accepts; safetensors
   tensor by tensor, ``.bin`` with ``torch.load(weights_only=True, mmap=True)`` (a pickle holding
   anything but tensors raises :class:`UnsafeCheckpointError`; a truncated or garbled file
@@ -15,8 +17,8 @@ The file-level half of :mod:`pythia_probe.checkpoints` (which resolves, download
   (sharded checkpoints); ``shards_for(index, names)`` picks the shards to fetch; ``read_json``
   reads config/index files (an unparseable one is a :class:`CorruptCheckpointError`).
 - ``name_predicate(names)``: names given as a list, a predicate or None (all but legacy buffers).
-- Errors: :class:`CheckpointError` and its kinds, each also a kind of
-  :class:`~pythia_probe.errors.UserError` (one line, exit 2 on the command line).
+- Errors: :class:`~pythia_probe.errors.CheckpointError` and its kinds, in
+  :mod:`pythia_probe.errors` (one line, exit 2 on the command line).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import os
 import pickle
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,17 +38,14 @@ from safetensors import SafetensorError, safe_open
 
 from pythia_probe.arch import is_legacy_buffer
 from pythia_probe.errors import (
-    CorruptFileError,
-    MismatchError,
-    MissingFileError,
-    ResourceError,
+    CheckpointNotCachedError,
+    CorruptCheckpointError,
+    MissingTensorError,
+    UnsafeCheckpointError,
     UnsafeFileError,
-    UserError,
 )
 from pythia_probe.fileio import sha256_file
 from pythia_probe.hubio import (
-    HashMismatchError,
-    HubDownloadError,
     check_name,
     check_oid,
     check_repo_path,
@@ -54,52 +53,14 @@ from pythia_probe.hubio import (
     partial_path,
 )
 
-__all__ = ["INDEX_NAMES", "WEIGHT_SUFFIXES", "CheckpointDiskError", "CheckpointDownloadError",
-           "CheckpointError", "CheckpointNotCachedError", "ChecksumError",
-           "CorruptCheckpointError", "FileInfo", "MissingTensorError", "Names", "Revision",
-           "UnsafeCheckpointError", "dir_bytes", "file_matches", "git_blob_oid",
-           "hub_cache_layout", "load_tensors", "load_weight_files", "name_predicate",
-           "partial_path", "read_json", "sha256_file", "shards_for"]
+__all__ = ["INDEX_NAMES", "WEIGHT_SUFFIXES", "FileInfo", "Names", "Revision", "dir_bytes",
+           "file_matches", "git_blob_oid", "hub_cache_layout", "load_tensors",
+           "load_weight_files", "name_predicate", "partial_path", "read_json", "sha256_file",
+           "shards_for", "weights_digest"]
 
 Names = Iterable[str] | Callable[[str], bool] | None
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-class CheckpointError(UserError):
-    """Base class of checkpoint errors a user can act on (one line on the command line)."""
-
-
-class CheckpointNotCachedError(CheckpointError, MissingFileError):
-    """A revision, file or folder that is not there (offline cache, local folders, the hub)."""
-
-
-class ChecksumError(CheckpointError, HashMismatchError):
-    """Bytes that do not match the hash the hub announced (after one fresh download)."""
-
-
-class CorruptCheckpointError(CheckpointError, CorruptFileError):
-    """A weight, config or index file that is truncated or cannot be parsed."""
-
-
-class UnsafeCheckpointError(CheckpointError, UnsafeFileError):
-    """A pickle that ``torch.load(weights_only=True)`` refuses (it would execute code), or a
-    name from the hub that is really a path."""
-
-
-class CheckpointDownloadError(CheckpointError, HubDownloadError):
-    """The hub refused a request or kept failing after all retries."""
-
-
-class CheckpointDiskError(CheckpointError, ResourceError):
-    """A revision that does not fit the disk budget (``max_disk``)."""
-
-
-class MissingTensorError(CheckpointError, MismatchError, KeyError):
-    """Asked tensors that the checkpoint does not have."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -239,6 +200,14 @@ def file_matches(p: Path, f: FileInfo) -> bool:
     if f.git_oid:
         return file_digest(p, False) == f.git_oid
     return True
+
+
+def weights_digest(identities: Mapping[str, str]) -> str:
+    """One digest of a revision's weight files: the sha256 of the lines ``"<file> <identity>"``
+    sorted by file name, where a file's identity is its hub-listed sha256 (``git-blob:<id>`` for
+    a file the hub lists without one), or the sha256 of a local file."""
+    lines = "".join(f"{name} {identities[name]}\n" for name in sorted(identities))
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def dir_bytes(root: Path) -> int:

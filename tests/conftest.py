@@ -1,10 +1,12 @@
 """Test isolation: no test reaches a real hub or writes into the user's Hugging Face cache.
 
 Runs before any test module imports huggingface_hub or datasets (both read these variables at
-import time). Tests that need a hub start the loopback server themselves.
+import time). Tests that need a hub start the loopback server themselves. The temporary HF_HOME
+is deleted when the session ends.
 """
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -12,8 +14,16 @@ import torch
 
 for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT", "HF_TOKEN"):
     os.environ.pop(var, None)
-os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="pythia-probe-tests-hf-")
+HF_HOME = tempfile.mkdtemp(prefix="pythia-probe-tests-hf-")
+os.environ["HF_HOME"] = HF_HOME
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_hf_home():
+    """The suite's HF_HOME (tool caches, hub caches) goes when the session ends."""
+    yield
+    shutil.rmtree(HF_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,15 @@ import torch
 from huggingface_hub import constants
 
 from pythia_probe import arch
-from pythia_probe.checkpoints import (
-    CheckpointDownloadError,
+from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe.errors import (
     CheckpointError,
     CheckpointNotCachedError,
-    CheckpointSource,
-    RetryPolicy,
+    HubDownloadError,
+    HubUnreachableError,
+    StepError,
     UnsafeCheckpointError,
 )
-from pythia_probe.steps import StepError
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import (
     DEFAULT_STEPS,
@@ -173,7 +173,7 @@ def test_recovers_from_each_fault(src, hub, fault):
 def test_clear_error_when_hub_keeps_failing(src, hub):
     hub.add_fault(Fault("500", match="pytorch_model.bin", times=-1))
     msg = r"pytorch_model.bin at step2.*after 4 attempts"
-    with pytest.raises(CheckpointDownloadError, match=msg):
+    with pytest.raises(HubDownloadError, match=msg):
         list(src.stream(src.resolve([2])))
     assert len(data_gets(hub, "pytorch_model.bin")) == 4
 
@@ -194,6 +194,32 @@ def test_offline_from_populated_cache(src, hub, monkeypatch):
     assert len(hub.log) == n_requests  # nothing reached the network
     as_dir = CheckpointSource(src.storage)  # a hub-style cache folder as the source
     assert as_dir.model == REPO and as_dir.duplicates(as_dir.resolve([0, 4])) == {}
+
+
+def test_resolve_cached_needs_no_network(src, hub, tmp_path):
+    """What a dry run or a plan uses when the hub cannot be reached: the cache alone."""
+    import socket
+
+    revs = src.resolve([0, 4])
+    assert len(list(src.stream(revs, keep=True))) == 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    off = CheckpointSource(REPO, cache_dir=src.cache_dir, endpoint=dead, retry=FAST)
+    with pytest.raises(HubUnreachableError, match="HF_HUB_OFFLINE=1"):
+        off.resolve([0])
+    n_requests = len(hub.log)
+    assert off.cached_steps() == [0, 4]
+    cached = off.resolve_cached([0, 4])
+    assert [r.commit for r in cached] == [r.commit for r in revs]
+    assert [r.weight_files for r in cached] == [r.weight_files for r in revs]  # sizes, sha256
+    assert off.duplicates(cached) == {}
+    [(rev, tensors, _)] = list(off.stream(cached[:1], keep=True))  # the cached bytes, verified
+    assert_same(tensors, expected(0))
+    with pytest.raises(CheckpointNotCachedError, match="nearest available steps: 0, 4"):
+        off.resolve_cached([2])
+    assert len(hub.log) == n_requests  # nothing reached the hub
+    assert CheckpointSource(REPO, cache_dir=tmp_path / "empty").cached_steps() == []
 
 
 def test_hf_endpoint_env_var(hub, tmp_path, monkeypatch):

@@ -345,20 +345,20 @@ def test_empty_corpus(tmp_path):
 
 
 def test_missing_text_field(tmp_path):
-    """Wrong or non-text fields are user errors (one line, exit 2), still KeyError/TypeError."""
+    """Wrong or non-text fields are user errors (one line, exit 2)."""
     (tmp_path / "d.jsonl").write_text(json.dumps({"body": "x"}) + "\n", encoding="utf-8")
-    with pytest.raises(KeyError, match=r"line 1 has no text field 'text'; fields present: "
+    with pytest.raises(BadInputError, match=r"line 1 has no text field 'text'; fields present: "
                                         r"\['body'\]") as e1:
         list(iter_documents(str(tmp_path / "d.jsonl")))
     write_parquet(tmp_path / "d.parquet", body=["x"], id=[1])
-    with pytest.raises(KeyError, match=r"no text field 'content'; columns present: "
+    with pytest.raises(BadInputError, match=r"no text field 'content'; columns present: "
                                         r"\['body', 'id'\]") as e2:
         list(iter_documents(str(tmp_path / "d.parquet"), text_field="content"))
     (tmp_path / "n.jsonl").write_text(json.dumps({"text": 3}) + "\n", encoding="utf-8")
-    with pytest.raises(TypeError, match="field 'text' is int, not a string") as e3:
+    with pytest.raises(BadInputError, match="field 'text' is int, not a string") as e3:
         list(iter_documents(str(tmp_path / "n.jsonl")))
     write_parquet(tmp_path / "i.parquet", text=[1, 2])
-    with pytest.raises(TypeError, match=r"i\.parquet: field 'text' is int") as e4:
+    with pytest.raises(BadInputError, match=r"i\.parquet: field 'text' is int") as e4:
         list(iter_documents(str(tmp_path / "i.parquet")))
     for e in (e1, e2, e3, e4):
         assert isinstance(e.value, UserError) and "\n" not in str(e.value)
@@ -426,3 +426,73 @@ def test_cli_help_and_config_validation(capsys):
         corpus_cli.GenerateConfig(out="x.csv")
     with pytest.raises(ValueError, match="--docs >= 1"):
         corpus_cli.InspectConfig(docs=0)
+
+
+def test_jsonl_bad_bytes_and_deep_nesting_are_one_line_naming_the_line(tmp_path, capsys):
+    """Invalid UTF-8 and a line nested 100,000 deep: one line naming file and line, in the
+    readers, in `corpus inspect` and in `stats compute` (was a traceback)."""
+    from pythia_probe.cli import run_main
+    from pythia_probe.errors import CorruptFileError
+    from pythia_probe.stats.__main__ import main as stats_main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"text": "fine"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    for path, what in ((bad, "line 2 is not valid UTF-8"), (deep, "line 2 is JSON nested too "
+                                                                   "deeply")):
+        with pytest.raises(CorruptFileError, match=rf"{path.name} {what}"):
+            list(iter_documents(str(path)))
+        for run in (lambda p=str(path): corpus_cli.main(["inspect", "--dataset", p]),
+                    lambda p=str(path): stats_main(["compute", "--dataset", p, "--out",
+                                                    p + ".safetensors", "--seq-len", "2",
+                                                    "--no-progress"])):
+            capsys.readouterr()
+            assert run_main(run, "prog") == 2
+            err = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
+            assert len(err) == 1 and what in err[0] and str(path) in err[0]
+
+
+def test_inspect_cuts_a_long_sample_document_with_a_note(tmp_path):
+    (tmp_path / "long.txt").write_text("word " * 300_000)  # 1.5 MB, one document
+    out = corpus_cli.summarise(corpus_cli.InspectConfig(dataset=str(tmp_path / "long.txt")))
+    assert len(out) < 5000 and "more characters not shown; --sample-chars]" in out
+    assert "1,497,999 more characters" in out  # the document is stripped: 1,499,999
+
+
+def test_generate_writes_through_the_one_writer(tmp_path):
+    import os
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    (tmp_path / "stories.txt").symlink_to(outside)
+    old = os.umask(0o027)
+    try:
+        corpus_cli.main(["generate", "--stories", "5", "--out", str(tmp_path / "stories.txt")])
+    finally:
+        os.umask(old)
+    out = tmp_path / "stories.txt"
+    assert outside.read_text() == "precious" and not out.is_symlink()
+    assert out.stat().st_mode & 0o777 == 0o640 and len(list(iter_documents(str(out)))) == 5
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_txt_document_splitting_rules(tmp_path):
+    """auto: <|endoftext|> lines when the file holds any, else blank-line paragraphs."""
+    from pythia_probe.corpus import DOC_SPLITS
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("one a\none b\n\n\ntwo\n  \nthree\n")
+    sep = tmp_path / "sep.txt"
+    sep.write_text("a b\n\nc\n<|endoftext|>\nd\n")
+    docs = {rule: list(iter_documents(str(plain), doc_split=rule)) for rule in DOC_SPLITS}
+    assert docs["auto"] == docs["blank-line"] == ["one a\none b", "two", "three"]
+    assert docs["line"] == ["one a", "one b", "two", "three"]
+    assert docs["whole"] == ["one a\none b\n\n\ntwo\n  \nthree"]
+    assert docs["endoftext"] == docs["whole"]
+    assert list(iter_documents(str(sep))) == ["a b\n\nc", "d"]
+    assert list(iter_documents(str(sep), doc_split="blank-line")) == ["a b", "c\n<|endoftext|>\nd"]
+    a, b = (corpus_shards(str(plain), doc_split=r)[0].fingerprint() for r in ("line", "auto"))
+    assert a["sha256"] == b["sha256"] and a != b  # the rule is part of the shard's content
+    with pytest.raises(ValueError, match="doc_split 'para'; valid: auto, endoftext"):
+        corpus_shards(str(plain), doc_split="para")

@@ -8,6 +8,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 
 import httpx2
 import pytest
@@ -229,3 +230,46 @@ def test_hf_path_is_looked_up_verified_and_retried(hub, written):
     path = f"hf://datasets/{REPO}/data/{SHARD0}"
     assert list(iter_documents(path)) == written[1][f"data/{SHARD0}"]
     assert hub.faults[0].times == 0 and tool_files() == []
+
+
+# ---- issue #16: bounded reads and calls for datasets too -------------------------------------
+def test_an_oversized_shard_is_cut_off_at_the_listed_size(hub, written):
+    from pythia_probe.errors import ChecksumError
+
+    size = (written[0] / "datasets" / REPO / "main" / "data" / SHARD0).stat().st_size
+    extra = 64 << 20
+    hub.add_fault(Fault("oversize", match=SHARD0_GLOB, extra_bytes=extra, announce=False,
+                        times=-1))
+    with pytest.raises(ChecksumError, match=rf"{SHARD0}: the server sent more than the {size} "
+                                            "bytes the hub lists"):
+        list(iter_documents(REPO))
+    assert len(hub.requests("GET", SHARD0)) == 2  # once more, as for any mismatch
+    assert hub.bytes_sent < 2 * size + extra // 4
+    assert tool_files() == []
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("stall", on="api", match=f"/api/datasets/{REPO}", times=-1),
+    Fault("stall", on="api", match="*/tree/*", times=-1),
+    Fault("stall", on="api", match="*/paths-info/*", times=-1),
+    Fault("stall", on="head", match=SHARD0_GLOB, times=-1),
+    Fault("stall", match=SHARD0_GLOB, times=-1),
+], ids=["info", "tree", "paths-info", "head", "get"])
+def test_every_dataset_hub_call_times_out(hub, monkeypatch, fault):
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 0.5)
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.5)
+    hub.add_fault(fault)
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match="timed out|sent nothing for 0.5 s"):  # the listing's
+        list(iter_documents(f"hf://datasets/{REPO}/data/{SHARD0}" if "paths" in fault.match
+                            else REPO, max_docs=3))  # wrapper (corpus) keeps the type only
+    assert time.monotonic() - t0 < 15  # three timed-out tries, not a hang
+
+
+def test_a_dataset_on_a_host_that_does_not_resolve_is_not_retried(hub, monkeypatch):
+    monkeypatch.setattr(hubio, "DEFAULT_RETRY", hubio.RetryPolicy(5, 1.0, 30.0))
+    monkeypatch.setenv("HF_ENDPOINT", "http://no-such-host.invalid")
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match="name resolution failed|Name or service not known"):
+        corpus_shards(REPO)
+    assert time.monotonic() - t0 < 2.5

@@ -114,3 +114,20 @@ def test_fault_validation():
         Fault("explode")
     with pytest.raises(ValueError, match="data, head, api or any"):
         Fault("500", on="everywhere")
+
+
+def test_the_suite_leaves_no_hf_home_behind(tmp_path):
+    """conftest's temporary HF_HOME (pythia-probe-tests-hf-*) is deleted when a session ends."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(tests / "test_steps.py"), "-k", "parse"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert "[100%]" in out.stdout  # the tests ran (and made their HF_HOME)
+    assert not list(tmp_path.glob("pythia-probe-tests-hf-*"))

@@ -16,16 +16,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pythia_probe"
 LAYERS = [
     "testing | demo",
     "sweep",
-    "toy | plots",
-    "analysis | theory | checkpoints",
+    "toy | plots | revisions",
+    "analysis | theory | checkpoints | summary",
     "stats",
     "tokenizer",
-    "corpus",
+    "corpus | catalog",
     "hubcache",
     "weights_io | builtin_corpus",
     "arch | steps | results | progress | ranks | resources",
     "hubio | linalg",
-    "cli",
+    "cli | hubnet",
     "logs",
     "fileio",
     "errors",
@@ -35,9 +35,14 @@ LAYERS = [
 HEAVY = {"transformers", "datasets", "accelerate"}
 
 
+def build(package: str):
+    """The import graph, imports under ``if TYPE_CHECKING:`` included (they are edges too)."""
+    return grimp.build_graph(package, cache_dir=None, exclude_type_checking_imports=False)
+
+
 @pytest.fixture(scope="module")
 def graph():
-    g = grimp.build_graph("pythia_probe", cache_dir=None, exclude_type_checking_imports=True)
+    g = build("pythia_probe")
     for m in [m for m in g.modules if m.endswith(".__main__")]:
         g.remove_module(m)
     return g
@@ -72,6 +77,19 @@ def test_no_cycle_between_modules_of_one_part(graph):
             if _part(m) == _part(imp) and m != imp and graph.chain_exists(imp, m):
                 cycles.append(f"{m} <-> {imp}")
     assert not cycles, "\n".join(sorted(cycles))
+
+
+def test_the_graph_sees_imports_under_type_checking(tmp_path, monkeypatch):
+    """A cycle closed only by an ``if TYPE_CHECKING:`` import is still a cycle."""
+    pkg = tmp_path / "tcpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from tcpkg import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from tcpkg import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    g = build("tcpkg")
+    assert g.chain_exists("tcpkg.a", "tcpkg.b") and g.chain_exists("tcpkg.b", "tcpkg.a")
 
 
 def test_imports_at_module_top():

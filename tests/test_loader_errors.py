@@ -5,26 +5,25 @@ import json
 
 import pytest
 
-from pythia_probe import arch, checkpoints, weights_io
-from pythia_probe.checkpoints import (
-    CheckpointDownloadError,
+from pythia_probe import arch, errors
+from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe.errors import (
     CheckpointError,
     CheckpointNotCachedError,
-    CheckpointSource,
+    ChecksumError,
     CorruptCheckpointError,
-    MissingTensorError,
-    RetryPolicy,
-)
-from pythia_probe.errors import (
     CorruptFileError,
+    HubDownloadError,
     HubError,
+    HubNotFoundError,
     MismatchError,
     MissingFileError,
+    MissingTensorError,
     ResourceError,
     UnsafeFileError,
     UserError,
 )
-from pythia_probe.sweep import sources
+from pythia_probe.sweep import source as sources
 from pythia_probe.testing.hub import Fault
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 
@@ -62,7 +61,7 @@ def one_line_user_error(err: BaseException) -> None:
 def test_two_transient_failures_of_any_hub_call_are_retried(hub, tmp_path, fault):
     hub.add_fault(fault)
     src = source(hub, tmp_path)
-    assert sources.available_steps(src) == [0, 2, 64]
+    assert src.steps() == [0, 2, 64]
     rev = src.resolve([2])[0]
     assert sources.model_config(src, rev).d_model == 32
     [(_, tensors, _)] = list(src.stream([rev]))
@@ -72,16 +71,16 @@ def test_two_transient_failures_of_any_hub_call_are_retried(hub, tmp_path, fault
 
 def test_a_hub_that_keeps_failing_is_one_line_naming_the_call(hub, tmp_path):
     hub.add_fault(Fault("500", on="api", match="*/refs", times=-1))
-    with pytest.raises(CheckpointDownloadError, match=rf"listing the branches of {REPO} failed: "
+    with pytest.raises(HubDownloadError, match=rf"listing the branches of {REPO} failed: "
                                                       r"the hub kept failing after 3 attempts"
                        ) as err:
-        sources.available_steps(source(hub, tmp_path))
+        source(hub, tmp_path).steps()
     one_line_user_error(err.value)
     assert isinstance(err.value, HubError) and len(hub.requests("GET", "/refs")) == 3
 
 
 def test_unknown_model_on_the_hub_is_a_missing_file_error(hub, tmp_path):
-    with pytest.raises(CheckpointNotCachedError, match="EleutherAI/nothing.*not found on the hub"
+    with pytest.raises(HubNotFoundError, match="EleutherAI/nothing.*not found on the hub"
                        ) as err:
         source(hub, tmp_path, "EleutherAI/nothing").steps()
     one_line_user_error(err.value)
@@ -168,25 +167,35 @@ def test_missing_tensors_and_disk_budget_are_user_errors(local):
     one_line_user_error(err.value)
 
 
-def test_one_checkpoint_error_family_inside_the_user_error_hierarchy():
-    assert checkpoints.CheckpointError is weights_io.CheckpointError
+def test_one_error_family_inside_the_user_error_hierarchy():
+    """Every hub and checkpoint error lives in pythia_probe.errors, one class per kind."""
+    from pythia_probe import checkpoints, hubcache, hubio, steps, weights_io
+
     assert issubclass(CheckpointError, UserError) and not issubclass(CheckpointError,
                                                                      RuntimeError)
-    kinds = {checkpoints.ChecksumError: CorruptFileError,
-             checkpoints.CheckpointNotCachedError: MissingFileError,
-             checkpoints.CheckpointDownloadError: HubError,
-             checkpoints.UnsafeCheckpointError: UnsafeFileError,
-             checkpoints.CheckpointDiskError: ResourceError,
-             checkpoints.CorruptCheckpointError: CorruptFileError,
-             checkpoints.MissingTensorError: MismatchError}
-    for cls, kind in kinds.items():
+    checkpoint_kinds = {errors.CheckpointNotCachedError: MissingFileError,
+                        errors.UnsafeCheckpointError: UnsafeFileError,
+                        errors.CheckpointDiskError: ResourceError,
+                        errors.CorruptCheckpointError: CorruptFileError,
+                        errors.MissingTensorError: MismatchError}
+    for cls, kind in checkpoint_kinds.items():
         assert issubclass(cls, CheckpointError) and issubclass(cls, kind), cls
+    hub_kinds = {errors.ChecksumError: CorruptFileError, errors.HubDownloadError: HubError,
+                 errors.HubUnreachableError: HubDownloadError,
+                 errors.HubNotFoundError: MissingFileError,
+                 errors.IncompleteDownloadError: HubError, errors.StepError: ValueError}
+    for cls, kind in hub_kinds.items():
+        assert issubclass(cls, kind) and issubclass(cls, UserError), cls
+    for module in (checkpoints, hubcache, hubio, steps, weights_io):
+        own = [n for n, v in vars(module).items() if isinstance(v, type)
+               and issubclass(v, UserError) and v.__module__ == module.__name__]
+        assert not own, f"{module.__name__} defines {own}: they belong in pythia_probe.errors"
 
 
 def test_a_wrong_size_from_the_hub_is_one_error_naming_the_file(hub, tmp_path):
     hub.tamper("size", 10, "config.json")
     src = source(hub, tmp_path)
-    with pytest.raises(checkpoints.ChecksumError, match=r"config\.json of .*step2: .*announced 10"
+    with pytest.raises(ChecksumError, match=r"config\.json of .*step2: .*the 10 bytes the hub lists"
                        ) as err:
         sources.model_config(src, src.resolve([2])[0])
     one_line_user_error(err.value)

@@ -47,7 +47,7 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
     with HubServer(hub_root) as hub, use_endpoint(hub.endpoint):
         assert sweep_main(["--steps", "1000-143000"]) == 0
         first = capsys.readouterr().out
-        out = tmp_path / "results" / "pythia-1.4b"
+        out = tmp_path / "runs" / "pythia-1.4b"  # git-ignored, never beside committed results
         df = read_results(out)
         assert sorted(df["step"].unique()) == STEPS
         assert set(df["analysis"]) == {"embedding", "attention_lnfold", "attention"}
@@ -55,13 +55,14 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
         m = read_manifest(out)
         assert m["status"] == "complete" and m["config"]["model"] == "EleutherAI/pythia-1.4b"
         assert f"the {K:,} most frequent tokens" in m["vocabulary"]["reason"]
-        assert m["vocabulary"]["recipe"] == {"dataset": "Skylion007/openwebtext", "docs": 100000,
+        assert m["statistics"]["recipe"] == {"dataset": "Skylion007/openwebtext", "docs": 100000,
                                              "min_chars": 512, "seq_len": 128, "top_k": K,
                                              "split": "train", "text_field": "text"}
         assert "vocabulary: the 300 most frequent tokens" in first  # the plan came first
         assert first.index("download") < first.index("rank 0: 143 steps done")
-        stats = CorpusStats.load(m["statistics"])
-        assert m["statistics"].startswith(str(tmp_path / "cache" / "stats"))
+        stats = CorpusStats.load(m["statistics"]["file"])
+        assert m["statistics"]["file"].startswith(str(tmp_path / "cache" / "stats"))
+        assert m["statistics"]["stats_id"] == stats.stats_id
         tok = load_tokenizer(hub_root / "EleutherAI" / "pythia-1.4b" / "step1000")
         assert stats.meta["tokenizer"]["sha256"] == tokenizer_fingerprint(tok)["sha256"]
         assert stats.d_vocab == K and stats.T == 128
@@ -70,12 +71,12 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
 
         gets = len(hub.requests("GET"))
         shards = {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
-        stats_mtime = (tmp_path / m["statistics"]).stat().st_mtime_ns
+        stats_mtime = (tmp_path / m["statistics"]["file"]).stat().st_mtime_ns
         assert sweep_main(["--steps", "1000-143000"]) == 0
         again = hub.requests("GET")[gets:]
         assert not [r for r in again if r["path"].endswith((".bin", ".parquet"))], again
         assert {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()} == shards
-        assert (tmp_path / m["statistics"]).stat().st_mtime_ns == stats_mtime
+        assert (tmp_path / m["statistics"]["file"]).stat().st_mtime_ns == stats_mtime
         assert "143 already done" in capsys.readouterr().out
     assert df.groupby("step").size().nunique() == 1  # every step has every row
     # one number recomputed literally: step 143000, layer 1, post stream vs PhiBT (float64)
@@ -84,5 +85,5 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
     w = NeoXWeights(torch.load(folder / "pytorch_model.bin", weights_only=True), c)
     E = single_token_residuals(w, stats.token_ids, dtype=torch.float64)["post"][1]
     got = df.set_index(["step", "analysis", "layer", "metric"])["value"]
-    assert got[(143000, "embedding", 1, "cos_post")] == pytest.approx(
+    assert got[(143000, "embedding", 2, "cos_post")] == pytest.approx(  # block 1 = layer 2
         materialised_cosine(E, stats.PhiBT), rel=1e-4)

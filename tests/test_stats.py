@@ -9,14 +9,22 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from pythia_probe.errors import (
+    BadInputError,
+    CorruptFileError,
+    MismatchError,
+    MissingFileError,
+    ResourceError,
+)
 from pythia_probe.stats import (
-    AccumulatorError,
     CorpusStats,
     CountAccumulator,
     QAccumulator,
     batch_stats,
     first_pass,
 )
+from pythia_probe.stats.dense import kernels
+from pythia_probe.stats.dense.engine import DenseEngine
 from pythia_probe.stats.engine import top_k_ids
 from pythia_probe.stats.reference import reference_stats, reference_stats_ragged
 
@@ -191,40 +199,38 @@ def test_save_load_roundtrip_and_lazy_derived(tmp_path):
 
 
 def test_load_refuses_mismatch_and_corruption(tmp_path):
-    from pythia_probe.stats import StatsFileError, StatsMismatchError
-
     tokens = torch.randint(0, 9, (4, 11), generator=torch.Generator().manual_seed(2))
     path = batch_stats(tokens, 9, tokenizer={"name": "t", "sha256": "ab", "d_vocab": 9}
                        ).save(tmp_path / "s.safetensors")
-    with pytest.raises(StatsMismatchError, match="sha256"):
+    with pytest.raises(MismatchError, match="sha256"):
         CorpusStats.load(path, expect={"name": "other", "sha256": "cd", "d_vocab": 9})
-    with pytest.raises(StatsMismatchError, match="d_vocab"):
+    with pytest.raises(MismatchError, match="d_vocab"):
         CorpusStats.load(path, expect={"name": "t", "d_vocab": 50277})
     raw = bytearray(path.read_bytes())
     flipped = tmp_path / "flip.safetensors"
     raw[-5] ^= 0xFF
     flipped.write_bytes(bytes(raw))
-    with pytest.raises(StatsFileError, match="sha256"):
+    with pytest.raises(CorruptFileError, match="sha256"):
         CorpusStats.load(flipped)
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(path.read_bytes()[: len(raw) // 2])
-    with pytest.raises(StatsFileError, match="corrupt"):
+    with pytest.raises(CorruptFileError, match="corrupt"):
         CorpusStats.load(cut)
-    with pytest.raises(StatsFileError, match="does not exist"):
+    with pytest.raises(MissingFileError, match="does not exist"):
         CorpusStats.load(tmp_path / "missing.safetensors")
 
 
 def test_bad_batches_are_refused_clearly():
     acc = CountAccumulator(5, 4)
-    with pytest.raises(AccumulatorError, match="token id 7 outside the vocabulary 0..4"):
+    with pytest.raises(BadInputError, match="token id 7 outside the vocabulary 0..4"):
         acc.update(torch.tensor([[0, 1, 7, 2, 3]]))
-    with pytest.raises(AccumulatorError, match="outside the vocabulary"):
+    with pytest.raises(BadInputError, match="outside the vocabulary"):
         acc.update(torch.tensor([[0, -1, 2, 2, 3]]))
-    with pytest.raises(AccumulatorError, match="columns; valid: 2..T\\+1 = 5"):
+    with pytest.raises(BadInputError, match="columns; valid: 2..T\\+1 = 5"):
         acc.update(torch.zeros(2, 7, dtype=torch.long))
-    with pytest.raises(AccumulatorError, match="lengths"):
+    with pytest.raises(BadInputError, match="lengths"):
         acc.update(torch.zeros(2, 5, dtype=torch.long), torch.tensor([1, 5]))
-    with pytest.raises(AccumulatorError, match="integer tensor"):
+    with pytest.raises(BadInputError, match="integer tensor"):
         acc.update(torch.zeros(2, 5))
     acc.update(torch.tensor([[0, 1, 9, 9, 9]]), torch.tensor([2]))  # ids past length ignored
     assert acc.n_positions == 1 and acc.n_sequences == 1
@@ -238,9 +244,9 @@ def test_merge_refuses_double_counting_and_mismatch():
     a, b = CountAccumulator(5, 4), CountAccumulator(5, 4)
     a.ledger = [{"shard": "x"}]
     b.ledger = [{"shard": "x"}]
-    with pytest.raises(AccumulatorError, match="shards counted twice"):
+    with pytest.raises(MismatchError, match="shards counted twice"):
         a.merge(b)
-    with pytest.raises(AccumulatorError, match="cannot merge"):
+    with pytest.raises(MismatchError, match="cannot merge"):
         a.merge(CountAccumulator(6, 4))
 
 
@@ -300,8 +306,6 @@ def test_save_without_derived_recomposes_lazily(tmp_path):
 
 def test_gather_path_used_on_gpus_equals_reference(monkeypatch):
     """The kernels' non-CPU branch (one gather per step, as on CUDA), exercised on CPU."""
-    from pythia_probe.stats import kernels
-
     monkeypatch.setattr(kernels, "use_slices", lambda device: False)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, 17, (5, 14), generator=g)
@@ -320,15 +324,16 @@ def test_streaming_update_finalize_api_equals_batch_stats():
     acc = CountAccumulator(10, 7)
     for i in range(0, 6, 2):
         assert acc.update(tokens[i:i + 2]) is acc
-    first = acc.finalize()
+    first = first_pass(acc)
     q = QAccumulator(first.Gbar, 7)
     for i in range(0, 6, 3):
         assert q.update(tokens[i:i + 3]) is q
-    stats, ref = q.finalize(first), batch_stats(tokens, 10)
+    stats = DenseEngine().assemble(first, q.qbar_sum(), q.Delta, {"T": 7}, None, None)
+    ref = batch_stats(tokens, 10)
     for name in NAMES:
         close(stats[name], ref[name], 1e-13)
 
 
 def test_accumulator_refuses_a_vocabulary_that_cannot_fit():
-    with pytest.raises(AccumulatorError, match="need .* GB on cpu"):
+    with pytest.raises(ResourceError, match="need .* GB on cpu"):
         CountAccumulator(10**6, 8)  # 24 TB of pass-1 state

@@ -136,7 +136,7 @@ def test_bos_eos_may_be_the_unknown_token_as_in_pythia():
 def test_work_folder_removed_after_success_and_changed_corpus_is_never_reused(tmp_path):
     """Resume by content: an interrupted run's work is refused once a corpus file changed."""
     from pythia_probe.errors import MismatchError
-    from pythia_probe.stats import run
+    from pythia_probe.stats import driver as run
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n<|endoftext|>\n".join(["a b c d e f g h i j k l"] * 3))

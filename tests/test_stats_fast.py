@@ -1,9 +1,10 @@
-"""The compiled C counting kernel (stats/_fastcount.c) against the torch kernels and the oracle.
+"""The compiled C pass-1 kernel (stats/native/_fastcount.c) against the torch kernel and the
+oracle; the backend switch and the one loader of stats/native/.
 
-Promises checked: pass 1 (token, bigram and fixed-point context counts) bit-identical; Qbar
-bit-identical (same summation order); Delta equal to float64 rounding (sums the same terms in
-another order: |diff| <= 1e-12 x the natural scale 2 max|Gbar|); both equal to the literal
-float64 reference (1e-10, as tests/test_stats.py).
+Promises checked: pass 1 (token, bigram and fixed-point context counts) bit-identical whatever
+the backend; the dense engine's statistics with either pass-1 backend equal bit for bit (pass 2
+is torch on every device); both equal to the literal float64 reference (1e-10, as
+tests/test_stats.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pythia_probe.stats import CountAccumulator, QAccumulator, batch_stats, fastcount, kernels
-from pythia_probe.stats.engine import first_pass, top_k_ids
+from pythia_probe.errors import KernelError
+from pythia_probe.stats import CountAccumulator, batch_stats, native
+from pythia_probe.stats.fixedpoint import context_weights
+from pythia_probe.stats.native import fastcount, sparsecount
 from pythia_probe.stats.reference import reference_stats, reference_stats_ragged
 
 PASS1 = ("token_counts", "bigram", "context_hi", "context_lo")
@@ -43,34 +46,19 @@ def ragged_corpora(draw, max_v: int = 30, max_n: int = 7, max_t: int = 24):
 
 
 def pass1(backend: str, tokens, lengths, V: int, splits) -> CountAccumulator:
-    with kernels.use_backend(backend):
+    with native.use_backend(backend):
         acc = CountAccumulator(V, tokens.shape[1] - 1)
         for sl in splits:
             acc.update(tokens[sl], None if lengths is None else lengths[sl])
     return acc
 
 
-def pass2(backend: str, Gbar, tokens, lengths, splits, ids=None) -> QAccumulator:
-    with kernels.use_backend(backend):
-        q = QAccumulator(Gbar, tokens.shape[1] - 1, ids)
-        for sl in splits:
-            q.update(tokens[sl], None if lengths is None else lengths[sl])
-    return q
-
-
-def assert_delta_close(a: torch.Tensor, b: torch.Tensor, Gbar: torch.Tensor) -> None:
-    scale = 2 * float(Gbar.abs().max())
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * scale + 1e-300)
-
-
 def test_extension_is_built_and_selected_on_cpu():
-    assert fastcount.available(), (
-        "pythia_probe/stats/_fastcount*.so is not built: `pip install -e .` compiles it "
-        "(needs a C compiler)")
-    info = kernels.kernel_info("cpu")
-    assert info["backend"] == "c" and info["library"].startswith("_fastcount")
-    assert fastcount.centre_lanes() > 0, "torch's CPU summation order was not reproduced"
-    assert kernels.kernel_info("meta")["backend"] == "torch"  # CUDA and others: torch kernels
+    assert fastcount.available() and sparsecount.available(), (
+        "pythia_probe/stats/native/_fastcount*.so / _sparsecount*.so are not built: "
+        "`pip install -e .` compiles them (needs a C compiler)")
+    assert fastcount.info()["backend"] == "c" and sparsecount.info()["backend"] == "c"
+    assert native.library_path("_fastcount").parent.name == "native"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -83,24 +71,13 @@ def test_c_kernel_equals_torch_kernel_bit_for_bit(data):
     ta, tb = a.state()[0], b.state()[0]
     for name in PASS1:
         assert torch.equal(ta[name], tb[name]), name
-    fp = first_pass(b)
-    qa = pass2("c", fp.Gbar, tokens, lengths, row_splits(len(tokens), rng))
-    qb = pass2("torch", fp.Gbar, tokens, lengths, row_splits(len(tokens), rng))
-    assert torch.equal(qa.Qbar, qb.Qbar)
-    assert_delta_close(qa.Delta, qb.Delta, fp.Gbar)
-    k = rng.randint(1, V)
-    ids = top_k_ids(fp.token_counts, k)
-    qa = pass2("c", fp.Gbar, tokens, lengths, [slice(None)], ids)
-    qb = pass2("torch", fp.Gbar, tokens, lengths, [slice(None)], ids)
-    assert torch.equal(qa.Qbar, qb.Qbar)
-    assert_delta_close(qa.Delta, qb.Delta, fp.Gbar)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ragged_corpora(max_v=12, max_n=5, max_t=12))
 def test_c_kernel_equals_float64_reference(data):
     tokens, lengths, V, _ = data
-    with kernels.use_backend("c"):
+    with native.use_backend("c"):
         s = batch_stats(tokens, V, lengths=lengths)
     if lengths is None:
         ref = reference_stats(tokens, V)
@@ -123,55 +100,69 @@ def test_full_statistics_identical_across_backends_at_t128():
     lengths = torch.randint(2, 130, (12,), generator=g)
     out = {}
     for backend in ("c", "torch"):
-        with kernels.use_backend(backend):
+        with native.use_backend(backend):
             out[backend] = batch_stats(tokens, 50, lengths=lengths)
     c, t = out["c"], out["torch"]
-    for name in ("Bbar", "Phibar", "SigmaB", "Gbar", "PhiBT", "Qbar"):
+    for name in ("Bbar", "Phibar", "SigmaB", "Gbar", "PhiBT", "Qbar", "Delta"):
         assert torch.equal(c[name], t[name]), name
-    assert_delta_close(c.Delta, t.Delta, t.Gbar)
     assert c.stats_id == t.stats_id  # pass-1 checksums identical
-
-
-def test_centre_sum_reproduces_torch_sum_order():
-    lanes = fastcount.centre_lanes()
-    g = torch.Generator().manual_seed(5)
-    for L in [*range(1, 70), 127, 128, 129, 255, 256, 257, 600, 1100]:
-        v = torch.randn(2, L, dtype=torch.float64, generator=g)
-        v *= 10.0 ** (torch.rand(2, L, dtype=torch.float64, generator=g) * 12 - 6)
-        want = torch.sum(v, 1)
-        assert fastcount.torch_sum(v[1], lanes) == float(want[1]), L
-    seq = fastcount.torch_sum(torch.tensor([1e16, 1.0, -1e16, 1.0], dtype=torch.float64), 0)
-    assert seq == 1.0  # lanes = 0: plain left-to-right sum
 
 
 def test_kernel_refuses_bad_input_with_clear_errors():
     lo = torch.zeros(25, dtype=torch.int64)
-    w = kernels.context_weights(4, torch.device("cpu"))
+    w = context_weights(4, torch.device("cpu"))
     bad = torch.tensor([[0, 1, 5, 2, 0]])
-    with pytest.raises(fastcount.FastKernelError, match="outside the vocabulary"):
+    with pytest.raises(KernelError, match="outside the vocabulary"):
         fastcount.add_context(lo, bad, torch.tensor([5]), 5, w)
-    with pytest.raises(fastcount.FastKernelError, match="2 <= length"):
+    with pytest.raises(KernelError, match="2 <= length"):
         fastcount.add_context(lo, bad, torch.tensor([1]), 5, w)
-    with pytest.raises(fastcount.FastKernelError, match="d_vocab\\^2"):
+    with pytest.raises(KernelError, match="d_vocab\\^2"):
         fastcount.add_context(lo[:20], bad, torch.tensor([2]), 5, w)
     assert int(lo.abs().sum()) == 0  # refused before touching the accumulator
-    Gc, Q, D = torch.zeros(25, dtype=torch.float64), torch.zeros(25, dtype=torch.float64), \
-        torch.zeros(4, dtype=torch.float64)
-    with pytest.raises(fastcount.FastKernelError, match="row_of"):
-        fastcount.add_q(Q, D, Gc, bad, torch.tensor([2]), 5, 5, torch.tensor([0, 1, 2, 3, 9]))
 
 
 def test_backend_choice_is_validated_and_restored():
-    with pytest.raises(ValueError, match="valid: \\('auto', 'c', 'torch'\\)"):
-        with kernels.use_backend("fortran"):
+    with pytest.raises(ValueError, match="valid: auto, c, torch"):
+        with native.use_backend("fortran"):
             pass
-    with kernels.use_backend("torch"):
-        assert kernels.kernel_info("cpu")["backend"] == "torch"
-    assert kernels.kernel_info("cpu")["backend"] == "c"
+    with native.use_backend("torch"):
+        assert fastcount.info()["backend"] == "torch" and not sparsecount.use_c()
+    assert fastcount.info()["backend"] == "c"
 
 
 def test_kernel_choice_is_recorded_in_metadata():
     tokens = torch.randint(0, 7, (3, 9))
-    meta = batch_stats(tokens, 7).meta
-    assert meta["kernel"] == kernels.kernel_info("cpu")
-    assert meta["kernel"]["backend"] in ("c", "torch")
+    assert batch_stats(tokens, 7).meta["kernel"]["backend"] == "c"
+    with native.use_backend("torch"):
+        assert batch_stats(tokens, 7).meta["kernel"]["backend"] == "torch"
+    assert batch_stats(tokens, 7, engine="sparse").meta["kernel"]["pass2"] == "c"
+
+
+def test_c_kernel_not_built_is_one_line_or_a_logged_fallback(monkeypatch, caplog):
+    """PYTHIA_PROBE_KERNEL=c without the built library: a KernelError (exit 2), never a
+    RuntimeError traceback; auto: the torch / numpy kernels, said once in the log; the sparse
+    engine, whose pass 2 exists only in C, is refused in one line."""
+    from pythia_probe.errors import user_message
+    from pythia_probe.stats import plan
+
+    monkeypatch.setattr(fastcount, "available", lambda: False)
+    monkeypatch.setattr(sparsecount, "available", lambda: False)
+    with native.use_backend("c"), pytest.raises(KernelError, match="PYTHIA_PROBE_KERNEL=c, "
+                                                "but the C kernel _fastcount is not built") as e:
+        fastcount.use_c()
+    assert "\n" not in user_message(e.value)
+    with native.use_backend("c"), pytest.raises(KernelError, match="_sparsecount is not built"):
+        sparsecount.use_c()
+    native.log_fallback.cache_clear()
+    with caplog.at_level("WARNING", logger="pythia_probe.stats.native"):
+        assert not fastcount.use_c() and not sparsecount.use_c() and not fastcount.use_c()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("is not built: using the" in m for m in said)
+    with pytest.raises(KernelError, match="the sparse engine needs its C kernels"):
+        sparsecount.require()
+    choice = plan.choose_engine("auto", 50277, 128, None, budget=(1e15, "test"),
+                                sparse_built=False)
+    assert choice.resolved == "dense" and "not built" in choice.reason
+    with pytest.raises(KernelError, match="sparse engine needs its C kernels"):
+        plan.choose_engine("sparse", 3000, 128, None, budget=(1e12, "test"),
+                           sparse_built=False)

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pythia_probe import ranks
-from pythia_probe.stats import CorpusStats, batch_stats, run
+from pythia_probe.stats import CorpusStats, batch_stats
+from pythia_probe.stats import driver as run
+from pythia_probe.stats.pass1 import Windows
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
 from pythia_probe.testing.shards import IdShard, encode_ids
 
@@ -95,7 +97,7 @@ def test_kill_between_shards_and_resume_is_bit_identical(tmp_path):
 def test_kill_in_second_pass_and_resume_is_bit_identical(tmp_path, monkeypatch):
     shards = make_shards()
     clean = run.compute_stats(shards, spec(tmp_path / "clean"), {})
-    real, calls = run._q_shard, []
+    real, calls = Windows.load, []
 
     def dying(*a, **k):
         calls.append(1)
@@ -103,10 +105,10 @@ def test_kill_in_second_pass_and_resume_is_bit_identical(tmp_path, monkeypatch):
             raise KeyboardInterrupt("killed in pass 2")
         return real(*a, **k)
 
-    monkeypatch.setattr(run, "_q_shard", dying)
+    monkeypatch.setattr(Windows, "load", dying)
     with pytest.raises(KeyboardInterrupt):
         run.compute_stats(shards, spec(tmp_path / "r"), {})
-    monkeypatch.setattr(run, "_q_shard", real)
+    monkeypatch.setattr(Windows, "load", real)
     resumed = run.compute_stats(shards, spec(tmp_path / "r"), {})
     for n in NAMES:
         assert torch.equal(resumed[n], clean[n]), n

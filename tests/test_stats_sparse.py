@@ -17,31 +17,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse
+import sparse_pass2_oracle as oracle
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pythia_probe import ranks
-from pythia_probe.errors import BadInputError, MismatchError, ResourceError
-from pythia_probe.stats import (
-    CorpusStats,
-    CountAccumulator,
-    batch_stats,
-    kernels,
-    plan,
-    run,
-    sparse_run,
-    sparsefast,
-    tilepass,
-)
+from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
+from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native, plan
+from pythia_probe.stats import driver as run
+from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
-from pythia_probe.stats.sparse import SparseCountAccumulator
+from pythia_probe.stats.sparse import engine as sparse_engine
+from pythia_probe.stats.sparse import second
+from pythia_probe.stats.sparse.count import SparseCountAccumulator
 from pythia_probe.testing.shards import IdShard, encode_ids
 
 NAMES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
 EXACT = ("Bbar", "Phibar")
-BACKENDS = ("c", "torch") if sparsefast.available() else ("torch",)
+BACKENDS = ("c", "torch")  # pass 1 and the products in C or in numpy / scipy
 PASS1 = ("token_counts", "bigram", "context_hi", "context_lo")
 
 
@@ -78,6 +73,19 @@ def sparse_counts(tokens, lengths, V: int, rng: random.Random) -> SparseCountAcc
     return acc
 
 
+def sparse_stats(tokens, V: int, lengths=None, top_k=None, width: int | None = None):
+    """batch_stats with the sparse engine; ``width``: the Gbar tile width (the tile budget
+    that gives it)."""
+    budget = None if width is None else width * first_tiles_bytes(V)
+    return batch_stats(tokens, V, lengths=lengths, top_k=top_k, engine="sparse",
+                       budget_bytes=budget)
+
+
+def first_tiles_bytes(V: int) -> int:
+    """Bytes of one column of every array of a Gbar tile (plan.tile_width's unit)."""
+    return plan.TILE_ARRAYS * 8 * V
+
+
 def dense_state(acc: CountAccumulator) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in acc.state()[0].items() if k in PASS1}
 
@@ -112,7 +120,7 @@ def test_sparse_pass1_is_the_dense_state_bit_for_bit(data):
     rng = random.Random(seed)
     dense = CountAccumulator(V, tokens.shape[1] - 1).update(tokens, lengths)
     for backend in BACKENDS:
-        with kernels.use_backend(backend):
+        with native.use_backend(backend):
             acc = sparse_counts(tokens, lengths, V, rng)
             want = dense_state(dense)
             for k, v in dense_state(acc.to_dense()).items():
@@ -152,12 +160,12 @@ def test_sparse_statistics_equal_dense_and_the_oracle(data, k, seed):
     rng = random.Random(seed)
     top_k = rng.choice([None, min(k, V)])
     for backend in BACKENDS:
-        with kernels.use_backend(backend):
-            sparse = sparse_run.batch_stats(tokens, V, lengths=lengths, top_k=top_k,
-                                            width=rng.randint(1, V + 1))
+        with native.use_backend(backend):
+            sparse = sparse_stats(tokens, V, lengths=lengths, top_k=top_k,
+                                  width=rng.randint(1, V + 1))
         dense = batch_stats(tokens, V, lengths=lengths, top_k=top_k)
         assert_same_stats(sparse, dense)
-    full = sparse if top_k is None else sparse_run.batch_stats(tokens, V, lengths=lengths)
+    full = sparse if top_k is None else sparse_stats(tokens, V, lengths=lengths)
     n = lengths.tolist() if lengths is not None else [tokens.shape[1]] * tokens.shape[0]
     ref = reference_stats_ragged([tokens[i, :m] for i, m in enumerate(n)], V)
     for name in NAMES:
@@ -171,7 +179,7 @@ def test_absent_ids_get_the_centring_of_the_full_vocabulary():
     """Rows of ids that never occur are -n/(PV) (Bbar columns) and -w/(VP) (Phibar rows)."""
     tokens = torch.tensor([[1, 4, 1, 4, 6], [4, 6, 6, 1, 1]])
     V = 9  # ids 0, 2, 3, 5, 7, 8 never occur
-    s, d = sparse_run.batch_stats(tokens, V, top_k=9), batch_stats(tokens, V, top_k=9)
+    s, d = sparse_stats(tokens, V, top_k=9), batch_stats(tokens, V, top_k=9)
     assert_same_stats(s, d)
     absent = [i for i, t in enumerate(s.token_ids.tolist()) if t not in (1, 4, 6)]
     assert len(absent) == 6 and bool((s.Phibar[absent] != 0).any())
@@ -179,8 +187,6 @@ def test_absent_ids_get_the_centring_of_the_full_vocabulary():
 
 
 def test_compiled_kernels_equal_their_numpy_twins():
-    if not sparsefast.available():
-        pytest.skip("the sparse C kernel is not built")
     g = np.random.default_rng(0)
     A = scipy.sparse.random(37, 23, density=0.3, format="csr", random_state=1) * 7
     X = g.standard_normal((23, 45))
@@ -188,23 +194,23 @@ def test_compiled_kernels_equal_their_numpy_twins():
     want = A @ X
     u, v = g.standard_normal(37), g.standard_normal(45)
     for threads in (1, 3):
-        got = sparsefast.spmm(ip, col, A.data, X, threads)
+        got = sparsecount.spmm(ip, col, A.data, X, threads)
         np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
-        np.testing.assert_allclose(sparsefast.spmm(ip, col, A.data, X, threads, True), want.T,
+        np.testing.assert_allclose(sparsecount.spmm(ip, col, A.data, X, threads, True), want.T,
                                    rtol=1e-15, atol=1e-15)
-        fused = sparsefast.spmm(ip, col, A.data, X, threads, True, u, v, 0.5)
+        fused = sparsecount.spmm(ip, col, A.data, X, threads, True, u, v, 0.5)
         np.testing.assert_allclose(fused, ((want - np.outer(u, v)) * 0.5).T, rtol=1e-14,
                                    atol=1e-14)
-        ones = sparsefast.spmm(ip, col, A.data, X, threads, False, None, v)
+        ones = sparsecount.spmm(ip, col, A.data, X, threads, False, None, v)
         np.testing.assert_allclose(ones, want - v[None, :], rtol=1e-14, atol=1e-14)
     for n, block in ((7, 3), (9, 9), (10, 4)):
         a = g.standard_normal((n, n))
-        np.testing.assert_array_equal(tilepass.transpose_inplace(a.copy(), block), a.T)
+        np.testing.assert_array_equal(second.transpose_inplace(a.copy(), block), a.T)
     tokens = torch.randint(0, 11, (9, 8), generator=torch.Generator().manual_seed(2))
     lengths = torch.tensor([8, 2, 5, 8, 3, 8, 7, 6, 4])
     for head in (0, 4, 11):
         for backend in BACKENDS:
-            with kernels.use_backend(backend):
+            with native.use_backend(backend):
                 acc = SparseCountAccumulator(11, 7, buffer_pairs=5, head=head)
                 acc.update(tokens, lengths).update(tokens[:4], lengths[:4])
                 tensors = acc.to_dense().state()[0]
@@ -213,29 +219,36 @@ def test_compiled_kernels_equal_their_numpy_twins():
                 assert torch.equal(tensors[k], v), (head, backend, k)
 
 
-def test_numpy_sweep_in_small_steps_equals_one_step(monkeypatch):
-    tokens = torch.randint(0, 13, (6, 12), generator=torch.Generator().manual_seed(3))
-    with kernels.use_backend("torch"):
-        one = sparse_run.batch_stats(tokens, 13, top_k=5, width=4)
-        monkeypatch.setattr(tilepass, "OCC_PAIRS", 3)
-        small = sparse_run.batch_stats(tokens, 13, top_k=5, width=4)
-    for name in NAMES:
-        torch.testing.assert_close(small[name], one[name], rtol=1e-13, atol=1e-300)
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_c_pass2_equals_its_numpy_specification(top_k, monkeypatch):
+    """sc_sweep and sc_centre against tests/sparse_pass2_oracle.py (in small vectorised steps
+    too), through the whole second pass: Qbar and Delta to float64 rounding."""
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 13, (6, 12), generator=g)
+    lengths = torch.tensor([12, 2, 7, 12, 5, 9])
+    c = sparse_stats(tokens, 13, lengths=lengths, top_k=top_k, width=4)
+    for pairs in (oracle.OCC_PAIRS, 3):
+        monkeypatch.setattr(oracle, "OCC_PAIRS", pairs)
+        monkeypatch.setattr(second, "sweep", oracle.sweep)
+        monkeypatch.setattr(second, "centre", oracle.centre)
+        ref = sparse_stats(tokens, 13, lengths=lengths, top_k=top_k, width=4)
+        monkeypatch.undo()
+        for name in ("Qbar", "Delta"):
+            torch.testing.assert_close(c[name], ref[name], rtol=0,
+                                       atol=1e-13 * float(ref[name].abs().max()))
 
 
 def test_kernels_refuse_bad_input():
-    if not sparsefast.available():
-        pytest.skip("the sparse C kernel is not built")
     out = np.empty(100, dtype=np.int64)
     bad = np.array([[0, 1, 5, 2]])
-    with pytest.raises(sparsefast.SparseKernelError, match="outside the vocabulary"):
-        sparsefast.pairs(bad, np.array([4]), 5, 3, out)
-    with pytest.raises(sparsefast.SparseKernelError, match="2 <= length"):
-        sparsefast.pairs(bad, np.array([1]), 9, 3, out)
-    with pytest.raises(sparsefast.SparseKernelError, match="pair buffer"):
-        sparsefast.pairs(bad, np.array([4]), 9, 3, out[:2])
-    with pytest.raises(sparsefast.SparseKernelError, match="S: need"):
-        sparsefast.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
+    with pytest.raises(KernelError, match="outside the vocabulary"):
+        sparsecount.pairs(bad, np.array([4]), 5, 3, out)
+    with pytest.raises(KernelError, match="2 <= length"):
+        sparsecount.pairs(bad, np.array([1]), 9, 3, out)
+    with pytest.raises(KernelError, match="pair buffer"):
+        sparsecount.pairs(bad, np.array([4]), 9, 3, out[:2])
+    with pytest.raises(KernelError, match="S: need"):
+        sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
                          np.zeros(1), np.zeros(3), np.zeros(3), np.zeros(81))
 
@@ -297,7 +310,7 @@ def test_driver_sparse_equals_dense(tmp_path, top_k):
 
 
 def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
-    monkeypatch.setattr(sparse_run, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(sparse_engine, "CHECKPOINT_SECONDS", 0.0)
     shards = make_shards()
     kw = {"budget_bytes": 1}  # the narrowest tiles: several tiles to resume between
     clean = run.compute_stats(shards, spec(tmp_path / "clean", "sparse", **kw), {})
@@ -305,7 +318,7 @@ def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
     broken[2] = Shard(shards[2].name, shards[2].texts, fail=True)
     with pytest.raises(KeyboardInterrupt):  # killed in pass 1
         run.compute_stats(broken, spec(tmp_path / "r", "sparse", **kw), {})
-    real, calls = tilepass.sweep, []
+    real, calls = second.sweep, []
 
     def dying(*a, **k):
         calls.append(1)
@@ -313,10 +326,10 @@ def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
             raise KeyboardInterrupt("killed in pass 2")
         return real(*a, **k)
 
-    monkeypatch.setattr(tilepass, "sweep", dying)
+    monkeypatch.setattr(second, "sweep", dying)
     with pytest.raises(KeyboardInterrupt):
         run.compute_stats(shards, spec(tmp_path / "r", "auto", **kw), {})  # auto resumes sparse
-    monkeypatch.setattr(tilepass, "sweep", real)
+    monkeypatch.setattr(second, "sweep", real)
     resumed = run.compute_stats(shards, spec(tmp_path / "r", "auto", **kw), {})
     assert resumed.meta["engine"]["resolved"] == "sparse"
     assert "resuming" in resumed.meta["engine"]["reason"]

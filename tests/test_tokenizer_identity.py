@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from pythia_probe.stats.corpus_stats import check_tokenizer
+from pythia_probe.stats.result import check_tokenizer
 from pythia_probe.testing.endpoint import use_endpoint
 from pythia_probe.testing.hub import HubServer
 from pythia_probe.testing.tokenizers import pythia_like_backend, write_pythia_tokenizer

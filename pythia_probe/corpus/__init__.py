@@ -3,18 +3,15 @@ strings (see :mod:`pythia_probe.corpus.sources`). ``python -m pythia_probe.corpu
 and inspects corpora (:mod:`pythia_probe.corpus.__main__`)."""
 
 from pythia_probe.corpus.sources import (
+    DOC_SPLITS,
     FILE_SUFFIXES,
     SEPARATOR,
     VALID_SOURCES,
-    CorpusFileError,
-    CorpusNotFoundError,
-    DatasetHubError,
-    FieldTypeError,
     HubParquet,
-    MissingFieldError,
-    OptionError,
     Shard,
     builtin_shards,
+    content_digest,
+    content_id,
     corpus_shards,
     file_fingerprint,
     file_shard,
@@ -25,8 +22,7 @@ from pythia_probe.corpus.sources import (
     select_split,
 )
 
-__all__ = ["CorpusFileError", "CorpusNotFoundError", "DatasetHubError", "FILE_SUFFIXES",
-           "FieldTypeError", "HubParquet", "MissingFieldError", "OptionError", "SEPARATOR",
-           "Shard", "VALID_SOURCES", "builtin_shards", "corpus_shards", "file_fingerprint",
+__all__ = ["DOC_SPLITS", "FILE_SUFFIXES", "HubParquet", "SEPARATOR", "Shard", "VALID_SOURCES",
+           "builtin_shards", "content_digest", "content_id", "corpus_shards", "file_fingerprint",
            "file_shard", "file_split", "hub_parquet_files", "iter_documents", "parse_hf_path",
            "select_split"]

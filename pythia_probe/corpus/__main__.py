@@ -11,8 +11,9 @@ from tqdm import tqdm
 
 from pythia_probe import builtin_corpus
 from pythia_probe.cli import parse_subcommand, run_main
-from pythia_probe.corpus.sources import SEPARATOR, iter_documents
+from pythia_probe.corpus.sources import DOC_SPLITS, SEPARATOR, iter_documents
 from pythia_probe.errors import BadInputError
+from pythia_probe.fileio import atomic_write
 from pythia_probe.tokenizer import word_tokens
 
 
@@ -56,22 +57,35 @@ class InspectConfig:
     """Hub dataset split."""
     top: int = 20
     """How many top words to list."""
+    doc_split: str = "auto"
+    """How a .txt file is cut into documents: auto (<|endoftext|> lines when the file has any,
+    else blank lines), endoftext, blank-line, line, whole."""
+    sample_chars: int = 2000
+    """Characters of the sample document shown (the rest is cut, with a note)."""
 
     def __post_init__(self):
-        if self.docs < 1 or self.top < 1 or self.min_chars < 0:
-            raise BadInputError("need --docs >= 1, --top >= 1 and --min-chars >= 0")
+        if self.docs < 1 or self.top < 1 or self.min_chars < 0 or self.sample_chars < 1:
+            raise BadInputError("need --docs >= 1, --top >= 1, --min-chars >= 0 and "
+                                "--sample-chars >= 1")
+        if self.doc_split not in DOC_SPLITS:
+            raise BadInputError(f"--doc-split {self.doc_split!r}; valid: {', '.join(DOC_SPLITS)}")
 
 
 def generate(cfg: GenerateConfig) -> int:
-    """Write the stories, each followed by a "<|endoftext|>" line; returns the token count."""
-    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    """Write the stories, each followed by a "<|endoftext|>" line, through the one atomic
+    writer (a temp file beside ``out``, renamed when complete); returns the token count."""
     n_tokens = 0
-    with open(cfg.out, "w", encoding="utf-8") as f:
-        for i in tqdm(range(cfg.stories), desc="stories", unit="story", mininterval=1):
-            text = builtin_corpus.story(i, cfg.seed, length=cfg.length,
-                                        min_tokens=cfg.min_tokens, p_topic=cfg.p_topic)
-            n_tokens += builtin_corpus.count_tokens(text)
-            f.write(f"{text}\n{SEPARATOR}\n")
+
+    def write(tmp: Path) -> None:
+        nonlocal n_tokens
+        with open(tmp, "w", encoding="utf-8") as f:
+            for i in tqdm(range(cfg.stories), desc="stories", unit="story", mininterval=1):
+                text = builtin_corpus.story(i, cfg.seed, length=cfg.length,
+                                            min_tokens=cfg.min_tokens, p_topic=cfg.p_topic)
+                n_tokens += builtin_corpus.count_tokens(text)
+                f.write(f"{text}\n{SEPARATOR}\n")
+
+    atomic_write(cfg.out, write)
     return n_tokens
 
 
@@ -79,7 +93,7 @@ def summarise(cfg: InspectConfig) -> str:
     """The report `inspect` prints (every number computed from the documents read)."""
 
     docs = list(iter_documents(cfg.dataset, text_field=cfg.text_field, min_chars=cfg.min_chars,
-                               max_docs=cfg.docs, split=cfg.split))
+                               max_docs=cfg.docs, split=cfg.split, doc_split=cfg.doc_split))
     toks = [word_tokens(d) for d in docs]
     chars, ntok = np.array([len(d) for d in docs]), np.array([len(t) for t in toks])
     counts: dict[str, int] = {}
@@ -94,7 +108,8 @@ def summarise(cfg: InspectConfig) -> str:
              f"min {ntok.min()}, max {ntok.max()}; docs with >= 201 tokens: "
              f"{(ntok >= 201).mean():.1%}",
              f"tokens: {ntok.sum()}, distinct: {len(counts)}",
-             "top words: " + ", ".join(f"{w} {c}" for w, c in top), "sample document:", docs[0]]
+             "top words: " + ", ".join(f"{w} {c}" for w, c in top), "sample document:",
+             sample(docs[0], cfg.sample_chars)]
     if cfg.dataset == "builtin":
         lines.append("planted groups (kind: words -> partners):")
         for name, g in builtin_corpus.PLANTED.items():
@@ -102,6 +117,13 @@ def summarise(cfg: InspectConfig) -> str:
                          f"{' ...' if len(g.words) > 8 else ''} -> {' '.join(g.partners[:8])}"
                          f"{' ...' if len(g.partners) > 8 else ''}")
     return "\n".join(lines)
+
+
+def sample(doc: str, limit: int) -> str:
+    """The first ``limit`` characters of a document, and a note of what was cut."""
+    if len(doc) <= limit:
+        return doc
+    return f"{doc[:limit]} [... {len(doc) - limit:,} more characters not shown; --sample-chars]"
 
 
 COMMANDS = {"generate": GenerateConfig, "inspect": InspectConfig}

@@ -4,7 +4,8 @@ source:
 - "builtin": generated TinyStories-style stories (pythia_probe.builtin_corpus), deterministic
   by seed; options n_stories (20000), seed (0), stories_per_shard (1000), length, min_tokens,
   p_topic (see builtin_corpus.story).
-- a local path: a .txt file in TinyStories format (stories separated by "<|endoftext|>" lines),
+- a local path: a .txt file (TinyStories format: stories separated by "<|endoftext|>" lines;
+  a file without any separator is cut at blank lines, or as ``doc_split`` says),
   a .jsonl file (one JSON object per line, text in `text_field`), a .parquet file (column
   `text_field`, read with the `datasets` parquet builder, exactly as hub files are), a directory
   (every such file below it, sorted; one shard each), or a glob of such files.
@@ -25,8 +26,10 @@ what is valid (a missing text field, a field that is not text, a corrupt or unre
 from __future__ import annotations
 
 import glob as globlib
+import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -71,43 +74,51 @@ class Shard:
         return self.reader()
 
     def fingerprint(self) -> dict:
-        """What the shard holds, so a resumed job notices a changed input: size, mtime and
-        sha256 of a local file; the hub's size and sha256 of a hub file; the generator settings
-        (in ``name``) of a builtin shard."""
+        """What the shard holds, so a resumed job notices a changed input: size and sha256 of
+        a local file; the hub's size and sha256 of a hub file (at the pinned commit); the
+        generator settings (in ``name``) of a builtin shard."""
         return {"name": self.name, **(self.content() if self.content is not None else {})}
 
 
+def content_id(fingerprint: dict) -> dict:
+    """The part of a shard fingerprint that is its content, never where it lies: a file's or
+    hub file's size and sha256 without its name (a path); a builtin shard's settings."""
+    if "sha256" in fingerprint:
+        return {k: v for k, v in fingerprint.items() if k != "name"}
+    return dict(fingerprint)
+
+
+def content_digest(fingerprint: dict) -> str:
+    """sha256 (hex) of :func:`content_id`: the same bytes under another path give the same."""
+    blob = json.dumps(content_id(fingerprint), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
 def file_fingerprint(path: str | Path) -> dict:
-    """Size, modification time and sha256 of a local file."""
-    st = Path(path).stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path)}
+    """Size and sha256 of a local file (its modification time is no part of its content)."""
+    return {"size": Path(path).stat().st_size, "sha256": _file_sha256(Path(path))}
 
 
-class MissingFieldError(BadInputError, KeyError):
-    """A record or file without the asked text field (names the fields there are)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-class FieldTypeError(BadInputError, TypeError):
-    """A text field that holds something other than a string."""
+_HASHED: dict[str, tuple[tuple, str]] = {}
+RACY_NS = 2_000_000_000
+"""A memoised hash is trusted only for a file last modified this long before it was hashed
+(git's racy-timestamp rule: a rewrite within the filesystem's timestamp resolution could keep
+size, mtime and inode)."""
 
 
-class OptionError(BadInputError, TypeError):
-    """Options that do not apply to the chosen source."""
-
-
-class CorpusFileError(CorruptFileError):
-    """A corpus file that cannot be read (not UTF-8, not JSON, not parquet)."""
-
-
-class CorpusNotFoundError(MissingFileError):
-    """A corpus path, directory, glob or hub dataset that is not there."""
-
-
-class DatasetHubError(HubError):
-    """Listing or reading a hub dataset kept failing, or the hub refused it."""
+def _file_sha256(path: Path) -> str:
+    """sha256 of a file, memoised in this process while its stat is unchanged."""
+    st = path.stat()
+    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    real = str(path.resolve())
+    hit = _HASHED.get(real)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    started = time.time_ns()
+    digest = sha256_file(path)
+    if st.st_mtime_ns < started - RACY_NS and st.st_ctime_ns < started - RACY_NS:
+        _HASHED[real] = (key, digest)
+    return digest
 
 
 # ---------------------------------------------------------------- readers
@@ -118,50 +129,116 @@ def _builtin_docs(start: int, stop: int, seed: int, length: int, min_tokens: int
                                    p_topic=p_topic)
 
 
-def _txt_docs(path: str) -> Iterator[str]:
+def _txt_docs(path: str, doc_split: str = "auto") -> Iterator[str]:
+    """Documents of a .txt file by ``doc_split`` (see :data:`DOC_SPLITS`)."""
+    rule = doc_split
+    if rule == "auto":
+        rule = "endoftext" if _holds_separator(path) else "blank-line"
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from _SPLITTERS[rule](f)
+    except UnicodeDecodeError as e:
+        raise CorruptFileError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must be "
+                               "UTF-8") from e
+
+
+def _holds_separator(path: str) -> bool:
+    """True when the file holds an <|endoftext|> separator anywhere (read in 4 MiB blocks)."""
+    tail, needle = b"", SEPARATOR.encode()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            if needle in tail + block:
+                return True
+            tail = block[-len(needle):]
+    return False
+
+
+def _split_endoftext(lines) -> Iterator[str]:
     buf: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        try:
-            for line in f:
-                if SEPARATOR not in line:
-                    buf.append(line)
-                    continue
-                pieces = line.split(SEPARATOR)
-                for piece in pieces[:-1]:
-                    doc = ("".join(buf) + piece).strip()
-                    buf = []
-                    if doc:
-                        yield doc
-                buf = [pieces[-1]]
-        except UnicodeDecodeError as e:
-            raise CorpusFileError(f"{path} is not valid UTF-8 text ({e}); a .txt corpus must "
-                                  "be UTF-8 with stories separated by <|endoftext|> lines") from e
+    for line in lines:
+        if SEPARATOR not in line:
+            buf.append(line)
+            continue
+        pieces = line.split(SEPARATOR)
+        for piece in pieces[:-1]:
+            doc = ("".join(buf) + piece).strip()
+            buf = []
+            if doc:
+                yield doc
+        buf = [pieces[-1]]
     doc = "".join(buf).strip()
     if doc:
         yield doc
 
 
+def _split_blank_lines(lines) -> Iterator[str]:
+    buf: list[str] = []
+    for line in lines:
+        if line.strip():
+            buf.append(line)
+            continue
+        if buf:
+            yield "".join(buf).strip()
+            buf = []
+    if buf:
+        yield "".join(buf).strip()
+
+
+def _split_lines(lines) -> Iterator[str]:
+    for line in lines:
+        if line.strip():
+            yield line.strip()
+
+
+def _whole(lines) -> Iterator[str]:
+    doc = "".join(lines).strip()
+    if doc:
+        yield doc
+
+
+_SPLITTERS = {"endoftext": _split_endoftext, "blank-line": _split_blank_lines,
+              "line": _split_lines, "whole": _whole}
+DOC_SPLITS = ("auto", *_SPLITTERS)
+"""How a .txt file is cut into documents: 'endoftext' (TinyStories: <|endoftext|> between
+documents), 'blank-line' (paragraphs: one or more empty lines between documents), 'line' (each
+non-empty line), 'whole' (the file is one document), or 'auto' (the default): 'endoftext' when
+the file holds an <|endoftext|> anywhere, else 'blank-line'."""
+
+
 def _jsonl_docs(path: str, text_field: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CorruptFileError(f"{path} line {lineno} is not valid UTF-8 ({e.reason} at "
+                                       f"byte {e.start}); a .jsonl corpus is UTF-8 text") from e
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorpusFileError(f"{path} line {lineno} is not valid JSON ({e}); a .jsonl "
-                                      "corpus has one JSON object per line") from e
-            yield _text_of(record, text_field, f"{path} line {lineno}")
+            yield _text_of(_json_record(line, f"{path} line {lineno}"), text_field,
+                           f"{path} line {lineno}")
+
+
+def _json_record(line: str, where: str) -> object:
+    """One JSON value, or one line naming ``where`` (bad JSON, or nested too deep to parse)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise CorruptFileError(f"{where} is not valid JSON ({e}); a .jsonl corpus has one JSON "
+                               "object per line") from e
+    except RecursionError as e:
+        raise CorruptFileError(f"{where} is JSON nested too deeply to read; a .jsonl corpus "
+                               "has one flat object per line with a text field") from e
 
 
 def _text_of(record: object, text_field: str, where: str) -> str:
     if not isinstance(record, dict) or text_field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise MissingFieldError(f"{where} has no text field {text_field!r}; fields present: "
+        raise BadInputError(f"{where} has no text field {text_field!r}; fields present: "
                                 f"{keys} (choose one with text_field=...)")
     text = record[text_field]
     if not isinstance(text, str):
-        raise FieldTypeError(f"{where}: field {text_field!r} is {type(text).__name__}, not a "
+        raise BadInputError(f"{where}: field {text_field!r} is {type(text).__name__}, not a "
                              "string (choose a text column with text_field=...)")
     return text
 
@@ -173,12 +250,12 @@ def _open_parquet(data_file: str, text_field: str, name: str):
                                    streaming=True)
         features = ds.features
     except FileNotFoundError as e:
-        raise CorpusNotFoundError(f"parquet file {name} not found ({e})") from e
+        raise MissingFileError(f"parquet file {name} not found ({e})") from e
     except Exception as e:  # noqa: BLE001 - pyarrow/datasets raise many kinds for bad files
-        raise CorpusFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
+        raise CorruptFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
                               "expected a valid .parquet file with a string text column") from e
     if features is not None and text_field not in features:
-        raise MissingFieldError(f"{name} has no text field {text_field!r}; columns present: "
+        raise BadInputError(f"{name} has no text field {text_field!r}; columns present: "
                                 f"{sorted(features)} (choose one with text_field=...)")
     return ds.select_columns([text_field])
 
@@ -193,7 +270,7 @@ def _parquet_docs(data_file: str, text_field: str, name: str | None = None) -> I
         except StopIteration:
             return
         except Exception as e:  # noqa: BLE001 - pyarrow/datasets raise many kinds
-            raise CorpusFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
+            raise CorruptFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
                                   "the file is corrupt or not parquet") from e
         yield _text_of(record, text_field, name)
 
@@ -221,7 +298,7 @@ def _api():
 
 def _hub_call(fn, what: str):
     """``fn()`` under the retry policy; failures become one-line dataset errors."""
-    return hubio.call(fn, what, fail=DatasetHubError, missing=CorpusNotFoundError)
+    return hubio.call(fn, what, fail=HubError, missing=MissingFileError)
 
 
 def _pin(repo_id: str, revision: str | None) -> str:
@@ -259,7 +336,7 @@ def _describe(ref: HubParquet) -> HubParquet:
                       f"looking up {ref.name}")
     files = [e for e in found if hasattr(e, "size")]
     if not files:
-        raise CorpusNotFoundError(f"{ref.name}: no such file in the hub dataset {ref.repo_id}")
+        raise MissingFileError(f"{ref.name}: no such file in the hub dataset {ref.repo_id}")
     return _described(pinned, files[0])
 
 
@@ -317,19 +394,29 @@ def builtin_shards(n_stories: int = 20000, seed: int = 0, stories_per_shard: int
     return shards
 
 
-def file_shard(path: str | Path, text_field: str = "text") -> Shard:
-    """One local .txt / .jsonl / .parquet file as a shard."""
+def file_shard(path: str | Path, text_field: str = "text", doc_split: str = "auto") -> Shard:
+    """One local .txt / .jsonl / .parquet file as a shard (``doc_split``: how a .txt file is
+    cut into documents, :data:`DOC_SPLITS`)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
         raise BadInputError(f"unsupported corpus file {path}: the suffix must be one of "
                          f"{', '.join(FILE_SUFFIXES)}")
     if not path.is_file():
-        raise CorpusNotFoundError(f"corpus file {path} does not exist")
-    readers = {".txt": partial(_txt_docs, str(path)),
+        raise MissingFileError(f"corpus file {path} does not exist")
+    if doc_split not in DOC_SPLITS:
+        raise BadInputError(f"doc_split {doc_split!r}; valid: {', '.join(DOC_SPLITS)}")
+    readers = {".txt": partial(_txt_docs, str(path), doc_split),
                ".jsonl": partial(_jsonl_docs, str(path), text_field),
                ".parquet": partial(_parquet_docs, str(path), text_field)}
-    return Shard(str(path), readers[suffix], partial(file_fingerprint, path))
+    content = (partial(_txt_fingerprint, path, doc_split) if suffix == ".txt"
+               else partial(file_fingerprint, path))
+    return Shard(str(path), readers[suffix], content)
+
+
+def _txt_fingerprint(path: Path, doc_split: str) -> dict:
+    """A .txt shard's content: the file's bytes and the rule that cuts it into documents."""
+    return {**file_fingerprint(path), "doc_split": doc_split}
 
 
 def _local_files(paths: list[Path], where: str) -> list[Path]:
@@ -366,7 +453,7 @@ def hub_parquet_files(repo_id: str, split: str = "train", revision: str | None =
         commit, entries = _list_dataset(repo_id, revision)
     except UserError as e:
         cause = e.__cause__ if e.__cause__ is not None else e
-        kind = CorpusNotFoundError if isinstance(e, MissingFileError) else DatasetHubError
+        kind = MissingFileError if isinstance(e, MissingFileError) else HubError
         raise kind(f"{repo_id!r} is no local path, and listing it as a hub dataset failed "
                    f"({hubio.one_line(cause)}); check the path or id and the network "
                    "(HF_HUB_OFFLINE=1 uses the cache only)") from e
@@ -400,7 +487,7 @@ def _hf_glob(pattern: str) -> list[str]:
     found = sorted("hf://" + p for p in _hub_call(lambda: HfFileSystem().glob(pattern),
                                                    f"listing {pattern}"))
     if not found:
-        raise CorpusNotFoundError(f"no files match {pattern}")
+        raise MissingFileError(f"no files match {pattern}")
     return found
 
 
@@ -419,11 +506,12 @@ def _hub_shards(source: str, text_field: str, split: str, revision: str | None,
 
 def corpus_shards(source: str = "builtin", *, text_field: str = "text", split: str = "train",
                   revision: str | None = None, data_dir: str | None = None,
-                  **builtin_opts) -> list[Shard]:
+                  doc_split: str = "auto", **builtin_opts) -> list[Shard]:
     """The shards of `source`, in a fixed order (see the module docstring for sources).
 
     builtin_opts (n_stories, seed, stories_per_shard, length, min_tokens, p_topic) apply to
-    "builtin" only; text_field to .jsonl/.parquet/hub; split, revision, data_dir to hub ids.
+    "builtin" only; text_field to .jsonl/.parquet/hub; split, revision, data_dir to hub ids;
+    doc_split to .txt files (:data:`DOC_SPLITS`).
     """
     source = str(source)
     if source == "builtin":
@@ -432,12 +520,12 @@ def corpus_shards(source: str = "builtin", *, text_field: str = "text", split: s
                              f"for held-out stories, not split={split!r}")
         return builtin_shards(**builtin_opts)
     if builtin_opts:
-        raise OptionError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
-    return _source_shards(source, text_field, split, revision, data_dir)
+        raise BadInputError(f"options {sorted(builtin_opts)} apply to source='builtin' only")
+    return _source_shards(source, text_field, split, revision, data_dir, doc_split)
 
 
 def _source_shards(source: str, text_field: str, split: str, revision: str | None,
-                   data_dir: str | None) -> list[Shard]:
+                   data_dir: str | None, doc_split: str = "auto") -> list[Shard]:
     path = Path(source).expanduser()
     if source.startswith("hf://"):
         return _hub_shards(source, text_field, split, revision, data_dir)
@@ -448,15 +536,15 @@ def _source_shards(source: str, text_field: str, split: str, revision: str | Non
                              f"glob {source!r}")
     elif path.exists() or path.suffix.lower() in FILE_SUFFIXES:
         if not path.exists():
-            raise CorpusNotFoundError(f"corpus file {path} does not exist; valid sources: "
+            raise MissingFileError(f"corpus file {path} does not exist; valid sources: "
                                     f"{VALID_SOURCES}")
         files = [path]
     elif _HUB_ID.match(source):
         return _hub_shards(source, text_field, split, revision, data_dir)
     else:
-        raise CorpusNotFoundError(f"corpus source {source!r} not found; valid sources: "
+        raise MissingFileError(f"corpus source {source!r} not found; valid sources: "
                                 f"{VALID_SOURCES}")
-    return [file_shard(f, text_field) for f in files]
+    return [file_shard(f, text_field, doc_split) for f in files]
 
 
 def iter_documents(source: str = "builtin", *, text_field: str = "text", min_chars: int = 0,

@@ -1,26 +1,26 @@
 """Corpus statistics of the leading-terms paper (section 2): streaming, exact, any device.
 
-Public API: ``CorpusStats`` (frozen result, save/load), ``batch_stats`` (both passes over one
-batch), ``CountAccumulator`` / ``QAccumulator`` (streaming passes, ``update -> self``,
-``finalize``), ``SequencePolicy``; ``run.compute_stats`` is the shard driver behind
-``python -m pythia_probe.stats``. The sparse engine (``SparseCountAccumulator``,
-``outofcore``, ``tilepass``, ``sparse_run``; ``--engine auto`` picks it when the dense V x V
-tensors do not fit) computes the same statistics in memory that grows with the corpus.
+Public API: ``CorpusStats`` (the frozen result: ``block(name, rows, cols)``, save/load),
+``batch_stats`` (both passes over one batch), ``compute_stats`` (the shard driver behind
+``python -m pythia_probe.stats``), ``SequencePolicy``, and the accumulators of both engines
+(``CountAccumulator`` / ``QAccumulator`` of ``stats/dense/``, ``SparseCountAccumulator`` of
+``stats/sparse/``; ``update -> self``). Layout: ``stats/engine.py`` (the interface),
+``driver.py``, ``pass1.py``, ``plan.py``, ``result.py``, ``dense/``, ``sparse/``, ``native/``.
 Memory plans: ``stats/MEMORY.md``.
 """
 
-from pythia_probe.stats.accumulate import AccumulatorError, CountAccumulator, QAccumulator
-from pythia_probe.stats.batch import batch_stats
-from pythia_probe.stats.corpus_stats import (
-    CorpusStats,
-    StatsFileError,
-    StatsMismatchError,
-    read_meta,
-)
-from pythia_probe.stats.engine import first_pass, top_k_ids
+from pythia_probe.errors import MismatchError as StatsMismatchError  # the old name, still used
+from pythia_probe.stats import result as corpus_stats  # the old module name, still used
+from pythia_probe.stats.dense import compose
+from pythia_probe.stats.dense.count import CountAccumulator
+from pythia_probe.stats.dense.first import first_pass
+from pythia_probe.stats.dense.second import QAccumulator
+from pythia_probe.stats.driver import batch_stats, compute_stats
+from pythia_probe.stats.engine import Engine, top_k_ids
+from pythia_probe.stats.result import CorpusStats, read_meta
 from pythia_probe.stats.sequences import SequencePolicy
-from pythia_probe.stats.sparse import SparseCountAccumulator
+from pythia_probe.stats.sparse.count import SparseCountAccumulator
 
-__all__ = ["AccumulatorError", "CorpusStats", "CountAccumulator", "QAccumulator",
-           "SequencePolicy", "SparseCountAccumulator", "StatsFileError", "StatsMismatchError",
-           "batch_stats", "first_pass", "read_meta", "top_k_ids"]
+__all__ = ["CorpusStats", "CountAccumulator", "Engine", "QAccumulator", "SequencePolicy",
+           "SparseCountAccumulator", "StatsMismatchError", "batch_stats", "compose", "corpus_stats",
+           "compute_stats", "first_pass", "read_meta", "top_k_ids"]

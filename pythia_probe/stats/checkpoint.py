@@ -1,9 +1,15 @@
-"""Accumulator checkpoints and per-shard token caches: safetensors + JSON meta, atomic writes."""
+"""The one checkpoint writer of the statistics: pass-1 and pass-2 checkpoints, token caches and
+statistics files are safetensors + JSON meta written through ``fileio.atomic_write`` (a temp
+file beside the target, renamed: never half-written; the umask; a full disk one line naming
+the file). :class:`Checkpoint` is a pass's resumable state under a run identity, written
+every so many units of work or seconds."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from pythia_probe.errors import CorruptFileError, MismatchError
+from pythia_probe.errors import CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.fileio import atomic_write
 
 
@@ -32,6 +38,8 @@ def save_state(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict[s
 def load_state(path: str | os.PathLike, identity: dict[str, Any] | None = None
                ) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Read a checkpoint; refuse it if its recorded ``identity`` differs from the given one."""
+    if not Path(path).is_file():
+        raise MissingFileError(f"checkpoint {path} does not exist")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["meta"])
@@ -66,3 +74,33 @@ def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
         else:
             parts.append(f"{key} was {str(a)[:80]}, now {str(b)[:80]}")
     return "; ".join(parts)
+
+
+class Checkpoint:
+    """A pass's resumable state at ``path`` (None: not kept), refused under another identity;
+    ``tick`` after every unit of work writes it every ``every`` units or ``seconds``."""
+
+    def __init__(self, path: Path | None, identity: dict[str, Any], every: int | None = None,
+                 seconds: float | None = None) -> None:
+        self.path, self.identity, self.every, self.seconds = path, identity, every, seconds
+        self.units, self.last = 0, time.monotonic()
+
+    def load(self) -> tuple[dict[str, Tensor], dict[str, Any]] | None:
+        """(tensors, state) of an existing checkpoint, or None."""
+        if self.path is None or not self.path.exists():
+            return None
+        tensors, meta = load_state(self.path, self.identity)
+        return tensors, meta["state"]
+
+    def tick(self, state: Callable[[], tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
+        """One more unit done: save ``state()`` when due."""
+        self.units += 1
+        due = ((self.every is not None and self.units >= self.every) or
+               (self.seconds is not None and time.monotonic() - self.last >= self.seconds))
+        if due:
+            self.save(*state())
+
+    def save(self, tensors: dict[str, Tensor], state: dict[str, Any]) -> None:
+        if self.path is not None:
+            save_state(self.path, tensors, {"identity": self.identity, "state": state})
+        self.units, self.last = 0, time.monotonic()

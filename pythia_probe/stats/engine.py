@@ -1,102 +1,91 @@
-"""From accumulators to CorpusStats: Bbar/Phibar from counts, compositions, pass 2, top-k.
+"""The statistics engine interface: what the one driver (``stats/driver.py``) asks of an engine.
 
-``batch_stats(tokens, d_vocab)`` runs both passes exactly over one batch (the toy experiment's
-theory matrices from the first training batch). The streaming driver (``run.py``) uses the same
-steps: ``first_pass`` -> ``QAccumulator`` over the data again -> ``assemble``.
+An engine is one storage variant of the same exact computation (the way tokengrams keeps one
+interface over in-memory, memory-mapped and sharded indexes). The driver owns the corpus, the
+batches, the ledger, the token caches, resume, checkpoints and ranks; an engine owns how the
+numbers are held:
+
+- ``counter`` / ``restore_counts`` (count): the pass-1 accumulator, ``update(tokens, lengths)
+  -> self``, exact ``merge``, ``state()`` for checkpoints, ``checksum()`` for ``stats_id``;
+- ``reduce_counts`` (reduce): the exact sum of every rank's counts, on every rank;
+- ``first_pass``: the final pass-1 statistics (Bbar, Phibar and what pass 2 needs of Gbar);
+- ``second_pass``: Qbar and Delta sums over the windows again (reduced over the ranks),
+  resuming from a checkpoint written with the driver's one checkpoint writer;
+- ``assemble``: the frozen :class:`~pythia_probe.stats.result.CorpusStats`.
+
+``stats/dense/`` keeps V x V tensors (any device, torch kernels); ``stats/sparse/`` keeps
+counts where the corpus has them and composes Gbar by column tiles (CPU, C kernels). Both give
+pass 1 and Bbar, Phibar bit for bit and the rest to float64 rounding, and the same stats_id.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from pythia_probe import __version__ as CODE_VERSION
-from pythia_probe.errors import BadInputError
-from pythia_probe.stats import compose, kernels
-from pythia_probe.stats.corpus_stats import FORMAT, CorpusStats
-
-if TYPE_CHECKING:  # the accumulators call into this module (finalize)
-    from pythia_probe.stats.accumulate import CountAccumulator, QAccumulator
-
-TILE_ROWS = 1 << 10
-EAGER_LIMIT = 16384
-"""Above this d_vocab, PhiBT (and SigmaB when offloaded) stay lazy: 20 GB each at 50,304."""
+from pythia_probe.errors import BadInputError, MismatchError
+from pythia_probe.ranks import Ranks
+from pythia_probe.stats.result import CorpusStats
 
 
-@dataclass
-class FirstPass:
-    """Final pass-1 matrices (float64) and the accumulator's identity."""
+class Engine(ABC):
+    """One way of holding the statistics while they are computed (see the module docstring)."""
 
-    Bbar: Tensor
-    Phibar: Tensor
-    SigmaB: Tensor | None
-    Gbar: Tensor
-    token_counts: Tensor
-    n_positions: int
-    n_sequences: int
-    n_tokens: int
-    checksum: list[int]
+    name: ClassVar[str]
+    counts_kind: ClassVar[str]
+    """The ``kind`` its pass-1 checkpoints record (a resumed run keeps its engine)."""
 
+    @abstractmethod
+    def counter(self, d_vocab: int, T: int, device: str | torch.device) -> Any:
+        """An empty pass-1 accumulator."""
 
-def bbar_phibar(acc: CountAccumulator, consume: bool = False) -> tuple[Tensor, Tensor]:
-    """Bbar = counts/P - rowsum/(P V); Phibar = (W - 1 colsum(W)^T / V) / P, W the context sums.
+    @abstractmethod
+    def restore_counts(self, tensors: dict[str, Tensor], state: dict[str, Any],
+                       device: str | torch.device) -> Any:
+        """The pass-1 accumulator of a checkpoint."""
 
-    consume=True writes the float64 results into the accumulator's own int64 storage (no extra
-    memory; the accumulator is unusable afterwards).
-    """
-    V, P = acc.d_vocab, acc.n_positions
-    if P == 0:
-        raise BadInputError("no positions were counted (empty corpus or every document skipped)")
-    acc.context.normalize()
-    big = acc.bigram.view(V, V)
-    rowsum = big.sum(1).double()
-    hi, lo = acc.context.hi.view(V, V), acc.context.lo.view(V, V)
-    colsum = hi.sum(0).double() + lo.sum(0).double() * 2.0 ** -acc.context.F
-    B = big.view(torch.float64) if consume else torch.empty(V, V, dtype=torch.float64,
-                                                             device=big.device)
-    Phi = hi.view(torch.float64) if consume else torch.empty_like(B)
-    for sl in compose.slices(V, TILE_ROWS):
-        B[sl] = big[sl].double() / P - (rowsum[sl] / (P * V))[:, None]
-        W = hi[sl].double() + lo[sl].double() * 2.0 ** -acc.context.F
-        Phi[sl] = (W - colsum[None, :] / V) / P
-    if consume:
-        acc.context.lo = acc.bigram = acc.context.hi = None  # type: ignore[assignment]
-    return B, Phi
+    @abstractmethod
+    def reduce_counts(self, d: Ranks, acc: Any) -> Any:
+        """Exact sum of the ranks' accumulators, with the merged ledger, on every rank."""
+
+    @abstractmethod
+    def first_pass(self, acc: Any, spec: Any, d: Ranks) -> Any:
+        """The final pass-1 statistics (the same object on every rank)."""
+
+    @abstractmethod
+    def second_pass(self, fp: Any, windows: Any, ids: Tensor | None, spec: Any,
+                    d: Ranks) -> tuple[Tensor, Tensor]:
+        """(Qbar sum [k, k], Delta sum [T]) over every rank's windows, on rank 0 at least."""
+
+    @abstractmethod
+    def assemble(self, fp: Any, Q: Tensor, D: Tensor, meta: dict[str, Any],
+                 ids: Tensor | None, spec: Any) -> CorpusStats:
+        """The frozen statistics (divided by the positions; restricted to ``ids``)."""
 
 
-def first_pass(acc: CountAccumulator, *, consume: bool = False,
-               device: str | torch.device | None = None, budget_bytes: int | None = None,
-               offload: bool | None = None) -> FirstPass:
-    """Finalize pass 1: Bbar, Phibar, then SigmaB and Gbar at full vocabulary (tiled).
-
-    offload: keep the V x V results in host memory and use ``device`` only for matmul tiles
-    (default: when a CUDA device could not hold six V x V float64 matrices; see MEMORY.md).
-    """
-    checksum = acc.checksum()
-    counts = acc.token_counts.clone()
-    n = (acc.n_positions, acc.n_sequences, acc.n_tokens)
-    dev = torch.device(device) if device is not None else acc.device
-    host = needs_offload(acc.d_vocab, dev) if offload is None else offload
-    Bbar, Phibar = bbar_phibar(acc, consume=consume)
-    if host:
-        Bbar, Phibar = Bbar.cpu(), Phibar.cpu()
-    kw = {"device": dev, "budget_bytes": budget_bytes, "out_device": "cpu" if host else dev}
-    SigmaB = compose.sigma_b(Bbar, **kw)
-    Gbar = compose.g_bar(SigmaB, Phibar, **kw)
-    return FirstPass(Bbar, Phibar, SigmaB, Gbar, counts, *n, checksum)
+def check_mergeable(a: Any, b: Any) -> None:
+    """Two partial accumulators of one kind, shape and T, with no shard counted in both."""
+    if type(a) is not type(b) or (a.d_vocab, a.T) != (b.d_vocab, b.T):
+        raise MismatchError(f"cannot merge {type(b).__name__}(d_vocab={b.d_vocab}, T={b.T}) "
+                            f"into {type(a).__name__}(d_vocab={a.d_vocab}, T={a.T})")
+    twice = {e["shard"] for e in a.ledger} & {e["shard"] for e in b.ledger}
+    if twice:
+        raise MismatchError(f"shards counted twice in merge: {sorted(twice)[:5]}")
 
 
-def needs_offload(d_vocab: int, device: torch.device) -> bool:
-    """True when a CUDA device cannot hold six V x V float64 matrices at once."""
-    if device.type != "cuda":
-        return False
-    total = torch.cuda.get_device_properties(device).total_memory
-    return 6 * 8 * d_vocab * d_vocab > 0.8 * total
+def row_chunks(positions: Tensor, max_positions: int) -> list[slice]:
+    """Split rows so that each chunk has at most ``max_positions`` predicted positions."""
+    csum = torch.cumsum(positions.cpu(), 0).tolist()
+    out, start, base = [], 0, 0
+    for i, c in enumerate(csum):
+        if c - base > max_positions and i > start:
+            out.append(slice(start, i))
+            start, base = i, csum[i - 1]
+    out.append(slice(start, len(csum)))
+    return out
 
 
 def top_k_ids(token_counts: Tensor, k: int) -> Tensor:
@@ -109,65 +98,8 @@ def top_k_ids(token_counts: Tensor, k: int) -> Tensor:
     return order[:k].cpu()
 
 
-def assemble(fp: FirstPass, q: QAccumulator, meta: dict[str, Any],
-             ids: Tensor | None = None, *, device: str | torch.device | None = None,
-             budget_bytes: int | None = None) -> CorpusStats:
-    """Freeze everything into CorpusStats; with ``ids`` slice after composing at full |V|.
-
-    Results live where Bbar lives; PhiBT is composed eagerly (on ``device``) up to
-    EAGER_LIMIT tokens and left lazy above.
-    """
-    if q.n_positions != fp.n_positions:
-        raise ValueError(f"second pass saw {q.n_positions} positions, first pass "
-                         f"{fp.n_positions}: the data changed between passes")
-    P, home = fp.n_positions, fp.Bbar.device
-    t = {"Bbar": fp.Bbar, "Phibar": fp.Phibar, "SigmaB": fp.SigmaB, "Gbar": fp.Gbar,
-         "Qbar": q.qbar_sum().to(home, copy=True).div_(P), "Delta": (q.Delta / P).to(home),
-         "token_counts": fp.token_counts.to(home)}
-    if ids is not None:
-        t = _restrict(t, ids)
-        i = ids.to(home)
-        t["PhiBT"] = fp.Phibar[:, i].T @ fp.Bbar[i].T
-    elif fp.Bbar.shape[0] <= EAGER_LIMIT:
-        t["PhiBT"] = compose.phi_bt(fp.Bbar, fp.Phibar, device=device,
-                                    budget_bytes=budget_bytes)
-    t = {k: v for k, v in t.items() if v is not None}
-    meta = _full_meta(fp, meta, ids)
-    return CorpusStats(t, meta)
-
-
-def _restrict(t: dict[str, Tensor], ids: Tensor) -> dict[str, Tensor]:
-    out = {}
-    for name, x in t.items():
-        if x is None:
-            continue
-        if name in ("Qbar", "Delta"):
-            out[name] = x.contiguous()  # Qbar was accumulated over the top-k block only
-        elif name == "token_counts":
-            out[name] = x[ids.to(x.device)]
-        else:
-            i = ids.to(x.device)
-            out[name] = x[i][:, i].contiguous()
-    return out
-
-
-def _full_meta(fp: FirstPass, meta: dict[str, Any], ids: Tensor | None) -> dict[str, Any]:
-    return stats_meta(meta, ids, fp.Bbar.shape[0], fp, kernels.kernel_info(fp.Bbar.device))
-
-
-def stats_meta(meta: dict[str, Any], ids: Tensor | None, V: int, fp: Any,
-               kernel: dict[str, Any]) -> dict[str, Any]:
-    """Metadata and stats_id of a statistics file; ``fp`` has n_sequences, n_positions,
-    n_tokens and the pass-1 checksum (either engine's first pass)."""
-    meta = dict(meta)
-    meta.update(format=FORMAT, code_version=CODE_VERSION, full_d_vocab=V,
-                counts=dict(meta.get("counts", {}), sequences=fp.n_sequences,
-                            positions=fp.n_positions, tokens=fp.n_tokens))
-    meta["vocab"] = {"restricted": ids is not None, "compose": "full_then_slice",
-                     "ids": None if ids is None else ids.tolist(), "full_d_vocab": V}
-    meta["kernel"] = kernel  # recorded, not part of the identity (nor is meta["engine"])
-    ident = {k: meta.get(k) for k in ("tokenizer", "policy", "ledger", "counts", "vocab")}
-    ident.update(format=FORMAT, checksum=fp.checksum, T=meta.get("T"))
-    blob = json.dumps(ident, sort_keys=True, default=str).encode()
-    meta["stats_id"] = hashlib.sha256(blob).hexdigest()[:12]
-    return meta
+def check_positions(second: int, first: int) -> None:
+    """Pass 2 must see exactly the positions pass 1 counted."""
+    if second != first:
+        raise MismatchError(f"pass 2 saw {second} positions, pass 1 counted {first}: the data "
+                            "changed between the passes")

@@ -13,11 +13,14 @@ from pythia_probe import corpus, tokenizer
 from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import plan, run
-from pythia_probe.stats.corpus_stats import CorpusStats
+from pythia_probe.stats import driver as run
+from pythia_probe.stats import plan
+from pythia_probe.stats.result import CorpusStats
 from pythia_probe.stats.sequences import MODES, SequencePolicy
 
 log = logging.getLogger(__name__)
+TEXT_SUFFIXES = (".txt", ".jsonl")
+"""Uncompressed text files: their size bounds the tokens they hold (parquet is compressed)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,13 @@ class StatsConfig:
     """'first' (first T+1 tokens per document, the paper) or 'packed' windows."""
     keep_short: bool = False
     """Keep sequences shorter than T+1 tokens (masked) instead of skipping them."""
+    oov: Literal["skip", "unk"] = "skip"
+    """A document with a token outside the vocabulary (word:K: a word outside the top K):
+    'skip' drops it (the paper's rule), 'unk' maps such words to the [UNK] id, which becomes
+    the last statistic id (d_vocab K+1). Hub BPE tokenizers have no such tokens."""
+    doc_split: Literal["auto", "endoftext", "blank-line", "line", "whole"] = "auto"
+    """How a .txt file is cut into documents: 'auto' (<|endoftext|> lines when the file has
+    any, else blank lines), 'endoftext', 'blank-line', 'line' (each non-empty line), 'whole'."""
     bos: str | None = None
     """Token prepended to every document (None: nothing; Pythia adds none)."""
     eos: str | None = None
@@ -81,8 +91,16 @@ class StatsConfig:
             raise BadInputError("--min-chars >= 0, --batch-size >= 1, --checkpoint-every >= 1")
         if self.mode not in MODES:
             raise BadInputError(f"--mode must be one of {MODES}, got {self.mode!r}")
+        if self.oov not in ("skip", "unk"):
+            raise BadInputError(f"--oov must be skip or unk, got {self.oov!r}")
+        if self.doc_split not in corpus.DOC_SPLITS:
+            raise BadInputError(f"--doc-split {self.doc_split!r}; valid: "
+                                f"{', '.join(corpus.DOC_SPLITS)}")
         if self.top_k is not None and self.top_k < 1:
             raise BadInputError(f"--top-k must be >= 1, got {self.top_k}")
+        if self.budget_gb is not None and not self.budget_gb > 0:
+            raise BadInputError(f"--budget-gb must be > 0 (GiB for matmul tiles), got "
+                                f"{self.budget_gb}")
         if self.tokenizer.startswith("word:") and not self.tokenizer[5:].isdigit():
             raise BadInputError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
         check_device(self.device)
@@ -93,26 +111,35 @@ class StatsConfig:
 
 
 def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
-            progress: JobProgress | None = None) -> CorpusStats | None:
+            progress: JobProgress | None = None, shards: list | None = None
+            ) -> CorpusStats | None:
     """Run both passes for ``cfg``; save and return the stats on rank 0 (None on other ranks).
 
     ``tok``: the tokenizer already loaded (else from ``cfg.tokenizer``); ``progress``: the
-    job's display the passes report into (else bars of their own)."""
+    job's display the passes report into (else bars of their own); ``shards``: the corpus
+    shards already listed (else listed from ``cfg.dataset``)."""
     work = Path(cfg.work_dir or cfg.out + ".work")
     line = plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, cfg.device, work)
     log.info(line)
-    shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
-                                  **_builtin_opts(cfg))
+    if shards is None:
+        shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
+                                      doc_split=cfg.doc_split, **_builtin_opts(cfg))
+    extra = (cfg.bos is not None) + (cfg.eos is not None)
+    bytes_ = _text_bytes(shards)
+    plan.check_window_length(cfg.seq_len, bytes_, extra * (1 if cfg.mode == "first" else
+                                                           (bytes_ or 0)))
     tok = tok if tok is not None else _tokenizer(cfg, shards)
-    V = tokenizer.d_vocab(tok)
+    unk = cfg.oov == "unk" and tokenizer.is_word_tokenizer(tok)
+    V = tokenizer.d_vocab(tok) + unk  # --oov unk: the [UNK] id k is statistic id k
     fp = tokenizer.tokenizer_fingerprint(tok)
     bos = None if cfg.bos is None else _token_id(tok, cfg.bos)
     eos = None if cfg.eos is None else _token_id(tok, cfg.eos)
     policy = SequencePolicy(cfg.seq_len, cfg.mode, "keep" if cfg.keep_short else "skip",
-                            "skip", bos, eos)
-    ident = run.spec_identity(dataset=cfg.dataset, tokenizer=fp, policy=policy,
+                            cfg.oov, bos, eos)
+    ident = run.spec_identity(dataset=cfg.dataset, tokenizer=_canonical(fp), policy=policy,
                               min_chars=cfg.min_chars, docs=cfg.docs, split=cfg.split,
-                              text_field=cfg.text_field, shards=[s.fingerprint() for s in shards])
+                              text_field=cfg.text_field, doc_split=cfg.doc_split,
+                              shards=[s.fingerprint() for s in shards])
     spec = run.RunSpec(V, policy, lambda docs: tokenizer.encode_documents(tok, docs), ident,
                        work, cfg.min_chars, cfg.docs, cfg.batch_size, cfg.checkpoint_every,
                        cfg.device, cfg.top_k,
@@ -129,6 +156,21 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
         if not cfg.keep_work:
             run.remove_work(work)
     return stats
+
+
+def _text_bytes(shards: list) -> int | None:
+    """Total bytes of a corpus of local .txt / .jsonl files (None: any other kind of shard)."""
+    total = 0
+    for s in shards:
+        if Path(s.name).suffix.lower() not in TEXT_SUFFIXES or not Path(s.name).is_file():
+            return None
+        total += Path(s.name).stat().st_size
+    return total
+
+
+def _canonical(fp: dict) -> dict:
+    """A tokenizer fingerprint without its name (where it was loaded from)."""
+    return {k: v for k, v in fp.items() if k != "name"}
 
 
 def _builtin_opts(cfg: StatsConfig) -> dict:

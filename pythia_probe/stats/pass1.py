@@ -1,14 +1,18 @@
-"""Pass 1 over corpus shards, for both engines: tokenize each shard once, cache its windows
-(int32 safetensors in the work dir), count them, and checkpoint the accumulator with its ledger
-(shards finished; documents, sequences, positions and skips per shard) every
-``checkpoint_every`` shards, atomically. A killed run restarted with the same arguments (and
+"""Pass 1 over corpus shards, for both engines, and the windows pass 2 reads again.
+
+Each shard is tokenized once; its windows are cached (int32 safetensors in the work dir,
+without padding) and counted by the engine's accumulator, which is checkpointed with its ledger
+(shards finished; their content digest and cache sha256; documents, sequences, positions and
+skips) every ``checkpoint_every`` shards. A killed run restarted with the same arguments (and
 the same input bytes) loads them and skips finished shards, so no shard is counted twice.
-With several processes each rank takes shards rank, rank+world, ...
+With several processes each rank takes shards rank, rank+world, ... :class:`Windows` hands
+pass 2 the counted windows again, each cache checked against its ledger entry.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -18,13 +22,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from pythia_probe.corpus import content_digest
+from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.fileio import remove
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import checkpoint
-from pythia_probe.stats.accumulate import CountAccumulator
-from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
-from pythia_probe.stats.sparse import SparseCountAccumulator
+from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches, describe_skips
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,8 @@ class RunSpec:
     policy: SequencePolicy
     encode: Callable[[list[str]], Iterator[list[int]]]
     identity: dict[str, Any]
-    work_dir: Path
+    work_dir: Path | None
+    """Checkpoints and token caches (None: nothing kept, one batch in memory)."""
     min_chars: int = 0
     max_docs: int | None = None
     batch_size: int = 256
@@ -47,21 +54,47 @@ class RunSpec:
     engine: str = "auto"
 
 
+def doc_counts(ledger: list[dict]) -> dict[str, int]:
+    """Documents kept and read, and every kind of skip, summed over the ledger."""
+    skipped = sum((Counter(e["skipped"]) for e in ledger), Counter())
+    return {"docs": sum(e["docs"] for e in ledger),
+            "docs_read": sum(e.get("docs_read", e["docs"]) for e in ledger), **dict(skipped)}
+
+
+def check_counted(acc, spec: RunSpec) -> None:
+    """After pass 1: say what was left out and why; when nothing was counted, remove the work
+    folder (it holds nothing worth resuming) and stop with that line."""
+    counts = doc_counts(acc.ledger)
+    line = describe_skips(counts, spec.policy.seq_len)
+    if acc.n_positions == 0:
+        if spec.work_dir is not None:
+            remove_work(spec.work_dir)
+        raise BadInputError(f"no positions were counted: {line}; nothing was kept (the work "
+                            f"folder {spec.work_dir} is removed)")
+    if counts["docs_read"] > counts["docs"] or any(v for k, v in counts.items()
+                                                   if k not in ("docs", "docs_read")):
+        log.info("pass 1: %s", line)
+
+
 def run_meta(meta: dict[str, Any], spec: RunSpec, ledger: list[dict]) -> dict[str, Any]:
     """Metadata of a run: T, ledger, documents and skips, sequence policy."""
-    skipped = sum((Counter(e["skipped"]) for e in ledger), Counter())
-    docs = {"docs": sum(e["docs"] for e in ledger), **dict(skipped)}
+    docs = doc_counts(ledger)
     return dict(meta, T=spec.policy.seq_len, ledger=ledger, counts=docs,
                 policy=dict(spec.policy.as_dict(), min_chars=spec.min_chars,
                             max_docs=spec.max_docs))
 
 
 # -- pass 1 --------------------------------------------------------------------------------
-def count_pass(mine: list, spec: RunSpec, d: Ranks, dev: torch.device,
-               quotas: dict[str, int] | None) -> CountAccumulator:
-    """Pass 1 over this rank's shards, resuming from its checkpoint."""
-    path = spec.work_dir / f"pass1-rank{d.rank}-of{d.world}.safetensors"
-    acc = _resume_counts(path, spec, dev)
+def pass1_path(spec: RunSpec, d: Ranks) -> Path:
+    return spec.work_dir / f"pass1-rank{d.rank}-of{d.world}.safetensors"
+
+
+def count_pass(mine: list, spec: RunSpec, d: Ranks, engine, dev: torch.device,
+               quotas: dict[str, int] | None):
+    """Pass 1 over this rank's shards with ``engine``'s accumulator, resuming from its
+    checkpoint."""
+    path = pass1_path(spec, d)
+    acc = _resume_counts(path, spec, engine, dev)
     done = {e["shard"] for e in acc.ledger}
     used = sum(e["docs"] for e in acc.ledger)
     shown = bar(spec, "statistics pass 1", d)
@@ -81,23 +114,17 @@ def count_pass(mine: list, spec: RunSpec, d: Ranks, dev: torch.device,
     return acc
 
 
-def count_shard(index: int, shard, acc: CountAccumulator, spec: RunSpec, quota: int | None,
+def count_shard(index: int, shard, acc, spec: RunSpec, quota: int | None,
                 shown) -> dict[str, Any]:
-    """Count one shard, cache its windows, append its ledger entry."""
-    seq = Sequencer(spec.policy, spec.d_vocab)
-    docs = _DocFilter(shard.documents(), spec.min_chars, quota)
-    tok_list, len_list = [], []
-    windows = seq.windows(spec.encode(docs))
-    for tokens, lengths in batches(windows, spec.policy.seq_len, spec.batch_size):
-        acc.update(tokens, lengths)
-        tok_list.append(tokens.to(torch.int32))
-        len_list.append(lengths)
-        shown.update(int(lengths.sum()))
-    T1 = spec.policy.seq_len + 1
-    cache = {"tokens": torch.cat(tok_list) if tok_list else torch.zeros(0, T1, dtype=torch.int32),
-             "lengths": torch.cat(len_list) if len_list else torch.zeros(0, dtype=torch.int64)}
-    checkpoint.save_state(cache_path(spec, shard.name), cache, {"shard": shard.name})
-    entry = {"shard": shard.name, "index": index, "docs": docs.kept, "docs_read": docs.read,
+    """Count one shard, cache its windows, append its ledger entry (with the shard's content
+    digest and the cache's sha256, which pass 2 checks the cache against)."""
+    content = content_digest(shard.fingerprint())
+    seq, docs, cache = read_windows(shard, spec, quota, lambda t, n: (acc.update(t, n),
+                                                                      shown.update(int(n.sum()))))
+    digest = cache_digest(cache)
+    _save_cache(spec, shard.name, cache, content, digest)
+    entry = {"shard": shard.name, "index": index, "content": content, "cache_sha256": digest,
+             "docs": docs.kept, "docs_read": docs.read,
              "sequences": int(cache["lengths"].numel()),
              "positions": int((cache["lengths"] - 1).clamp(min=0).sum()),
              "skipped": dict(seq.skipped, docs_under_min_chars=docs.read - docs.kept)}
@@ -105,6 +132,73 @@ def count_shard(index: int, shard, acc: CountAccumulator, spec: RunSpec, quota: 
         entry["skipped"]["empty_shard"] = 1
     acc.ledger.append(entry)
     return entry
+
+
+def read_windows(shard, spec: RunSpec, quota: int | None, each=None):
+    """(sequencer, document filter, cache) of one shard. The cache holds only the tokens of
+    its windows, without padding (``ids``: int32, concatenated; ``lengths``: int64), so its
+    size follows the tokens kept, whatever T is. ``each(tokens, lengths)`` sees every batch."""
+    seq = Sequencer(spec.policy, spec.d_vocab)
+    docs = _DocFilter(shard.documents(), spec.min_chars, quota)
+    ids, lens = [torch.zeros(0, dtype=torch.int32)], [torch.zeros(0, dtype=torch.int64)]
+    for tokens, lengths in batches(seq.windows(spec.encode(docs)), spec.policy.seq_len,
+                                   spec.batch_size):
+        if each is not None:
+            each(tokens, lengths)
+        valid = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
+        ids.append(tokens[valid].to(torch.int32))
+        lens.append(lengths)
+    return seq, docs, {"ids": torch.cat(ids), "lengths": torch.cat(lens)}
+
+
+def padded(cache: dict[str, torch.Tensor], T: int) -> dict[str, torch.Tensor]:
+    """A token cache as windows [n, T+1] int32 padded with 0, and their lengths."""
+    lengths = cache["lengths"]
+    tokens = torch.zeros(lengths.numel(), T + 1, dtype=torch.int32)
+    tokens[torch.arange(T + 1)[None, :] < lengths[:, None]] = cache["ids"]
+    return {"tokens": tokens, "lengths": lengths}
+
+
+def cache_digest(cache: dict[str, torch.Tensor]) -> str:
+    """sha256 of a token cache (the windows' tokens and lengths)."""
+    h = hashlib.sha256(cache["ids"].to(torch.int32).contiguous().numpy().tobytes())
+    h.update(cache["lengths"].to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _save_cache(spec: RunSpec, name: str, cache: dict, content: str, digest: str) -> None:
+    checkpoint.save_state(cache_path(spec, name), cache,
+                          {"shard": name, "content": content, "sha256": digest})
+
+
+def cached_windows(spec: RunSpec, entry: dict[str, Any], shard) -> dict[str, torch.Tensor]:
+    """The windows of a counted shard (padded, as :func:`padded`) from its token cache,
+    checked against its pass-1 ledger entry: a cache that is missing, corrupt or holds other
+    windows (another shard's copied over it) is rebuilt from the shard, which must still give
+    the windows pass 1 counted."""
+    if "cache_sha256" not in entry:
+        raise MismatchError(f"the work folder {spec.work_dir} was written by an older version "
+                            "(its ledger records no token-cache digests); delete it to start "
+                            "over")
+    path = cache_path(spec, entry["shard"])
+    try:
+        cache, _ = checkpoint.load_state(path)
+        if cache_digest(cache) == entry["cache_sha256"]:
+            return padded(cache, spec.policy.seq_len)
+        why = "holds other windows than pass 1 counted"
+    except (CorruptFileError, MissingFileError, KeyError) as err:
+        why = f"cannot be read ({err})"
+    log.warning("token cache %s of shard %s %s: reading the shard again", path, entry["shard"],
+                why)
+    quota = None if spec.max_docs is None else entry["docs"]
+    cache = read_windows(shard, spec, quota)[2]
+    if content_digest(shard.fingerprint()) != entry["content"] or \
+            cache_digest(cache) != entry["cache_sha256"]:
+        raise MismatchError(f"shard {entry['shard']} changed since pass 1 counted it, and its "
+                            f"token cache {path} {why}; delete the work folder {spec.work_dir} "
+                            "to count from scratch")
+    _save_cache(spec, entry["shard"], cache, entry["content"], entry["cache_sha256"])
+    return padded(cache, spec.policy.seq_len)
 
 
 class _DocFilter:
@@ -145,15 +239,14 @@ def _quota(name: str, quotas: dict[str, int] | None, max_docs: int | None, used:
     return None if max_docs is None else max(max_docs - used, 0)
 
 
-def _resume_counts(path: Path, spec: RunSpec, dev: torch.device) -> CountAccumulator:
-    cls = SparseCountAccumulator if spec.engine == "sparse" else CountAccumulator
+def _resume_counts(path: Path, spec: RunSpec, engine, dev: torch.device):
     if not path.exists():
-        return cls(spec.d_vocab, spec.policy.seq_len, dev)
+        return engine.counter(spec.d_vocab, spec.policy.seq_len, dev)
     tensors, meta = checkpoint.load_state(path, spec.identity)
-    return cls.from_state(tensors, meta["state"], dev)
+    return engine.restore_counts(tensors, meta["state"], dev)
 
 
-def _save_counts(path: Path, acc: CountAccumulator, spec: RunSpec) -> None:
+def _save_counts(path: Path, acc, spec: RunSpec) -> None:
     tensors, state = acc.state()
     checkpoint.save_state(path, tensors, {"identity": spec.identity, "state": state})
 
@@ -186,3 +279,31 @@ def spec_identity(**parts: Any) -> dict[str, Any]:
     """JSON-able identity of a run (a checkpoint is only resumed under the same one)."""
     return {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v)
             for k, v in sorted(parts.items())}
+
+
+class Windows:
+    """The windows pass 2 reads again, unit by unit: each counted shard of this rank (its
+    checked token cache), or one batch held in memory. ``units`` are ledger entries."""
+
+    def __init__(self, units: list[dict[str, Any]], load) -> None:
+        self.units, self._load = units, load
+
+    @classmethod
+    def of_shards(cls, spec: RunSpec, ledger: list[dict[str, Any]], mine: list) -> Windows:
+        """This rank's counted shards, in ledger order."""
+        by_name = {s.name: s for _, s in mine}
+        units = [e for e in ledger if e["shard"] in by_name]
+        return cls(units, lambda e: cached_windows(spec, e, by_name[e["shard"]]))
+
+    @classmethod
+    def of_batch(cls, tokens: torch.Tensor, lengths: torch.Tensor | None) -> Windows:
+        L = tokens.shape[1]
+        n = torch.full((tokens.shape[0],), L) if lengths is None else lengths.to(torch.int64)
+        n = n.to(tokens.device)
+        pad = torch.arange(L, device=tokens.device)[None, :] >= n[:, None]
+        batch = {"tokens": tokens.masked_fill(pad, 0).to(torch.int32).cpu(), "lengths": n.cpu()}
+        return cls([{"shard": "batch", "index": 0}], lambda e: batch)
+
+    def load(self, unit: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """One unit's windows: int32 tokens [n, T+1] padded with 0, int64 lengths."""
+        return self._load(unit)

@@ -1,24 +1,24 @@
 """Memory plans of the dense and sparse statistics engines, and ``--engine auto``.
 
-dense (``CountAccumulator``, ``engine.first_pass``, ``QAccumulator``): V x V tensors of 8 B,
-"1 VV" = 8 V^2 bytes (20.2 GB at V = 50,277). Pass 1 holds 3 VV (bigram counts and two
-fixed-point limbs); on the host the peak is 5 VV (Bbar, Phibar, SigmaB, Gbar and pass 2's
-centred Gc), 7 VV at full vocabulary up to engine.EAGER_LIMIT tokens (Qbar twice and PhiBT),
-plus the matmul tiles (compose.DEFAULT_CPU_BUDGET). See MEMORY.md.
+dense (``stats/dense/``): V x V tensors of 8 B, "1 VV" = 8 V^2 bytes (20.2 GB at
+V = 50,277). Pass 1 holds 3 VV (bigram counts and two fixed-point limbs); on the host the peak
+is 5 VV (Bbar, Phibar, SigmaB, Gbar and pass 2's centred Gc), 7 VV at full vocabulary up to
+result.DERIVED_LIMIT ids (Qbar twice and PhiBT), plus the matmul tiles. Its pass 2 runs the
+torch kernels on every device: a batch needs their per-pair workspace (B x T(T+1)/2 pairs).
 
-sparse (``sparse.SparseCountAccumulator``, ``outofcore``, ``tilepass``): memory grows with
-what the corpus holds, not with V^2:
+sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^2:
   24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
-  28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens), the pair buffer
-  (16 B x sparse.BUFFER), column tiles (4 arrays of V x width float64, width from the tile
-  budget), the head block (8 B x sparse.HEAD^2) and the outputs: 8 K^2 B x 8 for top-k K, or
-  3 VV at full vocabulary (Bbar, Phibar, Qbar; 6 VV up to engine.EAGER_LIMIT, where SigmaB,
-  PhiBT and Gbar are stored too).
+  28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
+  padded to T+1 slots), the pair buffer (16 B x max(sparse.BUFFER, one window's pairs)),
+  column tiles (4 arrays of V x width float64, width from the tile budget), the head block
+  (8 B x sparse.HEAD^2) and the outputs.
 
-``choose_engine``: "auto" takes dense when its peak fits the device's budget (free CUDA memory x
-0.9, or the host's available RAM x 0.8), else sparse; an existing pass-1 checkpoint keeps the
-engine that wrote it (a resumed run never switches). The choice, why, and the sparse plan are
-printed by the driver and stored in the statistics metadata (``meta["engine"]``).
+``choose_engine``: "auto" follows the plan: dense when its peak fits the device's budget (free
+CUDA memory x 0.9, or the host's available RAM x 0.8) and is below the sparse engine's (its
+fixed bytes, or its bound when --docs is known), else sparse; "dense" past the budget is
+refused up front with the numbers; an existing pass-1 checkpoint keeps the engine that wrote it
+(a resumed run never switches). The choice, why, and the sparse plan are printed by the driver
+and stored in the statistics metadata (``meta["engine"]``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pythia_probe import fileio
-from pythia_probe.errors import BadInputError, MismatchError, ResourceError
+from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
 from pythia_probe.resources import memory_budget
-from pythia_probe.stats import compose, sparse, sparse_tables
-from pythia_probe.stats.engine import EAGER_LIMIT
+from pythia_probe.stats.dense import compose
+from pythia_probe.stats.native import fastcount
+from pythia_probe.stats.result import DERIVED_LIMIT as EAGER_LIMIT
+from pythia_probe.stats.sparse import count as sparse
+from pythia_probe.stats.sparse import tables as sparse_tables
 
 GB = 1e9
 ENGINES = ("auto", "dense", "sparse")
@@ -60,14 +63,15 @@ class EngineChoice:
 def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu") -> int:
     """Peak bytes of the dense engine on the memory that decides whether it fits.
 
-    CPU: the host peak (5 VV, or 7 VV at full vocabulary up to EAGER_LIMIT) + matmul tiles.
+    CPU: the host peak (5 VV, or 7 VV at full vocabulary up to EAGER_LIMIT) + matmul tiles
+    (the tile budget, or two V x V tiles when the whole matrix is smaller).
     CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less).
     """
     VV = 8 * d_vocab * d_vocab
     if device.startswith("cuda"):
         return 3 * VV + (1 << 30)
     factor = 7 if top_k is None and d_vocab <= EAGER_LIMIT else 5
-    return factor * VV + compose.DEFAULT_CPU_BUDGET
+    return factor * VV + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
 
 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
@@ -90,8 +94,9 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     else:
         outputs = 8 * 8 * top_k * top_k
     width = tile_width(d_vocab, budget_bytes)
+    buffer = max(sparse.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"outputs": outputs, "tiles": TILE_ARRAYS * 8 * d_vocab * width,
-             "pair_buffer": 16 * sparse.BUFFER + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
+             "pair_buffer": 16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
             "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,
@@ -117,10 +122,27 @@ def describe_sparse(plan: dict[str, Any]) -> str:
 def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
                   device: str = "cpu", budget: tuple[float | None, str] | None = None,
                   checkpoint_kind: str | None = None, tile_budget: int | None = None,
-                  docs: int | None = None) -> EngineChoice:
-    """Resolve ``--engine``: auto -> dense when its peak fits ``budget``, else sparse."""
+                  docs: int | None = None, sparse_built: bool = True) -> EngineChoice:
+    """Resolve ``--engine``: auto -> dense when its peak fits ``budget`` and is below the
+    sparse engine's, else sparse (which needs its C kernels: ``sparse_built``)."""
     if requested not in ENGINES:
         raise BadInputError(f"--engine {requested!r}; valid: {', '.join(ENGINES)}")
+    choice = _choose(requested, d_vocab, T, top_k, device, budget, checkpoint_kind,
+                     tile_budget, docs)
+    if choice.resolved == "sparse" and not sparse_built:
+        if requested == "auto" and choice.plan["budget_bytes"] is not None and \
+                choice.plan["dense_peak_bytes"] <= choice.plan["budget_bytes"]:
+            return EngineChoice(requested, "dense", "the sparse engine's C kernels are not "
+                                "built; " + choice.reason.split(";")[0], choice.plan)
+        raise KernelError("the sparse engine needs its C kernels, which are not built "
+                          f"(reinstall with `pip install -e .` and a C compiler); "
+                          f"{choice.reason.split(';')[0]}")
+    return choice
+
+
+def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str,
+            budget: tuple[float | None, str] | None, checkpoint_kind: str | None,
+            tile_budget: int | None, docs: int | None) -> EngineChoice:
     splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs)
     need = dense_peak(d_vocab, top_k, device)
     limit, how = budget if budget is not None else memory_budget(device)
@@ -129,6 +151,10 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
         raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
                             "--engine sparse (or auto), or use another --work-dir")
     if requested == "dense":
+        if limit is not None and need > limit:
+            raise ResourceError(f"--engine dense at d_vocab {d_vocab:,} needs {need / GB:.1f} GB "
+                                f"(its V x V tensors, see MEMORY.md), more than the budget "
+                                f"{limit / GB:.1f} GB ({how}); use --engine sparse or auto")
         return EngineChoice(requested, "dense", f"--engine dense given; dense peak "
                             f"{need / GB:.2f} GB", plan)
     if requested == "sparse":
@@ -137,10 +163,14 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
     if checkpoint_kind is not None:
         kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
-    if limit is not None and need <= limit:
+    sparse_need = (splan["fixed_bytes"] if docs is None
+                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget))
+    if limit is not None and need <= limit and need <= sparse_need:
         return EngineChoice(requested, "dense", f"dense peak {need / GB:.2f} GB fits budget "
-                            f"{limit / GB:.2f} GB ({how})", plan)
-    why = "budget unknown" if limit is None else f"exceeds budget {limit / GB:.2f} GB"
+                            f"{limit / GB:.2f} GB ({how}) and is below the sparse engine's "
+                            f"{sparse_need / GB:.2f} GB", plan)
+    why = ("budget unknown" if limit is None else f"exceeds budget {limit / GB:.2f} GB"
+           if need > limit else f"is above the sparse engine's {sparse_need / GB:.2f} GB")
     return EngineChoice(requested, "sparse", f"dense peak {need / GB:.2f} GB at d_vocab "
                         f"{d_vocab:,} {why} ({how}); {describe_sparse(splan)}", plan)
 
@@ -170,6 +200,13 @@ def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
             + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
 
 
+def file_bytes(rows: int, top_k: int | None) -> int:
+    """Expected size of a statistics file of ``rows`` rows before it is built: 7 V x V float64
+    matrices, 4 at full vocabulary above EAGER_LIMIT (the derived ones are composed on load)."""
+    lazy = top_k is None and rows > EAGER_LIMIT
+    return (4 if lazy else 7) * 8 * rows * rows
+
+
 def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:
     """Peak bytes of the statistics with the engine --engine auto would pick where they fit:
     the dense engine's peak, or the sparse engine's bound when that is lower."""
@@ -180,32 +217,86 @@ def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: 
 
 BATCH_COPIES = 4  # a token batch [B, T+1] int64 lives as ids, lengths/masks and kernel buffers
 T_ARRAYS = 4  # per-position arrays of T float64 (Delta, its partial sums, weights)
+TORCH_PAIR_BYTES = 32  # torch kernels: keys, weights / M and masks per (t, m) pair of a batch
+PASS2_SLOT_BYTES = 13  # sparse pass 2: int32 token, float64 sum S, a mask byte per window slot
 
 
-def batch_needs(T: int, batch_size: int, docs: int | None, mode: str) -> dict[str, int | None]:
-    """Memory of one token batch and of the per-position arrays, and the token cache's disk
-    (bounded when --docs is given and each document gives one window: mode 'first')."""
-    cache = docs * (T + 1) * 4 if docs is not None and mode == "first" else None
+def batch_needs(T: int, batch_size: int, docs: int | None, mode: str,
+                torch_kernels: bool = False) -> dict[str, int | None]:
+    """Memory of one token batch [B, T+1] (padded: --keep-short windows cost as much as full
+    ones), of the per-position arrays and, with the torch kernels (CUDA, or no C kernel), of
+    their per-pair workspace (B x T(T+1)/2 pairs); the token cache's disk (its tokens without
+    padding; bounded when --docs is given and each document gives one window: mode 'first')."""
+    pairs = T * (T + 1) // 2
+    window = 4 * (T + 1) + 8
+    cache = docs * window if docs is not None and mode == "first" else None
     return {"batch_bytes": BATCH_COPIES * 8 * batch_size * (T + 1),
-            "position_bytes": T_ARRAYS * 8 * T, "cache_bytes": cache,
-            "cache_bytes_per_window": 4 * (T + 1)}
+            "position_bytes": T_ARRAYS * 8 * T,
+            "kernel_bytes": TORCH_PAIR_BYTES * (batch_size + 1) * pairs if torch_kernels else 0,
+            "cache_bytes": cache, "cache_bytes_per_window": window}
 
 
 def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: str,
-                  work_dir, budget: tuple[float | None, str] | None = None) -> str:
-    """Refuse, before any document is read, a run whose batches or token cache cannot fit
-    (e.g. --seq-len 100000000); return the plan line."""
-    need = batch_needs(T, batch_size, docs, mode)
-    mem = need["batch_bytes"] + need["position_bytes"]
+                  work_dir, budget: tuple[float | None, str] | None = None,
+                  torch_kernels: bool | None = None) -> str:
+    """Refuse, before any document is read, a run whose batches, kernel workspace or token
+    cache cannot fit (e.g. --seq-len 100000000); return the plan line."""
+    torch_kernels = (not (device == "cpu" and fastcount.use_c()) if torch_kernels is None
+                     else torch_kernels)
+    need = batch_needs(T, batch_size, docs, mode, torch_kernels)
+    return _check_batches(T, batch_size, docs, need, device, work_dir, budget)
+
+
+def check_dense_batches(T: int, batch_size: int, device: str,
+                        budget: tuple[float | None, str] | None = None) -> None:
+    """The dense engine's pass 2 (torch kernels on every device) needs the per-pair workspace
+    of a batch: refuse up front when it cannot fit."""
+    _check_batches(T, batch_size, None, batch_needs(T, batch_size, None, "first", True),
+                   device, None, budget)
+
+
+def _check_batches(T: int, batch_size: int, docs: int | None, need: dict, device: str,
+                   work_dir, budget: tuple[float | None, str] | None) -> str:
+    mem = need["batch_bytes"] + need["position_bytes"] + need["kernel_bytes"]
     limit, how = budget if budget is not None else memory_budget(device)
     if limit is not None and mem > limit:
+        what = (f" (the torch kernels' workspace for {batch_size} x {T * (T + 1) // 2:,} "
+                f"(t, m) pairs: {need['kernel_bytes'] / GB:.1f} GB)" if need["kernel_bytes"]
+                else "")
         raise ResourceError(f"--seq-len {T} with --batch-size {batch_size} needs {mem / GB:.1f} "
-                            f"GB per batch of windows, more than the budget {limit / GB:.1f} GB "
-                            f"({how}); lower --batch-size or --seq-len")
+                            f"GB per batch of windows{what}, more than the budget "
+                            f"{limit / GB:.1f} GB ({how}); lower --batch-size or --seq-len")
     cache = need["cache_bytes"]
     if cache is not None:
         fileio.check_free(work_dir, cache, f"the token cache ({docs:,} windows of {T + 1} "
                                            "tokens)")
     return (f"batches: {mem / GB:.2f} GB ({batch_size} windows of {T + 1} tokens); token cache "
             + (f"<= {cache / GB:.2f} GB" if cache is not None else
-               f"{need['cache_bytes_per_window']:,} B per window"))
+               "4 B per token kept"))
+
+
+def check_window_length(T: int, text_bytes: int | None, extra_tokens: int = 0) -> None:
+    """Refuse a T no window can reach: a local text corpus of ``text_bytes`` bytes holds at
+    most that many tokens (every token of the word rule and of byte-level BPE covers >= 1 byte;
+    ``extra_tokens``: BOS/EOS added per document). None: the size is unknown (hub, builtin)."""
+    if text_bytes is None or T + 1 <= text_bytes + extra_tokens:
+        return
+    raise BadInputError(f"--seq-len {T}: a window holds T+1 = {T + 1:,} tokens, but the whole "
+                        f"corpus is {text_bytes:,} bytes, so no window can reach that length "
+                        "(every document would be skipped, or with --keep-short padded to it); "
+                        f"use --seq-len below {text_bytes + extra_tokens:,}")
+
+
+def check_pass2_windows(choice: EngineChoice, T: int, docs: int | None, short: str) -> None:
+    """The sparse engine's pass 2 holds every window padded to T+1 slots: refuse up front
+    when ``docs`` windows of that size exceed the budget (--keep-short with a large T)."""
+    limit = choice.plan.get("budget_bytes")
+    if choice.resolved != "sparse" or docs is None or limit is None:
+        return
+    need = docs * (T + 1) * PASS2_SLOT_BYTES + choice.plan["sparse"]["fixed_bytes"]
+    if need > limit:
+        raise ResourceError(f"pass 2 of the sparse engine holds every window padded to T+1 = "
+                            f"{T + 1:,} slots ({PASS2_SLOT_BYTES} B each): {docs:,} windows "
+                            f"need {need / GB:.1f} GB, more than the budget {limit / GB:.1f} GB"
+                            + ("; --keep-short pads short documents to that length"
+                               if short == "keep" else "") + "; lower --seq-len or --docs")

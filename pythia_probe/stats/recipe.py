@@ -1,8 +1,13 @@
 """Statistics made from a recipe, once: cached by the recipe and the tokenizer's fingerprint.
 
 A :class:`Recipe` is everything that decides the numbers (corpus, documents, sequence policy,
-vocabulary); with the fingerprint of the tokenizer it names one file in the tool's cache
-(``$PYTHIA_PROBE_CACHE/stats``, else ``$HF_HOME/pythia_probe/stats``). The first run builds it
+vocabulary). The cache key is the content that decides them: every corpus shard's content
+(a local file's size and sha256, a hub file's sha256 at the commit the listing pinned, never a
+path or a modification time), the tokenizer's canonical fingerprint (never its name or where it
+was loaded from) and the recipe; it names one file in the tool's cache
+(``$PYTHIA_PROBE_CACHE/stats``, else ``$HF_HOME/pythia_probe/stats``). A changed corpus file
+names another file, which the next run builds; the same recipe under two HF_HOME folders names
+the same file (and the same stats_id). The first run builds it
 (resuming a killed build from the work folder beside it); every later run, and every model with
 the same tokenizer (all Pythia sizes share one), reads it without touching the corpus.
 
@@ -20,12 +25,14 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from pythia_probe import corpus
+from pythia_probe.corpus import content_digest
 from pythia_probe.hubio import tool_cache
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats.job import StatsConfig, compute
 
-FORMAT = "pythia_probe.recipe/1"
+FORMAT = "pythia_probe.recipe/2"
 
 
 @dataclass(frozen=True)
@@ -44,17 +51,28 @@ class Recipe:
 PAPER = Recipe()
 
 
-def recipe_key(recipe: Recipe, fingerprint: dict) -> str:
-    """16 hex digits naming ``recipe`` with the tokenizer of ``fingerprint``."""
-    ident = {"format": FORMAT, **asdict(recipe), "tokenizer": fingerprint["sha256"],
-             "d_vocab": fingerprint["d_vocab"]}
+def recipe_key(recipe: Recipe, fingerprint: dict, shards: list) -> str:
+    """16 hex digits naming ``recipe`` over the content of ``shards`` (each a corpus Shard)
+    with the tokenizer of ``fingerprint``."""
+    fields = {k: v for k, v in asdict(recipe).items() if k != "dataset"}
+    ident = {"format": FORMAT, **fields,
+             "tokenizer": {k: fingerprint.get(k) for k in ("sha256", "d_vocab", "scheme")},
+             "shards": [content_digest(s.fingerprint()) for s in shards]}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cache_path(recipe: Recipe, fingerprint: dict, root: str | Path | None = None) -> Path:
-    """The statistics file of ``recipe`` in the tool's cache (or ``root``)."""
+def recipe_shards(recipe: Recipe) -> list:
+    """The corpus shards of ``recipe`` (a hub dataset is listed and pinned now)."""
+    return corpus.corpus_shards(recipe.dataset, text_field=recipe.text_field,
+                                split=recipe.split)
+
+
+def cache_path(recipe: Recipe, fingerprint: dict, root: str | Path | None = None,
+               shards: list | None = None) -> Path:
+    """The statistics file of ``recipe`` in the tool's cache (or ``root``), named by the
+    content key (``shards``: the recipe's shards when already listed)."""
     vocab = "full" if recipe.top_k is None else f"top{recipe.top_k}"
-    key = recipe_key(recipe, fingerprint)
+    key = recipe_key(recipe, fingerprint, recipe_shards(recipe) if shards is None else shards)
     name = f"{Path(recipe.dataset).name}-T{recipe.seq_len}-{vocab}-{key}.safetensors"
     return Path(root or tool_cache("stats")) / name
 
@@ -69,14 +87,17 @@ def stats_config(recipe: Recipe, tokenizer: str, out: Path, device: str,
 
 
 def ensure(recipe: Recipe, tok, fingerprint: dict, device: str, ranks: Ranks | None = None,
-           progress: JobProgress | None = None, root: str | Path | None = None) -> Path:
+           progress: JobProgress | None = None, root: str | Path | None = None,
+           show: bool = True) -> Path:
     """The statistics file of ``recipe``: read from the cache, or built now (rank 0 returns
-    it after every rank finished)."""
-    path = cache_path(recipe, fingerprint, root)
+    it after every rank finished). ``show=False``: no display of its own (--no-progress)."""
+    shards = recipe_shards(recipe)  # listed once: the key and the counts see the same shards
+    path = cache_path(recipe, fingerprint, root, shards)
     if path.is_file():
         return path
     cfg = stats_config(recipe, tok.name_or_path or "model tokenizer", path, device)
-    compute(replace(cfg, progress=progress is None), ranks, tok=tok, progress=progress)
+    compute(replace(cfg, progress=show and progress is None), ranks, tok=tok,
+            progress=progress, shards=shards)
     if ranks is not None:
         ranks.barrier()  # rank 0 has written the file
     return path

@@ -6,7 +6,8 @@ windows of T+1 tokens, as Pythia's training packs its 2049-token sequences; the 
 at every shard so shards stay independent units. Documents (or a packed remainder) shorter than
 T+1 tokens are skipped and counted (``short="skip"``) or kept as variable-length rows whose
 padding is never counted (``short="keep"``). Ids outside the vocabulary skip the document
-(counted) or raise (``oov="error"``).
+(counted; the paper's rule for word:K) or raise (``oov="error"``); ``oov="unk"`` records that
+the tokenizer's [UNK] id was made a statistic id, so nothing is out of the vocabulary.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor
 from pythia_probe.errors import BadInputError
 
 MODES = ("first", "packed")
+OOV = ("skip", "unk", "error")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class SequencePolicy:
     short: str = "skip"
     """Sequences shorter than T+1 tokens: 'skip' (counted in meta) or 'keep' (masked)."""
     oov: str = "skip"
-    """Documents with ids outside 0..d_vocab-1: 'skip' (counted) or 'error'."""
+    """Documents with ids outside 0..d_vocab-1: 'skip' (counted), 'error', or 'unk' (the
+    [UNK] id is inside the statistics' vocabulary, so no document is dropped for it)."""
     bos: int | None = None
     """Id prepended to every document (None: nothing)."""
     eos: int | None = None
@@ -44,7 +47,7 @@ class SequencePolicy:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise BadInputError(f"seq_len (T) must be an integer >= 1, got {self.seq_len!r}")
         for name, value, valid in (("mode", self.mode, MODES), ("short", self.short,
-                                   ("skip", "keep")), ("oov", self.oov, ("skip", "error"))):
+                                   ("skip", "keep")), ("oov", self.oov, OOV)):
             if value not in valid:
                 raise BadInputError(f"{name} must be one of {valid}, got {value!r}")
 
@@ -126,3 +129,56 @@ def to_batch(rows: list[list[int]], T: int) -> tuple[Tensor, Tensor]:
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.as_tensor(r, dtype=torch.int64)
     return out, lengths
+
+
+def describe_skips(counts: dict, T: int) -> str:
+    """What was left out and why, in one line (from a run's document counts)."""
+    read = counts.get("docs_read", counts.get("docs", 0))
+    parts = [f"{read:,} documents read"]
+    reasons = (("docs_oov", "dropped for a token outside the vocabulary (with word:K, a word "
+                "outside the K most frequent: the paper's rule; --oov unk maps such words to "
+                "the [UNK] id instead)"),
+               ("docs_short", f"shorter than T+1 = {T + 1:,} tokens (--keep-short keeps them)"),
+               ("packed_remainder", "packed remainders shorter than T+1 tokens"),
+               ("docs_under_min_chars", "under --min-chars"), ("docs_empty", "empty"))
+    parts += [f"{counts[k]:,} {why}" for k, why in reasons if counts.get(k)]
+    if read <= 1:
+        parts.append("a .txt file is cut into documents at <|endoftext|> lines, or at blank "
+                     "lines when it has none (--doc-split line|blank-line|endoftext|whole)")
+    return "; ".join(parts)
+
+
+def as_ids(tokens: Tensor, device: torch.device) -> Tensor:
+    """An integer batch as int64 on ``device`` (anything else is refused in one line)."""
+    if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
+        raise BadInputError("tokens must be an integer tensor [n, T+1]")
+    return tokens.to(device, torch.int64)
+
+
+def check_batch(tokens: Tensor, lengths: Tensor | None, d_vocab: int, T: int) -> Tensor:
+    """Validate a batch of windows for a pass; return lengths (full rows when None)."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype.is_floating_point:
+        raise BadInputError("tokens must be an integer tensor [n, T+1]")
+    if tokens.shape[1] < 2 or tokens.shape[1] > T + 1:
+        raise BadInputError(f"tokens have {tokens.shape[1]} columns; valid: 2..T+1 = {T + 1}")
+    L = tokens.shape[1]
+    if lengths is None:
+        lengths = torch.full((tokens.shape[0],), L, dtype=torch.int64, device=tokens.device)
+    lengths = lengths.to(device=tokens.device, dtype=torch.int64)
+    if lengths.shape != (tokens.shape[0],) or bool(((lengths < 2) | (lengths > L)).any()):
+        raise BadInputError(f"lengths must be [n] with 2 <= length <= {L} (T+1 tokens)")
+    valid = torch.arange(L, device=tokens.device)[None, :] < lengths[:, None]
+    bad = valid & ((tokens < 0) | (tokens >= d_vocab))
+    if bool(bad.any()):
+        raise BadInputError(f"token id {int(tokens[bad][0])} outside the vocabulary "
+                            f"0..{d_vocab - 1} (d_vocab = {d_vocab})")
+    return lengths
+
+
+def trimmed(tokens: Tensor, lengths: Tensor) -> Tensor:
+    """The batch without the columns no row reaches (padding only): the kernels then cost
+    what the longest window of the batch needs, not T (--keep-short with a large T)."""
+    if lengths.numel() == 0:
+        return tokens
+    L = int(lengths.max())
+    return tokens if L >= tokens.shape[1] else tokens[:, :L]

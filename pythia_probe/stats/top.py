@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pandas as pd
 import torch
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats.corpus_stats import MATRICES, CorpusStats
+from pythia_probe.stats.result import MATRICES, CorpusStats
 from pythia_probe.tokenizer import load_tokenizer
 
 
@@ -25,7 +26,9 @@ class TopConfig:
     matrices: tuple[str, ...] = ("Bbar", "SigmaB", "Phibar")
     """Matrices to list (Figure 5: Bbar, SigmaB, Phibar)."""
     rows: tuple[str, ...] = ()
-    """Row tokens (strings as the tokenizer writes them, or integer ids); default: most frequent."""
+    """Row tokens: as shown in the table (a leading space shown as ␣: ␣the is " the"), the
+    token's text itself (" the"), the tokenizer's own string (Ġthe), or an integer id;
+    default: the most frequent."""
     n_rows: int = 10
     """Rows listed when --rows is not given (the most frequent tokens)."""
     k: int = 5
@@ -43,15 +46,37 @@ class TopConfig:
             raise BadInputError("k and n_rows must be >= 1")
 
 
+SPACE = "\u2423"  # ␣, the visible space
+_VISIBLE = {" ": SPACE, "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def visible(text: str) -> str:
+    """A token's text with its whitespace made visible (" the" -> "␣the", "\n" -> "\\n"), so
+    two tokens never print alike."""
+    return "".join(_VISIBLE.get(c, c) for c in text) or "''"
+
+
 def load_names(stats: CorpusStats, stats_path: str, tokenizer: str | None) -> list[str]:
-    """Display name of every row/column (decoded token, or the id when no tokenizer)."""
+    """Display name of every row/column: the decoded token with whitespace made visible
+    (:func:`visible`), its id appended where two tokens still read the same (bytes of one
+    character decoded alone), or the id when no tokenizer is known."""
+    return [n for n, _, _ in token_names(stats, stats_path, tokenizer)]
+
+
+def token_names(stats: CorpusStats, stats_path: str, tokenizer: str | None
+                ) -> list[tuple[str, str, str]]:
+    """(display name, decoded text, tokenizer string) of every row/column."""
     ids = stats.token_ids.tolist()
     src = tokenizer or _saved_tokenizer(stats, stats_path)
     if src is None:
-        return [str(i) for i in ids]
-
+        return [(str(i), str(i), str(i)) for i in ids]
     tok = load_tokenizer(src)
-    return [tok.decode([i]).strip() or repr(tok.decode([i])) for i in ids]
+    texts = [tok.decode([i]) for i in ids]
+    raw = [str(t) for t in tok.convert_ids_to_tokens(ids)]
+    shown = [visible(t) for t in texts]
+    seen = Counter(shown)
+    names = [f"{n}#{i}" if seen[n] > 1 else n for n, i in zip(shown, ids, strict=True)]
+    return list(zip(names, texts, raw, strict=True))
 
 
 def _saved_tokenizer(stats: CorpusStats, stats_path: str) -> str | None:
@@ -62,13 +87,17 @@ def _saved_tokenizer(stats: CorpusStats, stats_path: str) -> str | None:
     return name if name and name != "unnamed" else None
 
 
-def row_indices(rows: tuple[str, ...], names: list[str], stats: CorpusStats, n: int) -> list[int]:
-    """Row positions of the requested tokens (names or ids); default: the n most frequent."""
+def row_indices(rows: tuple[str, ...], names: list, stats: CorpusStats, n: int) -> list[int]:
+    """Row positions of the requested tokens (see TopConfig.rows); default: the n most
+    frequent. ``names``: :func:`token_names` (or plain display names)."""
     if not rows:
         counts = stats.token_counts
         order = torch.argsort(counts, descending=True) if counts is not None else torch.arange(n)
         return order[:n].tolist()
-    lookup = {name: i for i, name in enumerate(names)}
+    lookup: dict[str, int] = {}
+    for i, entry in enumerate(names):
+        for form in (entry if isinstance(entry, tuple) else (entry,)):
+            lookup.setdefault(form, i)
     ids = {int(t): i for i, t in enumerate(stats.token_ids.tolist())}
     out = []
     for r in rows:
@@ -77,7 +106,9 @@ def row_indices(rows: tuple[str, ...], names: list[str], stats: CorpusStats, n: 
         elif r.lstrip("-").isdigit() and int(r) in ids:
             out.append(ids[int(r)])
         else:
-            raise BadInputError(f"row token {r!r} is not in the statistics' vocabulary")
+            raise BadInputError(f"row token {r!r} is not in the statistics' vocabulary (give it "
+                                f"as shown by `top`, e.g. {SPACE}the for a space before it, or "
+                                "as an id)")
     return out
 
 
@@ -101,8 +132,9 @@ def top_table(stats: CorpusStats, names: list[str], matrices: tuple[str, ...],
 def render(cfg: TopConfig) -> str:
     """The top lists of ``cfg`` as a printable table."""
     stats = CorpusStats.load(cfg.stats)
-    names = load_names(stats, cfg.stats, cfg.tokenizer)
-    rows = row_indices(cfg.rows, names, stats, cfg.n_rows)
+    forms = token_names(stats, cfg.stats, cfg.tokenizer)
+    names = [f[0] for f in forms]
+    rows = row_indices(cfg.rows, forms, stats, cfg.n_rows)
     table = top_table(stats, names, cfg.matrices, rows, cfg.k, cfg.keep_self)
     with pd.option_context("display.max_colwidth", None, "display.width", 200):
         return table.to_string(index=False)

@@ -14,20 +14,16 @@ whose sha is derived from the branch name and file contents. ``{type}`` is ``mod
 - ``HEAD|GET /{repo}/resolve/{rev}/{path}`` (models), ``/datasets/{repo}/resolve/{rev}/{path}``
   (datasets): small files answered directly (ETag = git blob id); LFS files (.bin, .safetensors,
   .parquet) redirected with 302 to a "CDN" on another origin (``localhost`` instead of
-  ``127.0.0.1``) with ``X-Repo-Commit``, ``X-Linked-Etag`` (sha256), ``X-Linked-Size``.
+  ``127.0.0.1``, or ``cdn_url``: another server) with ``X-Repo-Commit``, ``X-Linked-Etag``
+  (sha256), ``X-Linked-Size``.
 - ``HEAD|GET /cdn/[datasets/]{repo}/{commit}/{path}``; ``Range: bytes=a-b`` / ``a-`` / ``-n``
   answered with 206 (resolve URLs of small files too), as HfFileSystem's block reads need.
 
-Faults (:class:`Fault`), consumed in order per request: ``drop`` (close the connection after
-``after_bytes``), ``500``, ``429`` (with ``Retry-After``), ``slow`` (``bandwidth`` bytes/s),
-``corrupt`` (flip a byte in the body: the middle one, or ``at_byte``). ``HubServer.bandwidth``
-throttles every data transfer.
-
-Malicious metadata (:class:`Tamper`, ``hub.tamper(field, value, match)``): every API answer and
-header about matching files says ``value`` instead of the truth, as a broken or hostile
-``HF_ENDPOINT`` could: ``sha256`` (LFS oid in tree / paths-info / info), ``oid`` (git blob id),
-``path`` (the file's name in listings), ``size``, ``commit`` (refs' targetCommit and info sha),
-``etag`` (``ETag`` / ``X-Linked-Etag`` headers), ``repo-commit`` (``X-Repo-Commit`` header).
+Faults (:class:`~pythia_probe.testing.faults.Fault`: errors, drops, slow, corrupt and
+oversized bodies, stalls, redirects to another server, redirect loops) and lying metadata
+(:class:`~pythia_probe.testing.faults.Tamper`, ``hub.tamper(field, value, match)``) are
+described in :mod:`pythia_probe.testing.faults`. ``HubServer.bandwidth`` throttles every data
+transfer; ``HubServer.log`` records each request (method, path, Range, Authorization header).
 """
 
 from __future__ import annotations
@@ -38,11 +34,11 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from pythia_probe.testing.faults import ANSWERING_KINDS, Fault, Tamper
 from pythia_probe.testing.store import (  # noqa: F401 - FileEntry, RepoStore re-exported
     LFS_SUFFIXES,
     FileEntry,
@@ -54,48 +50,14 @@ from pythia_probe.testing.store import (  # noqa: F401 - FileEntry, RepoStore re
 CHUNK = 64 * 1024
 
 
-@dataclass
-class Fault:
-    """One injected fault. ``on``: "data" (file bytes), "head" (resolve HEAD), "api", or "any"."""
-
-    kind: str  # "drop" | "500" | "429" | "slow" | "corrupt"
-    match: str = "*"  # fnmatch on the file name (data/head) or the API path
-    on: str = "data"
-    times: int = 1  # how many requests it hits; -1 = forever
-    after_bytes: int | None = None  # drop: bytes sent first (default half the body)
-    retry_after: int = 0
-    bandwidth: float = 1e6
-    at_byte: int | None = None  # corrupt: which byte to flip (default the middle one)
-
-    def __post_init__(self):
-        if self.kind not in ("drop", "500", "429", "slow", "corrupt"):
-            raise ValueError(f"unknown fault kind {self.kind!r}")
-        if self.on not in ("data", "head", "api", "any"):
-            raise ValueError(f"fault 'on' must be data, head, api or any; got {self.on!r}")
-
-
-TAMPER_FIELDS = ("sha256", "oid", "path", "size", "commit", "etag", "repo-commit")
-
-
-@dataclass
-class Tamper:
-    """Metadata that lies: ``field`` of files matching ``match`` (fnmatch on the path; the
-    commit fields ignore it) is reported as ``value``."""
-
-    field: str
-    value: object
-    match: str = "*"
-
-    def __post_init__(self):
-        if self.field not in TAMPER_FIELDS:
-            raise ValueError(f"unknown tamper field {self.field!r}; valid: {TAMPER_FIELDS}")
-
-
 class HubServer:
     """ThreadingHTTPServer on 127.0.0.1:0 serving a :class:`RepoStore`; use as a context manager."""
 
-    def __init__(self, root: Path, cdn_host: str = "localhost", port: int = 0):
+    def __init__(self, root: Path, cdn_host: str = "localhost", port: int = 0,
+                 cdn_url: str | None = None):
         self.store = RepoStore(root)
+        self.cdn_url = cdn_url  # LFS redirects go here (default: this server as cdn_host)
+        self.stopping = threading.Event()
         self.faults: list[Fault] = []
         self.tampers: list[Tamper] = []
         self.bandwidth: float | None = None  # bytes/s for every data transfer
@@ -121,6 +83,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.stopping.set()  # stalled requests end
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -203,7 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         n = int(self.headers.get("Content-Length") or 0)
         self.body = self.rfile.read(n) if method == "POST" and n else b""  # even if a fault answers
-        self.hub.log.append({"method": method, "path": url.path, "range": rng, "t": time.time()})
+        self.hub.log.append({"method": method, "path": url.path, "range": rng, "t": time.time(),
+                             "auth": self.headers.get("Authorization")})
         route = _parse_route(parts)
         try:
             if route is None:
@@ -236,14 +200,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, h, json.dumps({"error": msg}).encode())
 
     def _fault_status(self, on: str, name: str) -> tuple[bool, Fault | None]:
-        """Answer 500/429 faults here (returns answered=True); body faults go back to the caller."""
+        """Answer error, stall and redirect faults here (returns answered=True); body faults go
+        back to the caller."""
         f = self.hub.take_fault(on, name)
-        if f is not None and f.kind == "500":
-            self._error(500, None, "injected internal error")
-        elif f is not None and f.kind == "429":
-            self._error(429, None, "injected rate limit", {"Retry-After": str(f.retry_after)})
-        else:
+        if f is None or f.kind not in ANSWERING_KINDS:
             return False, f
+        if f.kind == "500":
+            self._error(500, None, "injected internal error")
+        elif f.kind == "429":
+            self._error(429, None, "injected rate limit", {"Retry-After": str(f.retry_after)})
+        elif f.kind == "stall":
+            self.hub.stopping.wait(f.stall_s)
+            self.close_connection = True
+        else:
+            where = self.path if f.kind == "loop" else f.to.rstrip("/") + self.path
+            self._send(302, {"Location": where})
         return True, f
 
     # -- API ------------------------------------------------------------------------------------
@@ -338,7 +309,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not e.lfs:
             return self._body(method, e, h, name)
         kind = "datasets/" if rtype == "dataset" else ""
-        cdn = f"http://{self.hub.cdn_host}:{self.hub.port}/cdn/{kind}{repo}/{commit}/{quote(name)}"
+        base = self.hub.cdn_url or f"http://{self.hub.cdn_host}:{self.hub.port}"
+        cdn = f"{base.rstrip('/')}/cdn/{kind}{repo}/{commit}/{quote(name)}"
         h.update({"Location": cdn, "X-Linked-Etag": f'"{lie("etag", name, e.sha256)}"',
                   "X-Linked-Size": str(e.size)})
         self._send(302, h, b"", method)
@@ -366,11 +338,20 @@ class _Handler(BaseHTTPRequestHandler):
         if rng is not None:
             status, body = 206, data[rng[0] : rng[1] + 1]
             headers["Content-Range"] = f"bytes {rng[0]}-{rng[1]}/{len(data)}"
+        extra = fault.extra_bytes if fault is not None and fault.kind == "oversize" else 0
+        length = {"Content-Length": str(len(body) + extra)}
+        if extra and not fault.announce:  # no length: the body ends when the connection does
+            length, self.close_connection = {"Connection": "close"}, True
         self.send_response(status)
-        for k, v in {**headers, "Content-Length": str(len(body))}.items():
+        for k, v in {**headers, **length}.items():
             self.send_header(k, v)
         self.end_headers()
         self._stream(body, fault)
+        for start in range(0, extra, CHUNK):
+            n = min(CHUNK, extra - start)
+            self.wfile.write(bytes(n))
+            with self.hub._lock:
+                self.hub.bytes_sent += n
 
     def _stream(self, body: bytes, fault: Fault | None) -> None:
         if fault is not None and fault.kind == "corrupt":

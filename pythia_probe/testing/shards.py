@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -19,6 +20,11 @@ class IdShard:
             if self.fail and i == 1:
                 raise KeyboardInterrupt("killed")
             yield t
+
+    def fingerprint(self) -> dict:
+        """Its name and the sha256 of its texts (what a file shard's fingerprint gives)."""
+        blob = "\x00".join(self.texts).encode()
+        return {"name": self.name, "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def encode_ids(docs: Iterable[str]) -> Iterator[list[int]]:

@@ -1,0 +1,32 @@
+"""Figures drawn from tidy result tables only (pythia_probe.results), one module per idea:
+
+- :mod:`.table`: what a figure reads (optional chance/ceiling/interval/revision columns, the
+  1-based layer convention, the paper's steps);
+- :mod:`.stepaxis`: the log step axis shared by every figure (step 0 behind a marked break);
+- :mod:`.describe`: titles (what is compared with what, model, statistics) and colour ranges;
+- :mod:`.heatmap`, :mod:`.curves`: one panel; :mod:`.figures`: whole figures, saved through
+  :mod:`pythia_probe.fileio`;
+- :mod:`.paper`: the leading-terms paper's Figures 6 and 7;
+- :mod:`.compare`: several models on one colour scale, layers on a relative depth axis;
+
+- :mod:`.run`: :func:`plot_run` (every figure of a table) and ``python -m pythia_probe.plots``.
+"""
+
+from pythia_probe.plots.compare import (
+    compare_figure,
+    compare_run,
+    compare_table,
+    format_compare,
+    model_size,
+    order_models,
+)
+from pythia_probe.plots.figures import curve_figure, head_figure, layer_figure, layerless_figure
+from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, figure6, figure7, paper_figures
+from pythia_probe.plots.run import PlotsConfig, main, metric_figures, plot_run
+from pythia_probe.plots.table import PAPER_STEPS, pivot
+from pythia_probe.summary import paper_layers
+
+__all__ = ["PAPER_HEAD_LAYERS", "PAPER_STEPS", "PlotsConfig", "compare_figure", "compare_run",
+           "compare_table", "curve_figure", "figure6", "figure7", "format_compare",
+           "head_figure", "layer_figure", "layerless_figure", "main", "metric_figures",
+           "model_size", "order_models", "paper_figures", "paper_layers", "pivot", "plot_run"]

@@ -1,0 +1,106 @@
+"""Value against step on the shared log step axis: one line per layer (coloured by depth), or
+one line for a layerless metric (unembedding, the toy's output cosine, the loss).
+
+The interval over documents (``ci_low``..``ci_high``) is a band around each line; chance is a
+grey band over the rows' chance values and the ceiling a dotted line (their median); suspect
+and duplicate steps are shaded columns. Step 0 stands alone left of the axis break: no line is
+drawn across the break.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+
+from pythia_probe.plots import stepaxis
+from pythia_probe.plots.heatmap import STATUS_STYLE
+
+MAX_LEGEND = 8
+
+
+def _split(x: np.ndarray, steps: list[int]):
+    """Indices of step 0 and of the positive steps (drawn on either side of the break)."""
+    zero = [i for i, s in enumerate(steps) if s == 0]
+    return zero, [i for i, s in enumerate(steps) if s > 0]
+
+
+def _line(ax, x, y, lo, hi, steps, colour, label):
+    zero, pos = _split(x, steps)
+    ax.plot(x[pos], y[pos], color=colour, marker=".", ms=3, lw=1.2, label=label)
+    if zero:
+        ax.plot(x[zero], y[zero], color=colour, marker="o", ms=3, ls="none")
+    if lo is not None and np.isfinite(lo).any():
+        ax.fill_between(x[pos], lo[pos], hi[pos], color=colour, alpha=0.18, lw=0)
+        if zero:
+            ax.vlines(x[zero], lo[zero], hi[zero], color=colour, lw=1)
+
+
+def shade_steps(ax, steps: list[int], status: Mapping[int, str]) -> list[int]:
+    """Shade the columns of suspect and duplicate steps; returns the steps shaded."""
+    e = stepaxis.edges(steps)
+    seen, marked = set(), []
+    for i, step in enumerate(steps):
+        kind = status.get(step)
+        if kind not in STATUS_STYLE:
+            continue
+        _, colour, _ = STATUS_STYLE[kind]
+        ax.axvspan(e[i], e[i + 1], color=colour, alpha=0.18, lw=0,
+                   label=None if kind in seen else f"{kind} step")
+        seen.add(kind)
+        marked.append(step)
+    return marked
+
+
+def _scale(ax, x, steps, chance: pd.DataFrame | None, ceiling: pd.DataFrame | None) -> None:
+    zero, pos = _split(x, steps)
+    if chance is not None and chance.notna().to_numpy().any():
+        lo, hi = chance.min().to_numpy(float), chance.max().to_numpy(float)
+        ax.fill_between(x[pos], lo[pos], np.maximum(hi[pos], lo[pos] + 0.004), color="0.4",
+                        alpha=0.35, lw=0, hatch="xx", label="chance")
+    if ceiling is not None and ceiling.notna().to_numpy().any():
+        mid = ceiling.median().to_numpy(float)
+        ax.plot(x[pos], mid[pos], color="black", ls=":", lw=1.3, label="ceiling")
+
+
+def draw(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
+         high: pd.DataFrame | None = None, chance: pd.DataFrame | None = None,
+         ceiling: pd.DataFrame | None = None, status: Mapping[int, str] | None = None,
+         row_label: str = "layer", ylim: tuple[float, float] | None = None):
+    """Draw one line per row of ``values`` (rows x steps). Returns a ScalarMappable when the
+    rows are too many for a legend (the caller draws it as a colour bar), else None."""
+    steps = [int(s) for s in values.columns]
+    x = stepaxis.positions(steps)
+    shade_steps(ax, steps, status or {})
+    _scale(ax, x, steps, chance, ceiling)
+    n = len(values)
+    cmap = colormaps["viridis"]
+    for i, (row, y) in enumerate(values.iterrows()):
+        colour = "tab:blue" if n == 1 else cmap(i / max(n - 1, 1))
+        lo = None if low is None else low.loc[row].to_numpy(float)
+        hi = None if high is None else high.loc[row].to_numpy(float)
+        label = None if n == 1 or n > MAX_LEGEND else f"{row_label} {row}"
+        _line(ax, x, y.to_numpy(float), lo, hi, steps, colour, label)
+    stepaxis.setup(ax, steps)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.25, lw=0.5)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, ncol=2, loc="best")
+    if n > MAX_LEGEND:
+        rows = [int(r) for r in values.index]
+        return ScalarMappable(Normalize(min(rows), max(rows)), cmap)
+    return None
+
+
+def ylim_for(metric: str) -> tuple[float, float] | None:
+    """Fixed limits for cosines (0-1) and correlations (-1..1), else the data's."""
+    if metric.startswith("cos_"):
+        return (0.0, 1.02)
+    if metric.startswith("corr_"):
+        return (-1.02, 1.02)
+    return None

@@ -1,0 +1,228 @@
+"""The revision ledger: does each checkpoint branch hold the weights its name says?
+
+Pythia's hub branches do not always: step0 == step1 (== step2) in every size (pythia#83,
+#198), 86 of pythia-2.8b's 154 branches serve final-era weights (#205), pythia-12b steps serve
+the final model's first shard (#206). The ledger finds these from hub metadata alone (refs and
+tree listings: sizes and LFS sha256), before any weight is downloaded::
+
+    from pythia_probe.revisions import ledger, write_ledger
+    df = ledger("EleutherAI/pythia-1.4b", "0,1,2,1000-143000")  # nothing downloaded
+    write_ledger(df, "out/revisions.parquet")
+
+    python -m pythia_probe.revisions --model EleutherAI/pythia-1.4b --steps all --out r.parquet
+
+One row per asked step, columns :data:`COLUMNS`:
+
+- ``step``, ``revision`` (the branch), ``commit`` (40 hex; null for local folders);
+- ``weights_sha256``: sha256 of the lines ``"<file> <sha256>"`` of the revision's weight files,
+  sorted by file name (the hub-listed sha256; local folders: the files hashed here; a weight
+  file the hub lists without an LFS sha256 enters as ``git-blob:<id>``);
+- ``same_as``: the earliest other asked step with the same ``weights_sha256``, or null;
+- ``status`` and ``reason`` (in words): ``duplicate`` when the step is byte-identical to an
+  earlier asked step (the earliest one stays ``ok``: step0 is ok, step1 its duplicate);
+  ``suspect`` when the step is not the final one and its weights, or any one of its weight
+  files, equal the final model's (``main``, all of its weight files, and the last step the
+  model has), or when one of its files equals a file of another asked step it is not wholly
+  identical to; ``suspect`` wins over ``duplicate`` (``same_as`` still says which); else ``ok``.
+
+Duplicates are looked for among the asked steps only (listing every branch would cost one tree
+call each); the final model is always listed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pythia_probe.checkpoints import CheckpointSource, Revision
+from pythia_probe.cli import parse_configs, run_main
+from pythia_probe.errors import BadInputError, CorruptFileError
+from pythia_probe.fileio import atomic_write
+from pythia_probe.steps import parse_steps
+from pythia_probe.weights_io import WEIGHT_SUFFIXES, weights_digest
+
+COLUMNS = ("step", "revision", "commit", "weights_sha256", "same_as", "status", "reason")
+STATUSES = ("ok", "duplicate", "suspect")
+PROG = "python -m pythia_probe.revisions"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """One revision's weight files as identities: ``files`` {name: sha256 or git-blob:id}."""
+
+    step: int
+    revision: str
+    commit: str | None
+    files: dict[str, str]
+
+    @property
+    def digest(self) -> str:
+        return weights_digest(self.files)
+
+
+# ---- what the metadata says -------------------------------------------------------------------
+
+def weights_of(source: CheckpointSource, rev: Revision, every_format: bool = False) -> Weights:
+    """The identities of ``rev``'s weight files (the layout's; ``every_format``: all
+    ``.bin`` and ``.safetensors`` files, as on ``main``)."""
+    files = ([f for f in rev.files if f.path.endswith(WEIGHT_SUFFIXES) and "/" not in f.path]
+             if every_format else rev.weight_files)
+    return Weights(rev.step, rev.branch, rev.commit,
+                   {f.path: source.file_identity(rev, f) for f in files})
+
+
+def final_model(source: CheckpointSource, revs: list[Revision]) -> tuple[int, list[Weights]]:
+    """``(final step, its references)``: the last step the model has, and the weights of
+    ``main`` (every format) and of that step, as far as the source has them."""
+    available = source.steps()
+    last = max(available or [r.step for r in revs])
+    refs = []
+    main = source.resolve_branch("main", last)
+    if main is not None:
+        refs.append(weights_of(source, main, every_format=True))
+    asked = {r.step: r for r in revs}
+    if last in asked or last in available:
+        refs.append(weights_of(source, asked.get(last) or source.resolve([last])[0]))
+    return last, refs
+
+
+# ---- the rules --------------------------------------------------------------------------------
+def _final_reason(w: Weights, final: set[str], label: str) -> str | None:
+    shared = sorted(name for name, i in w.files.items() if i in final)
+    if not shared:
+        return None
+    if len(shared) == len(w.files):
+        return (f"its weights are byte-identical to the final model's ({label}): the branch "
+                f"serves final weights, not step {w.step}'s (cf. pythia#205)")
+    verb = "is" if len(shared) == 1 else "are"
+    return (f"{', '.join(shared)} {verb} byte-identical to the final model's ({label}) while "
+            "its other weight files differ (cf. pythia#206)")
+
+
+def _shared_reason(w: Weights, table: list[Weights], final_step: int) -> str | None:
+    by_file = defaultdict(set)
+    for other in table:
+        if other.step not in (w.step, final_step) and other.digest != w.digest:
+            for name, i in other.files.items():
+                by_file[i].add((other.step, name))
+    hits = sorted((name, step) for name, i in w.files.items() for step, _ in by_file.get(i, ()))
+    if not hits:
+        return None
+    said = ", ".join(f"{name} = step{step}'s" for name, step in hits)
+    return f"{said}, a step whose other weight files differ: a mixed-up branch"
+
+
+def classify(table: list[Weights], final_step: int, final: list[Weights]) -> pd.DataFrame:
+    """The ledger rows for ``table`` (one per asked step) against the final model."""
+    final_ids = {i for ref in final for i in ref.files.values()}
+    label = " / ".join(dict.fromkeys(ref.revision for ref in final)) or "unknown"
+    first: dict[str, int] = {}
+    rows = []
+    for w in sorted(table, key=lambda x: x.step):
+        same_as = first.setdefault(w.digest, w.step)
+        same_as = None if same_as == w.step else same_as
+        suspect = [] if w.step == final_step else [
+            r for r in (_final_reason(w, final_ids, label), _shared_reason(w, table, final_step))
+            if r]
+        dup = ([] if same_as is None else
+               [f"byte-identical to step{same_as} (the same weights_sha256)"])
+        status = "suspect" if suspect else "duplicate" if dup else "ok"
+        reason = "; ".join(suspect + dup) or ("the final step" if w.step == final_step else
+                                              "weights unlike every other asked step's")
+        rows.append({"step": w.step, "revision": w.revision, "commit": w.commit,
+                     "weights_sha256": w.digest, "same_as": same_as, "status": status,
+                     "reason": reason})
+    return validate(pd.DataFrame(rows, columns=list(COLUMNS)))
+
+
+def ledger(source: CheckpointSource | str | os.PathLike,
+           steps: Iterable[int] | str) -> pd.DataFrame:
+    """The revision ledger of ``steps`` (a list, or a ``--steps`` spec) of ``source`` (a
+    :class:`~pythia_probe.checkpoints.CheckpointSource`, a hub id or a local folder), from
+    metadata alone: no weight file is downloaded."""
+    if not isinstance(source, CheckpointSource):
+        source = CheckpointSource(source)
+    if isinstance(steps, str):
+        steps = parse_steps(steps, source.steps())
+    revs = source.resolve(sorted(set(steps)))
+    final_step, final = final_model(source, revs)
+    return classify([weights_of(source, r) for r in revs], final_step, final)
+
+
+# ---- the table on disk ------------------------------------------------------------------------
+def validate(df: pd.DataFrame, where: str = "the revision ledger") -> pd.DataFrame:
+    """``df`` with the ledger's columns and types, checked (a wrong one names the column)."""
+    if list(df.columns) != list(COLUMNS):
+        raise CorruptFileError(f"{where} has columns {list(df.columns)}, not {list(COLUMNS)}")
+    df = df.astype({"step": "int64", "same_as": "Int64"})
+    bad = sorted(set(df["status"]) - set(STATUSES))
+    commits = df["commit"].dropna()
+    if bad or not commits.map(lambda c: isinstance(c, str) and len(c) == 40).all():
+        raise CorruptFileError(f"{where}: statuses {bad} (valid: {STATUSES}) or a commit that "
+                               "is not 40 hex digits")
+    if df["step"].duplicated().any():
+        raise CorruptFileError(f"{where} has more than one row for a step")
+    return df.reset_index(drop=True)
+
+
+def write_ledger(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write the ledger to a Parquet file atomically (through :mod:`pythia_probe.fileio`)."""
+    table = pa.Table.from_pandas(validate(df), preserve_index=False)
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp), table.nbytes)
+
+
+def read_ledger(path: str | os.PathLike) -> pd.DataFrame:
+    """A ledger written by :func:`write_ledger`, checked."""
+    return validate(pd.read_parquet(path), str(path))
+
+
+def summary(df: pd.DataFrame) -> str:
+    """``"N steps: a ok, b duplicate, c suspect"`` and one line per step that is not ok."""
+    counts = df["status"].value_counts()
+    head = f"{len(df)} steps: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUSES)
+    return "\n".join([head] + [f"  step{r.step}: {r.status}: {r.reason}"
+                               for r in df.itertuples() if r.status != "ok"])
+
+
+# ---- the command ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RevisionsConfig:
+    """Write the revision ledger of a model's steps (which branches hold duplicate or final
+    weights) from hub metadata alone: no weight file is downloaded."""
+
+    model: str
+    """Hub id (ORG/NAME), a folder of step*/ checkpoints, or a hub-style cache folder."""
+    out: str
+    """The ledger to write (.parquet)."""
+    steps: str = "all"
+    """Steps to list: 1000-143000, 1000-143000:5000, 0,1,2,4,512, early, all, log."""
+    cache_dir: str | None = None
+    """Checkpoint cache read offline (HF_HUB_OFFLINE=1); default the tool's own."""
+
+    def __post_init__(self):
+        if not str(self.model).strip():
+            raise BadInputError("--model is empty; give a hub id or a folder")
+        if not str(self.out).endswith(".parquet"):
+            raise BadInputError(f"--out {self.out!r}: the ledger is a .parquet file")
+        if not str(self.steps).strip():
+            raise BadInputError("--steps is empty; e.g. all, early, 1000-143000:5000")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command: parse, build the ledger, write it, print the counts."""
+    [fields] = parse_configs([RevisionsConfig], argv, PROG)
+    cfg = RevisionsConfig(**fields)
+    df = ledger(CheckpointSource(cfg.model, cache_dir=cfg.cache_dir), cfg.steps)
+    print(f"wrote {write_ledger(df, cfg.out)}\n{summary(df)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main, PROG))

@@ -1,0 +1,1 @@
+"""The dense statistics engine: V x V tensors on any device (``engine.DenseEngine``)."""

@@ -1,0 +1,136 @@
+"""The one statistics driver: corpus shards (or one batch) -> pass 1 -> first pass -> pass 2 ->
+CorpusStats, with either engine behind ``stats/engine.py``'s interface.
+
+The driver owns what both engines share: the engine choice (``plan.choose_engine``, once, on
+rank 0 for every rank), the shards each rank takes, pass 1 with its token caches, ledger,
+checkpoints and resume (``pass1.py``), the check that something was counted, the top-k ids,
+the windows pass 2 reads again (checked against the ledger) and the barrier before rank 0
+returns the statistics. :func:`batch_stats` runs the same steps over one batch in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from pythia_probe.errors import BadInputError
+from pythia_probe.ranks import Ranks
+from pythia_probe.stats import plan
+from pythia_probe.stats.dense.engine import DenseEngine
+from pythia_probe.stats.engine import Engine, top_k_ids
+from pythia_probe.stats.native import sparsecount
+from pythia_probe.stats.pass1 import (
+    RunSpec,
+    Windows,
+    check_counted,
+    count_pass,
+    pass1_path,
+    plan_quotas,
+    remove_work,
+    run_meta,
+    spec_identity,
+)
+from pythia_probe.stats.result import CorpusStats
+from pythia_probe.stats.sequences import SequencePolicy
+from pythia_probe.stats.sparse.engine import SparseEngine
+
+__all__ = ["ENGINES", "RunSpec", "batch_stats", "compute_stats", "remove_work",
+           "spec_identity"]
+log = logging.getLogger(__name__)
+ENGINES: dict[str, Engine] = {e.name: e for e in (DenseEngine(), SparseEngine())}
+
+
+def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
+                  ranks: Ranks | None = None) -> CorpusStats | None:
+    """Both passes over ``shards``; returns the stats on rank 0 (None on other ranks).
+
+    ``ranks``: the process group of a multi-process launch (built by the entry point)."""
+    d = ranks or Ranks(device=spec.device)
+    choice = resolve(spec, d)
+    engine = ENGINES[choice.resolved]
+    meta = dict(meta, engine=choice.meta())
+    dev = torch.device(d.device if engine.name == "dense" else "cpu")
+    quotas = plan_quotas(shards, spec) if d.world > 1 else None
+    mine = [(i, s) for i, s in enumerate(shards) if i % d.world == d.rank]
+    acc = engine.reduce_counts(d, count_pass(mine, spec, d, engine, dev, quotas))
+    check_counted(acc, spec)
+    ledger = list(acc.ledger)
+    fp = engine.first_pass(acc, spec, d)
+    ids = None if spec.top_k is None else top_k_ids(fp.token_counts, spec.top_k)
+    Q, D = engine.second_pass(fp, Windows.of_shards(spec, ledger, mine), ids, spec, d)
+    if d.rank != 0:
+        d.barrier()
+        return None
+    stats = engine.assemble(fp, Q, D, run_meta(meta, spec, ledger), ids, spec)
+    d.barrier()
+    return stats
+
+
+def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
+                top_k: int | None = None, device: str | torch.device | None = None,
+                tokenizer: dict[str, Any] | None = None, engine: str = "dense",
+                budget_bytes: int | None = None) -> CorpusStats:
+    """Both passes, exactly, over one batch [N, T+1] in memory (padding beyond ``lengths``
+    ignored), with the dense (default) or the sparse engine."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2:
+        raise BadInputError("tokens must be a LongTensor [N, T+1]")
+    if engine not in ENGINES:
+        raise BadInputError(f"engine {engine!r}; valid: {', '.join(ENGINES)}")
+    eng = ENGINES[engine]
+    dev = torch.device(device) if device is not None else tokens.device
+    dev = dev if engine == "dense" else torch.device("cpu")
+    T = tokens.shape[1] - 1
+    acc = eng.counter(d_vocab, T, dev).update(tokens, lengths)
+    acc.ledger = [{"shard": "batch", "sequences": tokens.shape[0],
+                   "sha256": _batch_digest(tokens, lengths)}]
+    spec = RunSpec(d_vocab, SequencePolicy(T, short="keep"), None, {}, None, top_k=top_k,
+                   device=str(dev), budget_bytes=budget_bytes, progress=False, engine=engine)
+    d = Ranks(device=str(dev))
+    fp = eng.first_pass(acc, spec, d)
+    ids = None if top_k is None else top_k_ids(fp.token_counts, top_k)
+    Q, D = eng.second_pass(fp, Windows.of_batch(tokens, lengths), ids, spec, d)
+    meta = {"T": T, "tokenizer": tokenizer, "ledger": acc.ledger, "policy": {"kind": "batch"},
+            "engine": {"requested": engine, "resolved": engine, "reason": "batch_stats"}}
+    return eng.assemble(fp, Q, D, meta, ids, spec)
+
+
+def _batch_digest(tokens: Tensor, lengths: Tensor | None) -> str:
+    digest = hashlib.sha256(tokens.cpu().to(torch.int64).numpy().tobytes())
+    if lengths is not None:
+        digest.update(lengths.cpu().to(torch.int64).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def resolve(spec: RunSpec, d: Ranks) -> plan.EngineChoice:
+    """``spec.engine`` resolved once (rank 0 decides for every rank); printed on rank 0."""
+    choice = plan.choose_engine(spec.engine, spec.d_vocab, spec.policy.seq_len, spec.top_k,
+                                spec.device, checkpoint_kind=checkpoint_kind(pass1_path(spec, d)),
+                                tile_budget=spec.budget_bytes, docs=spec.max_docs,
+                                sparse_built=sparsecount.available())
+    choice = d.gather(choice)[0]
+    if choice.resolved == "sparse":
+        plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)
+        plan.check_pass2_windows(choice, spec.policy.seq_len, spec.max_docs, spec.policy.short)
+    else:
+        plan.check_dense_batches(spec.policy.seq_len, spec.batch_size, spec.device)
+    if d.is_main:
+        log.info(choice.line())
+    return choice
+
+
+def checkpoint_kind(path) -> str | None:
+    """The accumulator kind recorded in a pass-1 checkpoint's header (None: no checkpoint)."""
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return json.loads((f.metadata() or {})["meta"])["state"]["kind"]
+    except Exception as e:  # noqa: BLE001 - a corrupt file: the loader will say so
+        log.warning("cannot read the engine of %s: %s", path, e)
+        return None

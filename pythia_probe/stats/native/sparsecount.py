@@ -1,0 +1,234 @@
+"""ctypes binding of ``_sparsecount.c``, the sparse engine's compiled kernels.
+
+Pass 1 (pair codes, the head block, sorted reductions, exact merges) and the sparse products
+have numpy / scipy twins in ``stats/sparse/`` that run where the library is not built or
+``PYTHIA_PROBE_KERNEL=torch`` (``use_c()``), with the same integers and the same products to
+float64 rounding. Pass 2 (``sweep``, ``centre``: Eq. 16, tile by tile) exists only here
+(``require()``): the sparse engine needs the library; the numpy specification of these two
+kernels is the tests' oracle (tests/sparse_pass2_oracle.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from pythia_probe.errors import KernelError
+from pythia_probe.stats import native
+
+ABI_VERSION = 4
+STEM = "_sparsecount"
+
+
+def library_path() -> Path | None:
+    """The built ``_sparsecount`` shared library next to this module, or None."""
+    return native.library_path(STEM)
+
+
+@lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL | None:
+    lib = native.open_library(STEM, "sc_abi_version", ABI_VERSION)
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.sc_pairs.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, ptr, ptr, ptr]
+    lib.sc_pairs.restype = i64
+    lib.sc_drain.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
+    lib.sc_drain.restype = i64
+    lib.sc_reduce.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
+    lib.sc_reduce.restype = i64
+    lib.sc_merge.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr]
+    lib.sc_merge.restype = i64
+    lib.sc_spmm.argtypes = [i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr,
+                            ptr, ctypes.c_double]
+    lib.sc_spmm.restype = None
+    lib.sc_sweep.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64,
+                             ptr, ptr, ptr, ptr]
+    lib.sc_sweep.restype = ctypes.c_int
+    lib.sc_centre.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr]
+    lib.sc_centre.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    """True when the compiled library is built and loadable."""
+    return _lib() is not None
+
+
+def use_c() -> bool:
+    """True when pass 1 and the products run the compiled kernels (else their twins)."""
+    return native.wants_c(STEM, available(), "numpy / scipy")
+
+
+def require() -> None:
+    """Pass 2 of the sparse engine runs only here: refuse when the library is not built."""
+    if not available():
+        raise KernelError(f"the sparse engine needs its C kernels ({STEM}), which are not "
+                          "built: reinstall with `pip install -e .` and a C compiler, or use "
+                          "--engine dense")
+
+
+def info() -> dict:
+    """Which sparse kernels run (recorded in the statistics metadata)."""
+    return {"backend": "c" if use_c() else "numpy", "pass2": "c", "library": STEM}
+
+
+def _p(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _check(rc: int) -> int:
+    return native.check(rc, "sparse C kernel")
+
+
+def _contig(a: np.ndarray, dtype) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _need(name: str, a: np.ndarray | None, dtype, size: int | None = None) -> None:
+    """The kernels write through raw pointers: refuse a wrong dtype, layout or size."""
+    if a is None:
+        return
+    if a.dtype != dtype or not a.flags.c_contiguous or (size is not None and a.size < size):
+        raise KernelError(f"{name}: need a contiguous {np.dtype(dtype)} array of >= "
+                                f"{size} entries, got {a.dtype} {a.shape}")
+
+
+def pairs(tokens: np.ndarray, lengths: np.ndarray, d_vocab: int, tbits: int,
+          out: np.ndarray, head: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+          ) -> int:
+    """Fill ``out`` with the batch's context-pair codes; returns how many. ``head`` =
+    (head_of [V], weights w [T], block [H * H]): pairs of two head tokens go to the block."""
+    tokens, lengths = _contig(tokens, np.int64), _contig(lengths, np.int64)
+    n, L = tokens.shape
+    need = int(((lengths - 1) * lengths // 2).sum())
+    if out.size < need or out.dtype != np.int64 or not out.flags.c_contiguous:
+        raise KernelError(f"pair buffer holds {out.size} int64, need {need}")
+    head_of, w, block = head if head is not None else (None, None, None)
+    H = 0
+    if head is not None:
+        H = int(round(block.size ** 0.5))
+        _need("head_of", head_of, np.int64, d_vocab)
+        _need("w", w, np.int64, L - 1)
+        _need("block", block, np.int64, H * H)
+    return _check(_lib().sc_pairs(_p(tokens), n, L, _p(lengths), d_vocab, tbits, _p(head_of),
+                                  H, _p(w), _p(block), _p(out)))
+
+
+def drain(block: np.ndarray, head_ids: np.ndarray, d_vocab: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, raw sums) of the head block's non-zero entries in key order; zeroes the block."""
+    H = head_ids.size
+    _need("block", block, np.int64, H * H)
+    _need("head_ids", head_ids, np.int64, H)
+    keys, lo = np.empty(H * H, dtype=np.int64), np.empty(H * H, dtype=np.int64)
+    c = _lib().sc_drain(_p(block), H, _p(head_ids), d_vocab, _p(keys), _p(lo))
+    return _shrink(keys, c), _shrink(lo, c)
+
+
+def _shrink(a: np.ndarray, n: int) -> np.ndarray:
+    """``a[:n]`` owning its memory, without a copy (realloc shrinks in place)."""
+    a.resize(n, refcheck=False)
+    return a
+
+
+def reduce_sorted(codes: np.ndarray, tbits: int, w: np.ndarray, lo: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(unique keys, summed weights) of sorted codes, written into ``codes`` and ``lo``
+    (views of their first entries are returned)."""
+    _need("lo", lo, np.int64, codes.size)
+    w = _contig(w, np.int64)
+    u = _lib().sc_reduce(_p(codes), codes.size, tbits, _p(w), _p(codes), _p(lo))
+    return codes[:u], lo[:u]
+
+
+def merge(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...], frac_bits: int
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge two sorted fixed-point tables (keys, hi, lo); exact, carried. b's hi may be
+    None (zeros: a raw run of sums)."""
+    a = tuple(_contig(x, np.int64) for x in a)
+    b = tuple(None if x is None else _contig(x, np.int64) for x in b)
+    n = a[0].size + b[0].size
+    out = tuple(np.empty(n, dtype=np.int64) for _ in range(3))
+    o = _lib().sc_merge(*map(_p, a), a[0].size, *map(_p, b), b[0].size, frac_bits,
+                        *map(_p, out))
+    return tuple(_shrink(x, o) for x in out)
+
+
+def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
+         threads: int = 1, transposed: bool = False, u: np.ndarray | None = None,
+         v: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+    """(A @ X - u v^T) * scale for a CSR matrix A (int64 indptr/col, float64 val) and dense X
+    [*, w] (u None: ones; v None: no correction); ``transposed``: the result's transpose,
+    [w, rows] contiguous. Threads split the columns (blocks of 32).
+
+    The caller guarantees 0 <= col < X.shape[0] (checked once where the CSR is built)."""
+    X = _contig(X, np.float64)
+    rows, w = indptr.size - 1, X.shape[1]
+    _need("indptr", indptr, np.int64)
+    _need("col", col, np.int64, int(indptr[-1]))
+    _need("val", val, np.float64, int(indptr[-1]))
+    u = None if u is None else _contig(u, np.float64)
+    v = None if v is None else _contig(v, np.float64)
+    _need("u", u, np.float64, rows)
+    _need("v", v, np.float64, w)
+    out = np.empty((w, rows) if transposed else (rows, w), dtype=np.float64)
+    lib = _lib()
+    blocks = -(-w // 32)
+    threads = max(1, min(threads, blocks))
+    cuts = [min(w, 32 * (blocks * i // threads)) for i in range(threads + 1)]
+
+    def part(i: int) -> None:  # ctypes releases the GIL: column blocks run in parallel
+        pack = np.empty(X.shape[0] * 32, dtype=np.float64)
+        lib.sc_spmm(rows, _p(indptr), _p(col), _p(val), _p(X), X.shape[0], w, cuts[i],
+                    cuts[i + 1], _p(pack), _p(out), int(transposed), _p(u), _p(v),
+                    float(scale))
+
+    if threads == 1:
+        part(0)
+    else:
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(part, range(threads)))
+    return out
+
+
+def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
+          GcT: np.ndarray, row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
+          Delta: np.ndarray, Dc: np.ndarray, QAt: np.ndarray) -> None:
+    """One tile of pass 2 (see ``_sparsecount.c``: sc_sweep); accumulates in place (Delta + Dc
+    a compensated sum)."""
+    n, L = tokens.shape
+    V = GcT.shape[1]
+    for name, a, dt, size in (("tokens", tokens, np.int32, None), ("lengths", lengths, np.int64, n),
+                              ("occ", occ, np.int64, None), ("col_of", col_of, np.int64, V),
+                              ("GcT", GcT, np.float64, None), ("row_of", row_of, np.int64, V),
+                              ("S", S, np.float64, n * (L - 1)), ("Delta", Delta, np.float64,
+                                                                  L - 1),
+                              ("Dc", Dc, np.float64, L - 1),
+                              ("QAt", QAt, np.float64, side * side)):
+        _need(name, a, dt, size)
+    _check(_lib().sc_sweep(_p(tokens), n, L, _p(lengths), _p(occ), occ.size, _p(col_of),
+                           _p(GcT), GcT.shape[1], _p(row_of), side, dummy, _p(S), _p(Delta),
+                           _p(Dc), _p(QAt)))
+
+
+def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, row_of: np.ndarray | None,
+           side: int, dummy: int, Delta: np.ndarray, Dc: np.ndarray, Qbar: np.ndarray,
+           rows: tuple[int, int] | None = None) -> None:
+    """Subtract the centring term of Q for sequences ``rows`` (default all) in place."""
+    n, L = tokens.shape
+    for name, a, dt, size in (("tokens", tokens, np.int32, None), ("lengths", lengths, np.int64, n),
+                              ("S", S, np.float64, n * (L - 1)), ("Delta", Delta, np.float64,
+                                                                  L - 1),
+                              ("Dc", Dc, np.float64, L - 1),
+                              ("Qbar", Qbar, np.float64, side * side)):
+        _need(name, a, dt, size)
+    if row_of is not None:
+        _need("row_of", row_of, np.int64)
+    s0, s1 = rows if rows is not None else (0, n)
+    _check(_lib().sc_centre(_p(tokens), s0, s1, L, _p(lengths), _p(S), _p(row_of), side,
+                            dummy, _p(Delta), _p(Dc), _p(Qbar)))

@@ -1,0 +1,1 @@
+"""The sparse statistics engine: counts where the corpus has them (``engine.SparseEngine``)."""

@@ -1,0 +1,276 @@
+"""The answer to the paper's question from a results table: when does each layer's (and head's)
+agreement with the leading terms peak, and when does it leave?
+
+Per (model, settings, analysis, metric, layer, head), over the steps sorted:
+
+- ``peak_step``: the step where agreement above chance, value - chance, is largest (the
+  earliest of ties). ``chance`` is the table's column; where the table has none (older tables)
+  it is taken as 0 and ``chance_source`` says so.
+- ``exit_step``: the first step after the peak where value - chance < (peak - chance) / 2, i.e.
+  agreement fell below half of its peak above chance. ``censored`` is True when it never does
+  within the steps measured (the exit is later than ``last_step``, or the peak is the last
+  step). Where the peak is not above chance (``peak_above_chance`` False) there is no exit to
+  speak of: exit and censored are null.
+- Intervals, from the table's ``ci_low``/``ci_high`` (an interval over documents for each
+  cell): ``peak_step_low``..``peak_step_high`` spans the steps whose interval (minus chance)
+  overlaps the peak's, the steps the documents cannot tell apart from the peak; the exit lies
+  between ``exit_step_low``, the first step after the peak whose interval's lower end is below
+  the half level (it may have fallen), and ``exit_step_high``, the first whose upper end is
+  (it surely has). Without ci columns the intervals are null and ``interval`` says so: the
+  spread over documents is only seen by the sweep, and a table of one number per cell holds
+  nothing to resample.
+- Steps whose ``revision_status`` is "suspect" or "duplicate" (weights that may not be the
+  step they claim) are left out and listed in ``excluded_steps``.
+
+``layer`` is numbered from 1, as the paper; tables written before that convention (a layer 0
+present) are shifted by one with a warning (:func:`paper_layers`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pythia_probe.cli import parse_config, run_main
+from pythia_probe.fileio import atomic_write
+from pythia_probe.results import read_results
+
+log = logging.getLogger(__name__)
+
+SUMMARY = "summary.parquet"
+#: revision_status values whose weights may not be the step the row names
+FLAGGED = ("suspect", "duplicate")
+KEYS = ["model", "settings", "analysis", "metric", "layer", "head"]
+STEP_COLUMNS = ["first_step", "last_step", "peak_step", "peak_step_low", "peak_step_high",
+                "exit_step", "exit_step_low", "exit_step_high"]
+INTERVAL = "steps whose ci_low..ci_high overlaps the peak's; exit between lower and upper end"
+NO_INTERVAL = "none: the table has no ci_low/ci_high for these cells"
+
+
+def column(df: pd.DataFrame, name: str) -> pd.Series:
+    """``df[name]`` as float (revision_status as string); all null when the table lacks it."""
+    if name == "revision_status":
+        if name not in df:
+            return pd.Series(pd.NA, index=df.index, dtype="string")
+        return df[name].astype("string")
+    if name not in df:
+        return pd.Series(np.nan, index=df.index, dtype="float64")
+    return pd.to_numeric(df[name], errors="coerce").astype("float64")
+
+
+def paper_layers(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with layers numbered from 1. A layer 0 cannot occur in a 1-based table, so a model
+    whose rows hold one (0-based, older tables) has its layers shifted by one, with a warning."""
+    if df.empty or df["layer"].notna().sum() == 0:
+        return df
+    zero_based = df.loc[df["layer"] == 0, "model"].unique()
+    if len(zero_based) == 0:
+        return df
+    df = df.copy()
+    shift = df["model"].isin(zero_based) & df["layer"].notna()
+    df.loc[shift, "layer"] = df.loc[shift, "layer"] + 1
+    log.warning("%s: the table numbers layers from 0 (written before the 1-based convention); "
+                "drawn and summarised as layer + 1, the paper's numbering",
+                ", ".join(map(str, zero_based)))
+    return df
+
+
+def _first(mask: np.ndarray, after: int) -> int | None:
+    hits = np.nonzero(mask[after + 1:])[0]
+    return int(after + 1 + hits[0]) if hits.size else None
+
+
+def cell_summary(steps: np.ndarray, value: np.ndarray, chance: np.ndarray,
+                 ci_low: np.ndarray | None = None, ci_high: np.ndarray | None = None) -> dict:
+    """Peak, exit and their intervals of one cell's curve (arrays sorted by step; chance
+    already 0 where unknown; ci arrays None when there are none)."""
+    above = value - chance
+    i = int(np.argmax(above))
+    half = above[i] / 2
+    out = {"peak_step": steps[i], "peak_value": value[i], "peak_chance": chance[i],
+           "half_above": half, "peak_step_low": None, "peak_step_high": None,
+           "exit_step": None, "exit_value": np.nan, "exit_step_low": None,
+           "exit_step_high": None, "censored": None}
+    lo = None if ci_low is None else ci_low - chance
+    hi = None if ci_high is None else ci_high - chance
+    out["peak_above_chance"] = bool(above[i] > 0 if lo is None else lo[i] > 0)
+    if lo is not None:
+        close = (lo <= hi[i]) & (hi >= lo[i])
+        out["peak_step_low"], out["peak_step_high"] = steps[close].min(), steps[close].max()
+    if not out["peak_above_chance"]:
+        return out
+    j = _first(above < half, i)
+    out["censored"] = j is None
+    if j is not None:
+        out["exit_step"], out["exit_value"] = steps[j], value[j]
+    if lo is not None:
+        for key, bound in (("exit_step_low", lo), ("exit_step_high", hi)):
+            k = _first(bound < half, i)
+            out[key] = None if k is None else steps[k]
+    return out
+
+
+def _group_summary(g: pd.DataFrame) -> dict:
+    g = g.sort_values("step")
+    chance = column(g, "chance")
+    low, high = column(g, "ci_low"), column(g, "ci_high")
+    intervals = bool(low.notna().all() and high.notna().all())
+    row = cell_summary(g["step"].to_numpy(np.int64), g["value"].to_numpy(float),
+                       chance.fillna(0.0).to_numpy(float),
+                       low.to_numpy(float) if intervals else None,
+                       high.to_numpy(float) if intervals else None)
+    source = ("table" if chance.notna().all() else "assumed 0: no chance in the table"
+              if chance.isna().all() else "table, 0 where missing")
+    return {**row, "steps": len(g), "first_step": int(g["step"].iloc[0]),
+            "last_step": int(g["step"].iloc[-1]), "chance_source": source,
+            "interval": INTERVAL if intervals else NO_INTERVAL}
+
+
+def _key(values) -> tuple:
+    return tuple(None if pd.isna(v) else v for v in values)
+
+
+def _excluded(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple, str]]:
+    """(rows kept, key -> the steps of its rows left out as suspect or duplicate)."""
+    flagged = column(df, "revision_status").isin(FLAGGED).fillna(False).astype(bool)
+    gone = {_key(k): ",".join(str(int(x)) for x in sorted(set(g["step"])))
+            for k, g in df[flagged].groupby(KEYS, dropna=False, sort=False)}
+    return df[~flagged], gone
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, settings, analysis, metric, layer, head) of ``df``: peak and exit
+    steps with intervals (see the module docstring)."""
+    df = paper_layers(df)
+    kept, gone = _excluded(df)
+    rows = []
+    for key, g in kept.groupby(KEYS, dropna=False, sort=True):
+        rows.append({**dict(zip(KEYS, key, strict=True)), **_group_summary(g),
+                     "excluded_steps": gone.get(_key(key), "")})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    for col in [*STEP_COLUMNS, "layer", "head", "steps"]:
+        out[col] = pd.array([None if pd.isna(v) else int(v) for v in out[col]], dtype="Int64")
+    out["censored"] = out["censored"].astype("boolean")
+    for col in ("model", "settings", "analysis", "metric", "chance_source", "interval",
+                "excluded_steps"):
+        out[col] = out[col].astype("string")
+    return out
+
+
+def write_summary(summary: pd.DataFrame, out_dir: str | os.PathLike) -> Path:
+    """Write ``OUT/summary.parquet`` through :func:`pythia_probe.fileio.atomic_write`."""
+    table = pa.Table.from_pandas(summary, preserve_index=False)
+    return atomic_write(Path(out_dir) / SUMMARY, lambda tmp: pq.write_table(table, tmp),
+                        table.nbytes)
+
+
+def step_label(step: int) -> str:
+    """``512`` -> "512", ``1000`` -> "1k", ``143000`` -> "143k", ``1500`` -> "1500"."""
+    return f"{step // 1000}k" if step >= 1000 and step % 1000 == 0 else str(step)
+
+
+def _steps(v, lo, hi) -> str:
+    if pd.isna(lo):
+        return step_label(int(v))
+    span = step_label(int(lo)) if lo == hi else f"{step_label(int(lo))}-{step_label(int(hi))}"
+    return f"{step_label(int(v))} [{span}]"
+
+
+def _exit(r) -> str:
+    if pd.isna(r.censored):
+        return "peak not above chance"
+    if r.censored:
+        return f"> {step_label(int(r.last_step))} (censored)"
+    if pd.isna(r.exit_step_low):
+        return step_label(int(r.exit_step))
+    lo = step_label(int(r.exit_step_low))
+    hi = "never" if pd.isna(r.exit_step_high) else step_label(int(r.exit_step_high))
+    return f"{step_label(int(r.exit_step))} [{lo if lo == hi else f'{lo}-{hi}'}]"
+
+
+def _lines(g: pd.DataFrame, heads: bool) -> pd.DataFrame:
+    out = pd.DataFrame({
+        "layer": ["-" if pd.isna(x) else str(int(x)) for x in g["layer"]],
+        "head": ["-" if pd.isna(x) else str(int(x)) for x in g["head"]],
+        "peak step [alike]": [_steps(r.peak_step, r.peak_step_low, r.peak_step_high)
+                              for r in g.itertuples()],
+        "peak": [f"{v:.3f}" for v in g["peak_value"]],
+        "chance": [f"{v:.3f}" for v in g["peak_chance"]],
+        "exit step [may-sure]": [_exit(r) for r in g.itertuples()]})
+    return out if heads else out.drop(columns="head")
+
+
+LEGEND = ("Agreement with the theory, per layer: peak = the step of the largest value - chance; "
+          "exit = the first step after it where value - chance < (peak - chance) / 2.\n"
+          "[alike]: the steps whose interval over documents overlaps the peak's. [may-sure]: "
+          "the first steps after the peak whose interval's lower / upper end is below that "
+          "half level.")
+
+
+def _notes(first) -> str:
+    notes = [f"chance: {first.chance_source}",
+             "intervals: ci_low/ci_high" if first.interval == INTERVAL else "no intervals"]
+    if first.excluded_steps:
+        notes.append(f"left out as suspect/duplicate: steps {first.excluded_steps}")
+    return "; ".join(notes)
+
+
+def format_summary(summary: pd.DataFrame, *, heads: bool = False) -> str:
+    """The summary as readable text, one block per (model, analysis, metric); per-head rows
+    only with ``heads`` (they are always in summary.parquet)."""
+    if summary.empty:
+        return "summary: no rows"
+    shown = summary if heads else summary[summary["head"].isna()]
+    blocks = [LEGEND]
+    for (model, settings, analysis, metric), g in shown.groupby(
+            ["model", "settings", "analysis", "metric"], dropna=False, sort=True):
+        run = "" if pd.isna(settings) else f" [{settings}]"
+        table = _lines(g, heads).to_string(index=False)
+        blocks.append(f"{model}{run} {analysis} {metric} ({_notes(g.iloc[0])})\n{table}")
+    hidden = 0 if heads else int(summary["head"].notna().sum())
+    if hidden:
+        blocks.append(f"({hidden} per-head rows in {SUMMARY}; --heads prints them)")
+    return "\n\n".join(blocks)
+
+
+def report(df: pd.DataFrame, out_dir: str | os.PathLike, *, heads: bool = False) -> str:
+    """What a sweep or the demo calls: summarise ``df``, write ``out_dir/summary.parquet``, and
+    return the readable table to print."""
+    summary = summary_table(df)
+    path = write_summary(summary, out_dir)
+    return f"{format_summary(summary, heads=heads)}\n\nwrote {path}"
+
+
+@dataclass(frozen=True)
+class SummaryConfig:
+    """Per layer (and head) of a results folder: the step where agreement with the theory
+    peaks and the first step after it below half of the peak above chance, with intervals;
+    written to OUT/summary.parquet and printed."""
+
+    results: str
+    """Folder of Parquet result shards (a sweep's --out)."""
+    out: str | None = None
+    """Where summary.parquet goes (default: RESULTS)."""
+    heads: bool = False
+    """Print the per-head rows too (always written)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_config(SummaryConfig, None if argv is None else list(argv),
+                       "python -m pythia_probe.summary")
+    print(report(read_results(cfg.results), cfg.out or cfg.results, heads=cfg.heads))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main, "python -m pythia_probe.summary"))
