@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -269,7 +270,9 @@ def test_a_resume_manifest_of_the_wrong_shape_is_one_line(tmp_path, capsys, mani
     capsys.readouterr()
     assert run_main(lambda: tt.main(cli_args(out, 2)), "toy") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{out / 'manifest.json'} is not a toy run manifest" in err[0]
+    # the shared reader (results.read_manifest) or the toy check (resume.run_manifest) refuses it
+    assert len(err) == 1 and re.search(
+        re.escape(f"{out / 'manifest.json'} is not a ") + "(toy )?run manifest", err[0]), err
 
 
 def test_default_output_folders_are_outside_the_committed_results():
@@ -280,3 +283,15 @@ def test_default_output_folders_are_outside_the_committed_results():
     assert "/runs/" in ignored
     for out in (tt.TrainConfig().out, RunFlags().out):
         assert Path(out).parts[0] == "runs", out
+
+
+def test_a_cosine_outside_its_range_is_refused_not_written(tmp_path, monkeypatch):
+    from pythia_probe.errors import OutOfRangeError
+
+    a = torch.ones(3, 3)
+    assert tt.checked_cosine(a, a, "x") == pytest.approx(1.0)
+    assert math.isnan(tt.checked_cosine(a, torch.zeros(3, 3), "x"))  # no direction: no row
+    monkeypatch.setattr(tt, "frobenius_cosine", lambda a, b: 2.5e54)  # e.g. corrupt statistics
+    with pytest.raises(OutOfRangeError, match="cosine of W_O layer None is 2.5e"):
+        run_train(config(tmp_path, epochs=1))
+    assert not (tmp_path / "rows").exists()

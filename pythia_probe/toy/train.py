@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from pythia_probe import theory
 from pythia_probe.cli import parse_config, run_main
-from pythia_probe.errors import BadInputError, MissingFileError
+from pythia_probe.errors import BadInputError, MissingFileError, OutOfRangeError
 from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.ranks import Ranks, from_env
 from pythia_probe.results import (
@@ -116,10 +116,11 @@ def sgd_step(model: torch.nn.Module, params: list[Tensor], seqs: Tensor, lr: flo
 
 
 def checked_cosine(a: Tensor, b: Tensor, what: str) -> float:
-    """frobenius_cosine, refused outside [-1, 1] (beyond float rounding: a bug, never a row)."""
+    """frobenius_cosine, refused outside [-1, 1] beyond float rounding (corrupt statistics or a
+    bug; never written as a row)."""
     c = frobenius_cosine(a, b)
     if math.isfinite(c) and abs(c) > 1 + 1e-9:
-        raise ValueError(f"cosine of {what} is {c}, outside [-1, 1]")
+        raise OutOfRangeError(f"cosine of {what} is {c}, outside [-1, 1]")
     return c
 
 
