@@ -29,6 +29,7 @@ from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.fileio import write_text
 from pythia_probe.results import read_manifest
 from pythia_probe.toy.icrecall import verdicts as V
+from pythia_probe.toy.icrecall.intervals import wilson
 from pythia_probe.toy.icrecall.report import OUT
 from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
 
@@ -98,11 +99,33 @@ def item5(out: Path) -> list[dict]:
     rec = (f"; memory's own answer recall {mem['memory_answer_recall'].iloc[0]:.4f}"
            if mem is not None and "memory_answer_recall" in mem else "")
     gd_txt = f"; GD: {V.pattern_verdict(gd)[1]}" if len(gd) else ""
-    rec += _long_text(out)
+    rec += _long_text(out) + _memory_limits(ctl, load(out, "controls", "icrecall_controls"))
     return [row(5, "pre-trained memory", "same pattern and accuracy as the constructed memory",
                 f"PGD: {pat}; {acc}{rec}", V.combine(ok1, ok2),
                 f"items 1 and 2: {V.pattern_rule()}; {V.ACCURACY_RULE}{gd_txt}"
                 + control_failures(ctl), "attention row, P(conf), sampled accuracy")]
+
+
+def _memory_limits(ctl: pd.DataFrame | None, constructed: pd.DataFrame | None) -> str:
+    """What the pre-trained memory allows whatever the attention does: the ideal row's own
+    item-2 verdict and the P(conf) of attention spread uniformly (off the pairs included),
+    beside the constructed memory's uniform row."""
+    if ctl is None or not {"ideal", "uniform"} <= set(ctl["state"]):
+        return ""
+    base = "" if constructed is None or "uniform" not in set(constructed["state"]) else (
+        "; the constructed memory's uniform row: " + format(
+            constructed[constructed["state"] == "uniform"]["relation_prob_confusing"].iloc[0],
+            ".4f"))
+    ideal = ctl[ctl["state"] == "ideal"]
+    uni = ctl[ctl["state"] == "uniform"].iloc[0]
+    r = ideal.iloc[0]
+    n = r["n_all"]
+    lo = wilson(round(r["relation_sampled"] * n), n)[0]
+    return (f"; with this memory the ideal row itself gets sampled relation "
+            f"{r['relation_sampled']:.5f} (Wilson lower bound {lo:.5f}; item-2 rule: "
+            f"{V.accuracy_verdict(ideal)[0]}), and the uniform row P(conf) "
+            f"{uni['relation_prob_confusing']:.4f}{base}: mass off the pairs costs this memory "
+            "little, so its training loss does not force v*")
 
 
 def _long_text(out: Path) -> str:

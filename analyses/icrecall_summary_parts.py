@@ -239,6 +239,12 @@ def saddle_lines(out: Path) -> list[str]:
 SAMPLES = {"fixed": "samples_fixed_d", "scaled": "samples"}
 
 
+def _two(x: float) -> str:
+    """x to 2 decimals, never '-0.00'."""
+    s = f"{x:.2f}"
+    return "0.00" if s == "-0.00" else s
+
+
 def _samples_rule(out: Path, rule: str) -> tuple[dict[float, str], str] | None:
     """Verdict per threshold and the text for one memory-size rule's table."""
     w = load(out, SAMPLES[rule], "icrecall_samples")
@@ -260,8 +266,8 @@ def _samples_rule(out: Path, rule: str) -> tuple[dict[float, str], str] | None:
     for t, (best, fit) in growth.over_thresholds(w, cap).items():
         verdicts[t] = growth.growth_verdict(fit, bound)
         med = "/".join(_median_N(best, n, cap) for n in ns)
-        parts.append(f"target {t}: median N* {med}, slope {fit['loglog_slope']:.2f} "
-                     f"[{fit['loglog_slope_lo']:.2f}, {fit['loglog_slope_hi']:.2f}], "
+        lo, mid, hi = (_two(fit[f"loglog_slope{s}"]) for s in ("_lo", "", "_hi"))
+        parts.append(f"target {t}: median N* {med}, slope {mid} [{lo}, {hi}], "
                      f"{int(fit['censored'])} of {len(best)} (n, seed) never reach it -> "
                      f"{verdicts[t]}")
     head = ("fixed d (one memory sized for the largest n: the margin shrinks as n grows)"

@@ -17,6 +17,7 @@ from pythia_probe.results import make_rows, read_manifest, read_shard, validate
 from pythia_probe.toy.icrecall import verdicts as V
 from pythia_probe.toy.icrecall.curvature import LABELS
 from pythia_probe.toy.icrecall.experiment import metric_rows
+from pythia_probe.toy.icrecall.intervals import wilson
 from pythia_probe.toy.icrecall.report import key, parse_key, save, wide
 from pythia_probe.toy.icrecall.task import Prompts
 
@@ -427,6 +428,12 @@ def test_item_4_judged_on_the_fixed_d_memory_over_thresholds(scripts, tmp_path, 
         assert "2 of 8 (n, seed) never reach it -> undecided" in fixed
 
 
+def test_slopes_print_without_a_negative_zero(scripts):
+    two = sys.modules["icrecall_summary_parts"]._two  # imported by the summary script
+    assert [two(x) for x in (-0.0, -0.004, 0.004, -0.02, 0.901)] == \
+        ["0.00", "0.00", "0.00", "-0.02", "0.90"]
+
+
 def test_item_4_without_a_fixed_d_memory_is_undecided(scripts, tmp_path):
     _samples(tmp_path, "samples", lambda n, s: 8, "scaled")
     (row,) = scripts["icrecall_summary"].item4(tmp_path)
@@ -451,6 +458,24 @@ def test_item_5_needs_pattern_and_accuracy(scripts, tmp_path, change, verdict):
     assert "memory's own answer recall 0.8750" in row["ours"]
     assert "PGD seed 0 trained 20000 steps" in row["ours"]
     assert "training loss 2.0e-04 (the ideal row's on the same prompts 1.0e-04)" in row["ours"]
+
+
+@pytest.mark.parametrize("ideal,verdict", [({"relation_sampled": 0.9988, "n_all": 20000}, "no"),
+                                           ({}, "yes")])
+def test_item_5_says_what_the_memory_allows_whatever_the_attention(scripts, tmp_path, ideal,
+                                                                    verdict):
+    pre = [metric_rows(m, "icrecall_controls", 1, settings=key(state=st))
+           for st, m in (("ideal", {**GOOD, **ideal}),
+                         ("uniform", {**UNIFORM, "relation_prob_confusing": 0.9757}))]
+    runs = [metric_rows(GOOD, "icrecall_pretrained", 1, settings=key(method="pgd", seed=0))]
+    save(pre + runs, "pretrained", tmp_path)
+    _write(tmp_path, "controls", "icrecall_controls", [({"state": "uniform"}, UNIFORM)])
+    (row,) = scripts["icrecall_summary"].item5(tmp_path)
+    n = ideal.get("n_all", GOOD["n_all"])
+    lo = wilson(round(ideal.get("relation_sampled", GOOD["relation_sampled"]) * n), n)[0]
+    assert f"ideal row itself gets sampled relation {ideal.get('relation_sampled', 0.9999):.5f}" \
+        f" (Wilson lower bound {lo:.5f}; item-2 rule: {verdict})" in row["ours"]
+    assert "uniform row P(conf) 0.9757; the constructed memory's uniform row: 0.0680" in row["ours"]
 
 
 @pytest.mark.parametrize("k2,k3,verdict,absolute", [
