@@ -86,6 +86,7 @@ class _Counting:
     def __init__(self, th):
         self.th, self.passes = th, 0
         self.name, self.d_vocab, self.dtype, self.norm = th.name, th.d_vocab, th.dtype, th.norm
+        self.trace, self.total = th.trace, th.total
 
     def grams(self, F, edges, chunk):
         self.passes += 1

@@ -27,7 +27,7 @@ from functools import partial
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, Shape, StepTensors
-from pythia_probe.analysis.cosine import Factors, Target, packed_cosines, product
+from pythia_probe.analysis.cosine import Factors, Target, packed_scores, product
 
 
 def _check(W_Q: Tensor, W_K: Tensor, E: Tensor) -> None:
@@ -64,8 +64,8 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
                    target, *, per_head: bool | Sequence[int] = True,
                    chunk: int = 4096, max_rank: int = 0,
                    ln1_w: Sequence[Tensor] | None = None) -> list[dict]:
-    """Rows per layer (head null, metric cos_mean) and per head (metric cos_head); rows
-    number layers from 1 (E_pre[0] is layer 1) and heads from 0.
+    """Rows per layer (head null, metric cos_mean) and per head (metric cos_head), each with
+    its chance level; rows number layers from 1 (E_pre[0] is layer 1) and heads from 0.
 
     ``ln1_w``: per-layer LayerNorm weights [d_model]; given, the rows are the authors'
     LN-folded, centred variant (analysis ``attention_lnfold``), else raw (``attention``).
@@ -88,9 +88,10 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
                 head_factors(E, wq, wk, dt) if heads[layer] else [])
 
     rows = []
-    for layer, values in enumerate(packed_cosines(groups(), target, chunk, max_rank)):
+    for layer, values in enumerate(packed_scores(groups(), target, chunk, max_rank)):
         rows += [{"analysis": name, "layer": layer + 1, "head": head,
-                  "metric": "cos_mean" if head is None else "cos_head", "value": v, "n": V}
+                  "metric": "cos_mean" if head is None else "cos_head", "value": v.value,
+                  "chance": v.chance, "n": V}
                  for head, v in zip([None, *heads[layer]], values, strict=True)]
     return rows
 

@@ -25,14 +25,19 @@ In memory (:class:`Target`) C_T is never stored: a column chunk is rebuilt from 
 matrix and two V-vectors (row scales and row means), so the only V x V matrix held is the
 statistic itself. The sweep can instead prepare C_T once per statistics file on disk and stream
 it in blocks (:class:`~pythia_probe.analysis.prepared.StreamedTarget`), so no V x V matrix is
-held at all. ``target_norm`` (||C_T C_T^T||_F, a V^3 computation) depends only on the
+held at all. ``target_terms`` (||C_T C_T^T||_F, a V^3 computation) depends only on the
 statistics and is computed once per run, chunked the same way.
 
-The target protocol (what :func:`cosines` reads): ``name``, ``d_vocab``, ``dtype``, ``norm``
-and ``grams(F, edges, chunk)``, the diagonal [r_i, r_i] blocks of (F^T C_T)(F^T C_T)^T for the
-column groups ``edges`` of F. Both targets here compute them over column blocks of C_T
-(:func:`blocked_grams`); a target stored another way (e.g. sparse plus low rank at the full
-vocabulary) implements ``grams`` and ``norm`` its own way and every analysis works unchanged.
+The target protocol (what :func:`scores` reads): ``name``, ``d_vocab``, ``dtype``, ``norm``,
+``trace`` (tr C_T C_T^T), ``total`` (1^T C_T C_T^T 1) and ``grams(F, edges, chunk)``, the
+diagonal [r_i, r_i] blocks of (F^T C_T)(F^T C_T)^T for the column groups ``edges`` of F. Both
+targets here compute them over column blocks of C_T (:func:`blocked_grams`); a target stored
+another way (e.g. sparse plus low rank at the full vocabulary) implements ``grams``, ``norm``,
+``trace`` and ``total`` its own way and every analysis works unchanged.
+
+Every score comes with its chance level (:mod:`pythia_probe.analysis.chance`: the exact
+expectation of the cosine over a random relabelling of the statistics' tokens), from the same
+r x r products and the target's ``trace`` and ``total``: :func:`scores`.
 
 ``materialised_cosine`` is the literal float64 reference used by the tests and the benchmark.
 """
@@ -41,10 +46,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.chance import chance_level, model_terms
 from pythia_probe.linalg import frobenius_cosine
 
 DEFAULT_CHUNK = 4096
@@ -106,7 +113,8 @@ class Target:
 
     C_T = rownorm(T) row-centred is never stored: its column chunk s:e is
     ``scale[:, None] * T[:, s:e] - mean[:, None]`` (scale = 1 / row norm, 0 for zero rows;
-    mean = row means of rownorm(T)). ``norm`` = ||C_T C_T^T||_F.
+    mean = row means of rownorm(T)). ``norm`` = ||C_T C_T^T||_F, ``trace`` = ||C_T||_F^2 and
+    ``total`` = ||C_T^T 1||^2 (the chance level's terms).
     """
 
     name: str
@@ -114,6 +122,8 @@ class Target:
     scale: Tensor
     mean: Tensor
     norm: float
+    trace: float = 0.0
+    total: float = 0.0
 
     @property
     def d_vocab(self) -> int:
@@ -152,18 +162,22 @@ def blocked_grams(F: Tensor, edges: Sequence[int],
     return PPt
 
 
-def target_norm(th: Target, chunk: int = DEFAULT_CHUNK) -> float:
-    """||C C^T||_F = ||C^T C||_F over column chunks: C^T C_b = T^T (scale * C_b) - 1 (mean^T C_b).
+def target_terms(th: Target, chunk: int = DEFAULT_CHUNK) -> tuple[float, float, float]:
+    """(||C C^T||_F, ||C||_F^2, ||C^T 1||^2) over column chunks; ||C C^T||_F = ||C^T C||_F with
+    C^T C_b = T^T (scale * C_b) - 1 (mean^T C_b).
 
     Peak extra memory O(V * chunk); cost O(V^3), once per statistics.
     """
     total = torch.zeros((), dtype=torch.float64, device=th.T.device)
+    trace, grand = total.clone(), total.clone()
     for s in range(0, th.d_vocab, chunk):
         Cb = th.columns(s, s + chunk)
+        trace += torch.linalg.vector_norm(Cb, dtype=torch.float64) ** 2
+        grand += (Cb.sum(dim=0, dtype=torch.float64) ** 2).sum()
         m = th.mean @ Cb
         G = th.T.T @ Cb.mul_(th.scale[:, None])
         total += torch.linalg.vector_norm(G.sub_(m[None, :]), dtype=torch.float64) ** 2
-    return float(total.sqrt())
+    return float(total.sqrt()), float(trace), float(grand)
 
 
 def _row_norms_sums(T: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
@@ -189,11 +203,17 @@ def prepare_target(name: str, T: Tensor, *, dtype: torch.dtype = torch.float64,
     scale = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-300), torch.zeros_like(norms))
     mean = scale * sums / T.shape[1]
     th = Target(name, T, scale.to(dtype), mean.to(dtype), 0.0)
-    return Target(name, T, th.scale, th.mean, target_norm(th, chunk))
+    return Target(name, T, th.scale, th.mean, *target_terms(th, chunk))
 
 
-def _model_norm(f: Factors) -> Tensor:
-    H = f.F.T @ f.F
+class Score(NamedTuple):
+    """A covariance cosine and its chance level (:mod:`pythia_probe.analysis.chance`)."""
+
+    value: float
+    chance: float
+
+
+def _model_norm(f: Factors, H: Tensor) -> Tensor:
     if f.S is None:
         return (H * H).sum().sqrt()
     A = f.S @ H
@@ -204,14 +224,15 @@ def _cross(f: Factors, PPt: Tensor) -> Tensor:
     return PPt.trace() if f.S is None else (f.S * PPt).sum()
 
 
-def cosines(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> list[float]:
-    """Covariance cosines of several model matrices against one target, sharing each C_T chunk.
+def scores(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> list[Score]:
+    """Covariance cosines, with their chance levels, of several model matrices against one
+    target, sharing each C_T chunk.
 
     ``target``: a :class:`Target` (T resident), a
     :class:`~pythia_probe.analysis.prepared.StreamedTarget` (C_T streamed from disk), or
-    anything with ``name``, ``d_vocab``, ``dtype``, ``norm`` and ``grams(F, edges, chunk)``.
-    All factors are stacked column-wise so each chunk of C_T is read once; the only
-    intermediates are [sum r, chunk] and per-factor [r, r].
+    anything with ``name``, ``d_vocab``, ``dtype``, ``norm``, ``trace``, ``total`` and
+    ``grams(F, edges, chunk)``. All factors are stacked column-wise so each chunk of C_T is read
+    once; the only intermediates are [sum r, chunk] and per-factor [r, r].
     """
     if not factors:
         return []
@@ -226,8 +247,18 @@ def cosines(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> l
     out = []
     for f, ppt in zip(factors, PPt, strict=True):
         f64 = Factors(f.F.to(torch.float64), None if f.S is None else f.S.to(torch.float64))
-        out.append(float(_cross(f64, ppt) / (_model_norm(f64) * target.norm)))
+        H = f64.F.T @ f64.F
+        norm = float(_model_norm(f64, H))
+        trace, total = model_terms(f64.F, f64.S, H)
+        out.append(Score(float(_cross(f64, ppt)) / (norm * target.norm),
+                         chance_level(trace, total, norm, target.trace, target.total,
+                                      target.norm, V)))
     return out
+
+
+def cosines(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> list[float]:
+    """The values of :func:`scores` (no chance levels)."""
+    return [s.value for s in scores(factors, target, chunk)]
 
 
 def cosine(f: Factors, target, chunk: int = DEFAULT_CHUNK) -> float:
@@ -235,9 +266,9 @@ def cosine(f: Factors, target, chunk: int = DEFAULT_CHUNK) -> float:
     return cosines([f], target, chunk)[0]
 
 
-def packed_cosines(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFAULT_CHUNK,
-                   max_rank: int = 0) -> Iterator[list[float]]:
-    """:func:`cosines` of each group (e.g. one layer's factors), in order.
+def packed_scores(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFAULT_CHUNK,
+                  max_rank: int = 0) -> Iterator[list[Score]]:
+    """:func:`scores` of each group (e.g. one layer's factors), in order.
 
     Consecutive groups share one pass over C_T while their stacked rank stays <= ``max_rank``
     (0: one pass per group). ``groups`` is consumed lazily, so at most one pass's factors are
@@ -248,14 +279,21 @@ def packed_cosines(groups: Iterable[Sequence[Factors]], target, chunk: int = DEF
     for group in groups:
         rank = sum(f.rank for g in (*pending, group) for f in g)
         if pending and rank > max_rank:
-            yield from _split(cosines([f for g in pending for f in g], target, chunk), pending)
+            yield from _split(scores([f for g in pending for f in g], target, chunk), pending)
             pending = []
         pending.append(group)
     if pending:
-        yield from _split(cosines([f for g in pending for f in g], target, chunk), pending)
+        yield from _split(scores([f for g in pending for f in g], target, chunk), pending)
 
 
-def _split(values: list[float], groups: Sequence[Sequence[Factors]]) -> Iterator[list[float]]:
+def packed_cosines(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFAULT_CHUNK,
+                   max_rank: int = 0) -> Iterator[list[float]]:
+    """The values of :func:`packed_scores`."""
+    for group in packed_scores(groups, target, chunk, max_rank):
+        yield [s.value for s in group]
+
+
+def _split(values: list, groups: Sequence[Sequence[Factors]]) -> Iterator[list]:
     i = 0
     for g in groups:
         yield values[i:i + len(g)]

@@ -26,15 +26,15 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
-from pythia_probe.analysis.cosine import Target, cosines, packed_cosines, product, tall
+from pythia_probe.analysis.cosine import Target, packed_scores, product, scores, tall
 
 KINDS = ("pre", "attn", "post")
 
 
 def embedding_rows(residuals: Mapping[str, list[Tensor]], target, *,
                    chunk: int = 4096, max_rank: int = 0) -> list[dict]:
-    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)); rows
-    number layers from 1 (residuals[kind][0] is layer 1).
+    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)) and its
+    chance level; rows number layers from 1 (residuals[kind][0] is layer 1).
 
     Layers are scored one at a time, or several per pass over the target while their stacked
     rank stays <= ``max_rank`` (see :func:`~pythia_probe.analysis.cosine.packed_cosines`).
@@ -45,9 +45,10 @@ def embedding_rows(residuals: Mapping[str, list[Tensor]], target, *,
     groups = ([tall(residuals[k][layer][:V], target.dtype) for k in kinds[layer]]
               for layer in range(n_layers))
     rows = []
-    for layer, values in enumerate(packed_cosines(groups, target, chunk, max_rank)):
+    for layer, values in enumerate(packed_scores(groups, target, chunk, max_rank)):
         rows += [{"analysis": "embedding", "layer": layer + 1, "metric": f"cos_{k}",
-                  "value": v, "n": V} for k, v in zip(kinds[layer], values, strict=True)]
+                  "value": v.value, "chance": v.chance, "n": V}
+                 for k, v in zip(kinds[layer], values, strict=True)]
     return rows
 
 
@@ -61,12 +62,12 @@ def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, Target], *,
     V, dt = bbar.d_vocab, bbar.dtype
     WE, WUt = W_E[:V], W_U[:, :V].T
     vals = {
-        "cos_WU_Bbar": cosines([tall(WUt, dt)], bbar_t, chunk)[0],
-        "cos_WEWU_Bbar": cosines([product(WE, WUt, dt)], bbar, chunk)[0],
-        "cos_WE_PhiBT": cosines([tall(WE, dt)], phibt, chunk)[0],
+        "cos_WU_Bbar": scores([tall(WUt, dt)], bbar_t, chunk)[0],
+        "cos_WEWU_Bbar": scores([product(WE, WUt, dt)], bbar, chunk)[0],
+        "cos_WE_PhiBT": scores([tall(WE, dt)], phibt, chunk)[0],
     }
-    return [{"analysis": "unembedding", "layer": None, "metric": m, "value": v, "n": V}
-            for m, v in vals.items()]
+    return [{"analysis": "unembedding", "layer": None, "metric": m, "value": v.value,
+             "chance": v.chance, "n": V} for m, v in vals.items()]
 
 
 def _run_embedding(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:

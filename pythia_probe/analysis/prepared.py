@@ -4,17 +4,18 @@ A :class:`~pythia_probe.analysis.cosine.Target` keeps the statistic T [V, V] res
 rebuilds each column chunk of C_T (T row-normalised, row-centred) on the fly. For the sweep the
 target side depends only on the statistics, so it is prepared ONCE per statistics file and
 written to a cache file: C_T^T (row j = column j of C_T, exactly the values ``Target.columns``
-produces, in the compute dtype) plus ||C_T C_T^T||_F in the metadata, keyed by ``stats_id``
+produces, in the compute dtype) plus ||C_T C_T^T||_F and the chance level's terms
+(``trace`` = ||C_T||_F^2, ``total`` = ||C_T^T 1||^2) in the metadata, keyed by ``stats_id``
 (the statistics' content identity). Per checkpoint :class:`StreamedTarget` reads row blocks of
 C_T^T (= column blocks of C_T) into one reused buffer with plain file reads, so the
 per-checkpoint peak is the model's factors + one ``chunk x V`` block (measured in
 benchmarks/bench_analysis.py).
 
 The cache file is a valid safetensors file (tensor ``CT_T`` [V, V], metadata ``stats_id``,
-``name``, ``norm``, ``dtype``, ``format`` and ``sha256``, the digest of the tensor's bytes)
-written block by block, atomically. :func:`cached_target` reuses a file only when its header
-matches and its bytes hash to the recorded digest (checked once per run, before use); a file
-that fails is rebuilt, never read.
+``name``, ``norm``, ``trace``, ``total``, ``dtype``, ``format`` and ``sha256``, the digest of the
+tensor's bytes) written block by block, atomically. :func:`cached_target` reuses a file only
+when its header matches and its bytes hash to the recorded digest (checked once per run, before
+use); a file that fails is rebuilt, never read.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pythia_probe.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
-FORMAT = "pythia_probe.prepared_target/2"
+FORMAT = "pythia_probe.prepared_target/3"  # /3: trace and total (chance levels)
 TENSOR = "CT_T"
 _CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
           torch.bfloat16: "BF16"}
@@ -52,6 +53,8 @@ class StreamedTarget:
     name: str
     path: Path
     norm: float
+    trace: float
+    total: float
     d_vocab: int
     dtype: torch.dtype
     stats_id: str
@@ -102,7 +105,8 @@ def open_prepared(path: str | os.PathLike, device: str | torch.device = "cpu") -
     if meta.get("format") != FORMAT or info is None:
         raise BadInputError(f"{path} is not a prepared-target file ({FORMAT})")
     V = info["shape"][0]
-    return StreamedTarget(meta["name"], Path(path), float(meta["norm"]), V,
+    return StreamedTarget(meta["name"], Path(path), float(meta["norm"]), float(meta["trace"]),
+                          float(meta["total"]), V,
                           _DTYPES[info["dtype"]], meta["stats_id"],
                           offset + info["data_offsets"][0], device, meta.get("sha256"))
 
@@ -114,6 +118,7 @@ def write_prepared(th: Target, path: str | os.PathLike, stats_id: str,
     path, V = Path(path), th.d_vocab
     itemsize = torch.empty((), dtype=th.dtype).element_size()
     meta = {"format": FORMAT, "name": th.name, "stats_id": str(stats_id), "norm": repr(th.norm),
+            "trace": repr(th.trace), "total": repr(th.total),
             "dtype": str(th.dtype).removeprefix("torch."), "sha256": _PLACEHOLDER}
     header = {"__metadata__": meta, TENSOR: {"dtype": _CODES[th.dtype], "shape": [V, V],
                                              "data_offsets": [0, V * V * itemsize]}}

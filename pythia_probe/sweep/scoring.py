@@ -82,17 +82,20 @@ class Scorer:
 
 
 def check_range(rows: list[dict], analysis: Analysis, tol: float) -> None:
-    """Refuse a value outside ``analysis.bounds`` by more than ``tol`` (or not a number),
-    naming the cell; nothing of the step is written then."""
+    """Refuse a value (or a chance level) outside ``analysis.bounds`` by more than ``tol``, or
+    not a number, naming the cell; nothing of the step is written then."""
     lo, hi = analysis.bounds
     for r in rows:
-        v = r["value"]
-        if not (isinstance(v, (int, float)) and lo - tol <= v <= hi + tol) or math.isnan(v):
-            cell = ", ".join(f"{k} {r.get(k)}" for k in ("analysis", "layer", "head", "metric")
-                             if r.get(k) is not None)
-            raise OutOfRangeError(f"{cell}: value {v!r} outside [{lo:g}, {hi:g}] (tolerance "
-                                  f"{tol:g}): corrupt statistics or target cache, or a bug; "
-                                  "not written")
+        for key in ("value", "chance"):
+            v = r.get(key)
+            if key != "value" and v is None:
+                continue
+            if not (isinstance(v, (int, float)) and lo - tol <= v <= hi + tol) or math.isnan(v):
+                cell = ", ".join(f"{k} {r.get(k)}" for k in ("analysis", "layer", "head",
+                                                             "metric") if r.get(k) is not None)
+                raise OutOfRangeError(f"{cell}: {key} {v!r} outside [{lo:g}, {hi:g}] "
+                                      f"(tolerance {tol:g}): corrupt statistics or target "
+                                      "cache, or a bug; not written")
 
 
 def load_text(sc: ScoringConfig, stats: LazyStats) -> Tensor:
