@@ -5,10 +5,11 @@ Pass 1 is ``count.SparseCountAccumulator`` (the dense engine's integers, stored 
 Ranks exchange their sparse counts and merge them exactly. Pass 2 needs every position for
 every Gbar tile, so each rank loads the windows of its shards and all ranks share them (4 B per
 token); tile i is swept by rank i % world, the per-position sums S are added across ranks, each
-rank subtracts the centring term of its block of sequences, and Qbar and Delta are summed. A
-pass-2 checkpoint (S, the partial Qbar and Delta, the tiles done) is written every
-CHECKPOINT_SECONDS and after the last tile; a killed run resumes at the next tile with the same
-bits.
+rank subtracts the centring term in its own tiles and in Delta for its block of sequences,
+Delta is summed and the tiles' Qbar entries are gathered. A pass-2 checkpoint (S, the partial
+Delta, the pairs of every tile done) is written every CHECKPOINT_SECONDS and after the last
+tile; a killed run resumes at the next tile with the same bits. The result is factored (C, W,
+vectors, Qbar on the pairs that occur): never a V x V matrix.
 """
 
 from __future__ import annotations
@@ -19,19 +20,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import MismatchError
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import plan, reduce
 from pythia_probe.stats.checkpoint import Checkpoint
 from pythia_probe.stats.engine import Engine, check_positions
+from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.pass1 import bar
-from pythia_probe.stats.result import CorpusStats, stats_meta, stores_derived
+from pythia_probe.stats.result import CorpusStats, stats_meta
 from pythia_probe.stats.sparse import first, second
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
+from pythia_probe.stats.stores import FactoredStore
 
 CHECKPOINT_SECONDS = 300.0
 """A pass-2 checkpoint at most this often (and after the last tile)."""
-SUMS = ("S", "Delta", "Dc", "QAt")
+SUMS = ("S", "Delta", "Dc")
 
 
 class SparseEngine(Engine):
@@ -60,43 +64,41 @@ class SparseEngine(Engine):
         return first.first_pass(acc)
 
     def second_pass(self, fp: first.SparseFirstPass, windows, ids: Tensor | None, spec,
-                    d: Ranks) -> tuple[Tensor, Tensor]:
-        """Every rank's windows, tiles split over the ranks, resuming this rank's tiles."""
+                    d: Ranks) -> tuple[SparseQ, Tensor]:
+        """Every rank's windows, tiles split over the ranks, resuming this rank's tiles:
+        (Qbar sums on the pairs that occur, Delta sum) over every rank."""
         tokens, lengths = _gather_windows(d, windows, spec.policy.seq_len + 1)
         check_positions(int((lengths - 1).sum()), fp.n_positions)
         width = plan.tile_width(fp.d_vocab, spec.budget_bytes)
         rows = second.QRows.of(ids, fp.d_vocab)
-        n_tiles = len(second.tiles(fp.ctx_ids, width))
+        sweep = second.Sweep(fp, tokens, lengths, rows, width)
         ckpt = Checkpoint(_path(spec, d), _identity(spec, fp, width, ids),
                           seconds=CHECKPOINT_SECONDS)
-        sums = _resume(ckpt) or second.TileSums.zeros(tokens.shape[0], fp.T, rows.side)
-        todo = [i for i in range(n_tiles) if i % d.world == d.rank]
+        sums = _resume(ckpt) or second.TileSums.zeros(tokens.shape[0], fp.T)
+        todo = [i for i in range(len(sweep.groups)) if i % d.world == d.rank]
         shown = bar(spec, "statistics pass 2", d, unit="tile", total=len(todo))
-        shown.update(len(set(todo) & set(sums.done)))
-        second.sweep_tiles(fp, tokens, lengths, rows, width, todo, sums,
+        shown.update(len(set(todo) & set(sums.parts)))
+        second.sweep_tiles(sweep, todo, sums,
                            after_tile=lambda s: (shown.update(1), ckpt.tick(lambda: _state(s))))
         ckpt.save(*_state(sums))
         shown.close()
         reduce.sum_(d, sums.S)  # complete S on every rank (after the last checkpoint)
         n = tokens.shape[0]
-        Q, D = second.finish(tokens, lengths, rows, sums,
-                             (n * d.rank // d.world, n * (d.rank + 1) // d.world))
-        reduce.sum_(d, Q)
+        parts, D = second.finish(sweep, sums, (n * d.rank // d.world,
+                                               n * (d.rank + 1) // d.world))
         reduce.sum_(d, D)
-        return second.qbar_sum(Q, rows), torch.from_numpy(D)
+        parts = {i: p for part in reduce.gather(d, parts) for i, p in part.items()}
+        return second.qbar(parts, sweep.groups, rows), torch.from_numpy(D)
 
-    def assemble(self, fp: first.SparseFirstPass, Q: Tensor, D: Tensor, meta: dict[str, Any],
-                 ids: Tensor | None, spec) -> CorpusStats:
-        """The same tensors as the dense engine's (restricted to ``ids``)."""
-        P, V = fp.n_positions, fp.d_vocab
-        width = plan.tile_width(V, getattr(spec, "budget_bytes", None))
-        t = {"Bbar": first.bbar_block(fp, ids, ids), "Phibar": first.phibar_block(fp, ids, ids),
-             "Qbar": Q.div_(P), "Delta": D / P,
-             "token_counts": fp.token_counts if ids is None else fp.token_counts[ids]}
-        if stores_derived(V, ids is not None):
-            t.update(first.compositions(fp, torch.arange(V) if ids is None else ids, width))
+    def assemble(self, fp: first.SparseFirstPass, Q: SparseQ, D: Tensor,
+                 meta: dict[str, Any], ids: Tensor | None, spec) -> CorpusStats:
+        """The factors, Qbar's non-zeros and Delta, divided by the positions."""
+        P = fp.n_positions
+        Q.vals /= P
+        width = plan.tile_width(fp.d_vocab, getattr(spec, "budget_bytes", None))
         kernel = dict(sparsecount.info(), tile_width=width)
-        return CorpusStats(t, stats_meta(meta, ids, V, fp, kernel))
+        store = FactoredStore(fp.factors, Q, D / P, ids)
+        return CorpusStats(store, stats_meta(meta, ids, fp.d_vocab, fp, kernel))
 
 
 def _gather_windows(d: Ranks, windows, L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,8 +127,15 @@ def _identity(spec, fp: first.SparseFirstPass, width: int, ids: Tensor | None) -
 
 
 def _state(sums: second.TileSums) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A pass-2 checkpoint: S, Delta and the pairs of every tile done (flat places, sums)."""
+    done = sums.done
     tensors = {k: torch.from_numpy(getattr(sums, k)) for k in SUMS}
-    return tensors, {"kind": "sparse_q", "done": list(sums.done)}
+    tensors["flat"] = torch.from_numpy(np.concatenate(
+        [np.zeros(0, dtype=second.FLAT)] + [sums.parts[i].flat for i in done]))
+    tensors["vals"] = torch.from_numpy(np.concatenate(
+        [np.zeros(0)] + [sums.parts[i].vals for i in done]))
+    sizes = [int(sums.parts[i].flat.size) for i in done]
+    return tensors, {"kind": "sparse_q2", "done": done, "sizes": sizes}
 
 
 def _resume(ckpt: Checkpoint) -> second.TileSums | None:
@@ -134,4 +143,13 @@ def _resume(ckpt: Checkpoint) -> second.TileSums | None:
     if found is None:
         return None
     tensors, state = found
-    return second.TileSums(*(tensors[k].numpy().copy() for k in SUMS), list(state["done"]))
+    if state.get("kind") != "sparse_q2":
+        raise MismatchError(f"{ckpt.path} is a pass-2 checkpoint of an older version; delete "
+                            "it to run pass 2 again")
+    sums = second.TileSums(*(tensors[k].numpy().copy() for k in SUMS))
+    flat, vals, start = tensors["flat"].numpy(), tensors["vals"].numpy(), 0
+    for i, size in zip(state["done"], state["sizes"], strict=True):
+        sums.parts[i] = second.TilePart(flat[start:start + size].copy(),
+                                        vals[start:start + size].copy())
+        start += size
+    return sums
