@@ -9,6 +9,8 @@ peak memory, throughput and file size, measured in the same run.
     outputs, 61 GB, that dense statistics take) and at top-K = 5,000 (the authors'
     find_top_tokens default, and the baseline). The dense engine's plan is printed (it cannot
     run on this machine).
+(c) With --driver instead of (a): the full vocabulary as ``stats compute`` runs it: 20 shards of
+    ids through the driver, with token caches and pass-1 / pass-2 checkpoints in a work folder.
 (b) With --dense: at the largest vocabulary where the dense engine fits this machine
     (plan.dense_peak within the --engine auto budget, in multiples of 1,024; or --dense-vocab),
     both engines over the same Zipf stream (--docs-b documents), same K: tokens/s end to end
@@ -44,8 +46,9 @@ import torch
 
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import CorpusStats, SequencePolicy, plan, top_k_ids
-from pythia_probe.stats.driver import ENGINES, RunSpec
+from pythia_probe.stats.driver import ENGINES, RunSpec, compute_stats
 from pythia_probe.stats.pass1 import Windows
+from pythia_probe.testing.shards import IdShard, encode_ids
 
 PYTHIA_VOCAB, T, K, ZIPF, BATCH = 50277, 128, 5000, 1.08, 256
 GB = 1e9
@@ -99,12 +102,30 @@ def run_engine(name: str, tokens: torch.Tensor, d_vocab: int, k: int | None,
     return stats, info
 
 
+def run_driver(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock,
+               work: str) -> tuple:
+    """The command's path: id shards (20 of them) through compute_stats with a work folder
+    (token caches, pass-1 and pass-2 checkpoints), the sparse engine."""
+    texts = [" ".join(map(str, row)) for row in tokens.tolist()]
+    step = -(-len(texts) // 20)
+    shards = [IdShard(f"zipf{i}", tuple(texts[i * step:(i + 1) * step])) for i in range(20)]
+    clock.lap("shards")
+    spec = RunSpec(d_vocab, SequencePolicy(T), encode_ids, {"bench": 1}, Path(work), top_k=k,
+                   batch_size=BATCH, progress=False, engine="sparse")
+    stats = compute_stats(shards, spec, {})
+    clock.lap("compute_stats (both passes, checkpoints)")
+    return stats, {"context_pairs": 0, "bigrams": 0}
+
+
 def child(spec: dict) -> None:
     """One measurement; prints one JSON line (phases, peak RSS) and saves the statistics."""
     torch.set_num_threads(spec["threads"])
     tokens = zipf_tokens(spec["docs"], spec["d_vocab"], spec["seed"])
     clock = Clock()
-    stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock)
+    if spec.get("work"):
+        stats, info = run_driver(tokens, spec["d_vocab"], spec["k"], clock, spec["work"])
+    else:
+        stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock)
     if spec.get("out"):
         stats.save(spec["out"])
         clock.lap("save")
@@ -185,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=100_000, help="(a): Zipf documents")
     ap.add_argument("--dense", action="store_true", help="also run (b), sparse vs dense")
+    ap.add_argument("--driver", action="store_true",
+                    help="(c): the full vocabulary through the driver (shards, work folder)")
     ap.add_argument("--docs-b", type=int, default=None, help="(b): documents (default --docs)")
     ap.add_argument("--dense-vocab", type=int, default=None, help="(b): vocabulary")
     ap.add_argument("--threads", type=int, default=2)
@@ -202,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     budget, how = plan.memory_budget("cpu")
     warm(budget / GB if a.warm_gb is None else a.warm_gb)
     common = {"threads": a.threads, "seed": 0}
-    full_vocab(a, budget, how, common)
+    if a.driver:
+        through_driver(a, common)
+    else:
+        full_vocab(a, budget, how, common)
     if a.dense:
         dense_vs_sparse(a, budget, common)
     return 0
@@ -229,6 +255,17 @@ def full_vocab(a, budget: float, how: str, common: dict) -> None:
     (fw, fc), (tw, tc) = rates(res["full vocabulary"]), rates(res[f"top-{K:,}"])
     print(f"    full vocabulary / top-{K:,} tokens/s: {fw / tw:.2f}x wall, {fc / tc:.2f}x CPU "
           "(target >= 1)")
+
+
+def through_driver(a, common: dict) -> None:
+    """(c): the full vocabulary as the command runs it (shards, token caches, checkpoints)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=None,
+                    out=str(Path(tmp) / "full.safetensors"), work=str(Path(tmp) / "work"),
+                    **common)
+    print("(c) " + describe("the driver, full vocabulary", r))
+    print(f"    file {r['file_bytes'] / GB:.2f} GB; peak RSS / 12 GB target = "
+          f"{r['rss'] / 12e9:.2f}")
 
 
 def dense_vs_sparse(a, budget: float, common: dict) -> None:

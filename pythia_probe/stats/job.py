@@ -54,8 +54,9 @@ class StatsConfig:
     """Token prepended to every document (None: nothing; Pythia adds none)."""
     eos: str | None = None
     """Token appended to every document (e.g. '<|endoftext|>' for packed windows)."""
-    top_k: int | None = None
-    """Restrict to the K most frequent tokens (composed at full vocabulary, then sliced)."""
+    top_k: str | int | None = None
+    """'full' (the default: every id of the tokenizer) or K: restrict to the K most frequent
+    tokens (composed at full vocabulary, then sliced)."""
     device: str = "cpu"
     """torch device for counting and compositions ('cuda' uses this rank's GPU)."""
     batch_size: int = 256
@@ -96,8 +97,7 @@ class StatsConfig:
         if self.doc_split not in corpus.DOC_SPLITS:
             raise BadInputError(f"--doc-split {self.doc_split!r}; valid: "
                                 f"{', '.join(corpus.DOC_SPLITS)}")
-        if self.top_k is not None and self.top_k < 1:
-            raise BadInputError(f"--top-k must be >= 1, got {self.top_k}")
+        object.__setattr__(self, "top_k", parse_top_k(self.top_k))
         if self.budget_gb is not None and not self.budget_gb > 0:
             raise BadInputError(f"--budget-gb must be > 0 (GiB for matmul tiles), got "
                                 f"{self.budget_gb}")
@@ -108,6 +108,16 @@ class StatsConfig:
             raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(plan.ENGINES)}")
         if not self.out.endswith(".safetensors"):
             raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
+
+
+def parse_top_k(value: str | int | None) -> int | None:
+    """``--top-k``: None or 'full' for the full vocabulary, else an integer K >= 1."""
+    if value is None or value == "full":
+        return None
+    text = str(value).strip()
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise BadInputError(f"--top-k must be 'full' or an integer >= 1, got {value!r}")
+    return int(text)
 
 
 def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,

@@ -127,15 +127,13 @@ def _identity(spec, fp: first.SparseFirstPass, width: int, ids: Tensor | None) -
 
 
 def _state(sums: second.TileSums) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """A pass-2 checkpoint: S, Delta and the pairs of every tile done (flat places, sums)."""
-    done = sums.done
+    """A pass-2 checkpoint: S, Delta and the pairs of every tile done (its places and sums,
+    one tensor each: nothing is copied to write them)."""
     tensors = {k: torch.from_numpy(getattr(sums, k)) for k in SUMS}
-    tensors["flat"] = torch.from_numpy(np.concatenate(
-        [np.zeros(0, dtype=second.FLAT)] + [sums.parts[i].flat for i in done]))
-    tensors["vals"] = torch.from_numpy(np.concatenate(
-        [np.zeros(0)] + [sums.parts[i].vals for i in done]))
-    sizes = [int(sums.parts[i].flat.size) for i in done]
-    return tensors, {"kind": "sparse_q2", "done": done, "sizes": sizes}
+    for i, part in sums.parts.items():
+        tensors[f"flat.{i}"] = torch.from_numpy(part.flat)
+        tensors[f"vals.{i}"] = torch.from_numpy(part.vals)
+    return tensors, {"kind": "sparse_q2", "done": sums.done}
 
 
 def _resume(ckpt: Checkpoint) -> second.TileSums | None:
@@ -146,10 +144,8 @@ def _resume(ckpt: Checkpoint) -> second.TileSums | None:
     if state.get("kind") != "sparse_q2":
         raise MismatchError(f"{ckpt.path} is a pass-2 checkpoint of an older version; delete "
                             "it to run pass 2 again")
-    sums = second.TileSums(*(tensors[k].numpy().copy() for k in SUMS))
-    flat, vals, start = tensors["flat"].numpy(), tensors["vals"].numpy(), 0
-    for i, size in zip(state["done"], state["sizes"], strict=True):
-        sums.parts[i] = second.TilePart(flat[start:start + size].copy(),
-                                        vals[start:start + size].copy())
-        start += size
+    sums = second.TileSums(*(tensors[k].numpy() for k in SUMS))  # owned, writable
+    for i in state["done"]:
+        sums.parts[i] = second.TilePart(tensors[f"flat.{i}"].numpy(),
+                                        tensors[f"vals.{i}"].numpy())
     return sums
