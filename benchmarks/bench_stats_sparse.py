@@ -10,7 +10,8 @@ peak memory, throughput and file size, measured in the same run.
     find_top_tokens default, and the baseline). The dense engine's plan is printed (it cannot
     run on this machine).
 (c) With --driver instead of (a): the full vocabulary as ``stats compute`` runs it: 20 shards of
-    ids through the driver, with token caches and pass-1 / pass-2 checkpoints in a work folder.
+    ids through the driver, with token caches and pass-1 / pass-2 checkpoints in a work folder;
+    --groups G keeps G document groups (``CorpusStats.subset``; 0, the default here: none).
 (b) With --dense: at the largest vocabulary where the dense engine fits this machine
     (plan.dense_peak within the --engine auto budget, in multiples of 1,024; or --dense-vocab),
     both engines over the same Zipf stream (--docs-b documents), same K: tokens/s end to end
@@ -95,7 +96,7 @@ def run_engine(name: str, tokens: torch.Tensor, d_vocab: int, k: int | None,
     fp = eng.first_pass(acc, spec, d)
     ids = None if k is None else top_k_ids(fp.token_counts, k)
     clock.lap("first pass" + (" (V^3 compositions)" if name == "dense" else ""))
-    Q, D = eng.second_pass(fp, Windows.of_batch(tokens, None), ids, spec, d)
+    Q, D, _ = eng.second_pass(fp, Windows.of_batch(tokens, None), ids, spec, d)
     clock.lap("pass 2" + (" (Gbar tiles)" if name == "sparse" else ""))
     stats = eng.assemble(fp, Q, D, {"T": T, "policy": {"kind": "bench"}}, ids, spec)
     clock.lap("outputs")
@@ -103,7 +104,7 @@ def run_engine(name: str, tokens: torch.Tensor, d_vocab: int, k: int | None,
 
 
 def run_driver(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock,
-               work: str) -> tuple:
+               work: str, groups: int = 0) -> tuple:
     """The command's path: id shards (20 of them) through compute_stats with a work folder
     (token caches, pass-1 and pass-2 checkpoints), the sparse engine."""
     texts = [" ".join(map(str, row)) for row in tokens.tolist()]
@@ -111,7 +112,7 @@ def run_driver(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock,
     shards = [IdShard(f"zipf{i}", tuple(texts[i * step:(i + 1) * step])) for i in range(20)]
     clock.lap("shards")
     spec = RunSpec(d_vocab, SequencePolicy(T), encode_ids, {"bench": 1}, Path(work), top_k=k,
-                   batch_size=BATCH, progress=False, engine="sparse")
+                   batch_size=BATCH, progress=False, engine="sparse", groups=groups)
     stats = compute_stats(shards, spec, {})
     clock.lap("compute_stats (both passes, checkpoints)")
     return stats, {"context_pairs": 0, "bigrams": 0}
@@ -123,7 +124,8 @@ def child(spec: dict) -> None:
     tokens = zipf_tokens(spec["docs"], spec["d_vocab"], spec["seed"])
     clock = Clock()
     if spec.get("work"):
-        stats, info = run_driver(tokens, spec["d_vocab"], spec["k"], clock, spec["work"])
+        stats, info = run_driver(tokens, spec["d_vocab"], spec["k"], clock, spec["work"],
+                                 spec.get("groups", 0))
     else:
         stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock)
     if spec.get("out"):
@@ -208,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dense", action="store_true", help="also run (b), sparse vs dense")
     ap.add_argument("--driver", action="store_true",
                     help="(c): the full vocabulary through the driver (shards, work folder)")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="(c): document groups kept (CorpusStats.subset)")
     ap.add_argument("--docs-b", type=int, default=None, help="(b): documents (default --docs)")
     ap.add_argument("--dense-vocab", type=int, default=None, help="(b): vocabulary")
     ap.add_argument("--threads", type=int, default=2)
@@ -262,9 +266,12 @@ def through_driver(a, common: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=None,
                     out=str(Path(tmp) / "full.safetensors"), work=str(Path(tmp) / "work"),
-                    **common)
-    print("(c) " + describe("the driver, full vocabulary", r))
-    print(f"    file {r['file_bytes'] / GB:.2f} GB; peak RSS / 12 GB target = "
+                    groups=a.groups, **common)
+    print(f"(c) {a.docs:,} documents, {a.groups} document groups; "
+          + describe("the driver, full vocabulary", r))
+    share = r["file_bytes"] / (3 * 8 * PYTHIA_VOCAB ** 2)
+    print(f"    file {r['file_bytes'] / GB:.2f} GB ({share:.1%} of the 3 V x V float64 "
+          f"outputs); Qbar pairs {r['qbar_pairs']:,}; peak RSS / 12 GB target = "
           f"{r['rss'] / 12e9:.2f}")
 
 

@@ -11,7 +11,7 @@ numbers are held:
 - ``first_pass``: the final pass-1 statistics (Bbar, Phibar and what pass 2 needs of Gbar);
 - ``second_pass``: Qbar (its non-zero sums, a ``factors.SparseQ``) and Delta sums over the
   windows again (reduced over the ranks), resuming from a checkpoint written with the driver's
-  one checkpoint writer;
+  one checkpoint writer; with document groups, each group's sums too (the same Gbar);
 - ``assemble``: the frozen :class:`~pythia_probe.stats.result.CorpusStats`, factored (the
   non-zero pass-1 counts, Qbar's non-zeros and Delta: the same file from both engines).
 
@@ -60,14 +60,16 @@ class Engine(ABC):
 
     @abstractmethod
     def second_pass(self, fp: Any, windows: Any, ids: Tensor | None, spec: Any,
-                    d: Ranks) -> tuple[SparseQ, Tensor]:
-        """(Qbar sums on the pairs that occur, Delta sum [T]) over every rank's windows, on
-        rank 0 at least."""
+                    d: Ranks) -> tuple[SparseQ, Tensor, list | None]:
+        """(Qbar sums on the pairs that occur, Delta sum [T], and with ``spec.groups`` each
+        group's (Qbar, Delta) sums with this same Gbar, else None) over every rank's windows,
+        on rank 0 at least."""
 
     @abstractmethod
     def assemble(self, fp: Any, Q: SparseQ, D: Tensor, meta: dict[str, Any],
-                 ids: Tensor | None, spec: Any) -> CorpusStats:
-        """The frozen statistics (divided by the positions; restricted to ``ids``)."""
+                 ids: Tensor | None, spec: Any, groups: list | None = None) -> CorpusStats:
+        """The frozen statistics (divided by the positions; restricted to ``ids``; with the
+        groups' counts and sums, ``stats/groups.py``)."""
 
 
 def check_mergeable(a: Any, b: Any) -> None:

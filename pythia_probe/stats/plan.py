@@ -62,18 +62,23 @@ class EngineChoice:
         return f"engine: {self.requested} -> {self.resolved} ({self.reason})"
 
 
-def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu") -> int:
+def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int = 0) -> int:
     """Peak bytes of the dense engine on the memory that decides whether it fits.
 
     CPU: the host peak, 5 VV (pass 1's 3 VV and the factors taken from them; then Bbar,
     Phibar, SigmaB, Gbar; pass 2's centred Gc and Qbar) + matmul tiles (the tile budget, or
-    two V x V tiles when the whole matrix is smaller).
-    CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less).
+    two V x V tiles when the whole matrix is smaller). With G document groups: pass 2 holds G
+    Qbar sums instead of one, and the groups are counted one at a time beside the total's
+    3 VV (6 VV).
+    CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less;
+    with groups 6 VV while they are counted, G Qbar sums in pass 2).
     """
     VV = 8 * d_vocab * d_vocab
+    side = d_vocab if top_k is None else top_k + 1
+    extra = max(groups - 1, 0) * 8 * side * side
     if device.startswith("cuda"):
-        return 3 * VV + (1 << 30)
-    return 5 * VV + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
+        return max(3 * VV, 6 * VV if groups else 0, 2 * VV + extra) + (1 << 30)
+    return max(5 * VV + extra, 6 * VV if groups else 0) + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
 
 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
@@ -85,23 +90,27 @@ def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
 
 
 def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | None = None,
-                docs: int | None = None) -> dict[str, Any]:
+                docs: int | None = None, groups: int = 0) -> dict[str, Any]:
     """Bytes the sparse engine needs that do not depend on the corpus, and its per-item costs.
     The statistics are factored at any vocabulary: no V x V output (Qbar is kept on the
     (query, key) pairs that occur). ``docs`` (when known) bounds the distinct pairs by
-    docs x T (T + 1) / 2.
+    docs x T (T + 1) / 2. With G document groups each group's pairs are kept too (at most as
+    many again as the occurrences: ``group_factor`` 2 on every per-pair cost) and one group's
+    pass-1 buffers are held beside the total's while the groups are counted.
     """
     width = tile_width(d_vocab, budget_bytes)
     side = d_vocab if top_k is None else top_k + 1
     buffer = max(sparse.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"tiles": TILE_ARRAYS * 8 * d_vocab * width,
              "qbar_block": QBAR_BLOCK_BYTES * width * side,
-             "pair_buffer": 16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
+             "pair_buffer": (16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2)
+             * (2 if groups else 1),
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
             "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,
             "bytes_per_qbar_pair": QBAR_PAIR_BYTES, "bytes_per_bigram": BIGRAM_BYTES,
-            "bytes_per_position": POSITION_BYTES, "bytes_per_token": TOKEN_BYTES}
+            "bytes_per_position": POSITION_BYTES, "bytes_per_token": TOKEN_BYTES,
+            "groups": groups, "group_factor": 2 if groups else 1}
     if docs is not None:
         pairs = docs * T * (T + 1) // 2
         plan["max_context_pairs"] = min(d_vocab * d_vocab, pairs)
@@ -116,6 +125,8 @@ def describe_sparse(plan: dict[str, Any]) -> str:
          f"buffers {plan['pair_buffer_bytes'] / GB:.2f}) + {PAIR_BYTES} B per distinct "
          f"(target, context) pair + {QBAR_PAIR_BYTES} B per distinct (query, key) pair + "
          f"{BIGRAM_BYTES} B per distinct bigram + {POSITION_BYTES} B per position")
+    if plan.get("groups"):
+        s += f", per-pair costs x2 for {plan['groups']} document groups"
     if "max_context_pairs" in plan:
         s += f" (at most {plan['max_context_pairs']:,} pairs)"
     return s
@@ -124,13 +135,14 @@ def describe_sparse(plan: dict[str, Any]) -> str:
 def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
                   device: str = "cpu", budget: tuple[float | None, str] | None = None,
                   checkpoint_kind: str | None = None, tile_budget: int | None = None,
-                  docs: int | None = None, sparse_built: bool = True) -> EngineChoice:
+                  docs: int | None = None, sparse_built: bool = True,
+                  groups: int = 0) -> EngineChoice:
     """Resolve ``--engine``: auto -> dense when its peak fits ``budget`` and is below the
     sparse engine's, else sparse (which needs its C kernels: ``sparse_built``)."""
     if requested not in ENGINES:
         raise BadInputError(f"--engine {requested!r}; valid: {', '.join(ENGINES)}")
     choice = _choose(requested, d_vocab, T, top_k, device, budget, checkpoint_kind,
-                     tile_budget, docs)
+                     tile_budget, docs, groups)
     if choice.resolved == "sparse" and not sparse_built:
         if requested == "auto" and choice.plan["budget_bytes"] is not None and \
                 choice.plan["dense_peak_bytes"] <= choice.plan["budget_bytes"]:
@@ -144,9 +156,9 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
 
 def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str,
             budget: tuple[float | None, str] | None, checkpoint_kind: str | None,
-            tile_budget: int | None, docs: int | None) -> EngineChoice:
-    splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs)
-    need = dense_peak(d_vocab, top_k, device)
+            tile_budget: int | None, docs: int | None, groups: int = 0) -> EngineChoice:
+    splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs, groups)
+    need = dense_peak(d_vocab, top_k, device, groups)
     limit, how = budget if budget is not None else memory_budget(device)
     plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan}
     if requested == "dense" and checkpoint_kind == sparse.SparseCountAccumulator.kind:
@@ -166,7 +178,7 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
         kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
     sparse_need = (splan["fixed_bytes"] if docs is None
-                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget))
+                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget, groups))
     if limit is not None and need <= limit and need <= sparse_need:
         return EngineChoice(requested, "dense", f"dense peak {need / GB:.2f} GB fits budget "
                             f"{limit / GB:.2f} GB ({how}) and is below the sparse engine's "
@@ -193,16 +205,16 @@ def check_sparse_fits(choice: EngineChoice, d_vocab: int, top_k: int | None) -> 
 
 
 def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
-                 budget_bytes: int | None = None) -> int:
+                 budget_bytes: int | None = None, groups: int = 0) -> int:
     """Upper bound of the sparse engine's peak for ``docs`` windows of T+1 tokens: every
     (target, context) pair, (query, key) pair and bigram distinct, up to the d_vocab^2 that
-    can exist."""
-    p = sparse_plan(d_vocab, T, top_k, budget_bytes, docs)
+    can exist (each kept once more per group part with G groups)."""
+    p = sparse_plan(d_vocab, T, top_k, budget_bytes, docs, groups)
     positions = docs * T
     bigrams = min(positions, d_vocab * d_vocab)
-    return (p["fixed_bytes"] + p["max_context_pairs"] * PAIR_BYTES
-            + p["max_qbar_pairs"] * QBAR_PAIR_BYTES + bigrams * BIGRAM_BYTES
-            + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
+    return (p["fixed_bytes"] + p["group_factor"] * (
+        p["max_context_pairs"] * PAIR_BYTES + p["max_qbar_pairs"] * QBAR_PAIR_BYTES
+        + bigrams * BIGRAM_BYTES) + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
 
 
 def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:

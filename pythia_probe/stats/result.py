@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,52 @@ class CorpusStats:
     def stats_id(self) -> str:
         return str(self.meta["stats_id"])
 
+    # -- parts of the corpus (stats/groups.py) ----------------------------------------------
+    @property
+    def groups(self) -> int:
+        """G: the document groups these statistics keep (0: none)."""
+        return int((self.meta.get("groups") or {}).get("G", 0))
+
+    def subset(self, groups: Sequence[int]) -> CorpusStats:
+        """The statistics of the documents in ``groups`` (document ordinal mod G): their
+        pass-1 counts summed exactly (Bbar, Phibar, SigmaB, PhiBT, Gbar as a build over those
+        documents alone would give), Qbar and Delta from the same build's pass 2, i.e.
+        conditioned on the FULL corpus's Gbar. N, T of that part; a stats_id of its own."""
+        which = self._group_list(groups)
+        store = self.store.subset(which)
+        info = self.meta["groups"]
+        counts = {k: sum(info["counts"][g][k] for g in which)
+                  for k in ("docs", "sequences", "positions", "tokens")}
+        meta = {k: v for k, v in self.meta.items() if k not in ("groups", "sha256")}
+        meta.update(counts=counts, subset={"of": self.stats_id, "groups": which,
+                                           "G": self.groups,
+                                           "qbar_delta": "conditioned on the full corpus's Gbar"})
+        blob = json.dumps({"of": self.stats_id, "groups": which, "G": self.groups})
+        meta["stats_id"] = hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return CorpusStats(store, meta)
+
+    def leave_out(self, g: int) -> CorpusStats:
+        """subset(every group but ``g``): the delete-a-group jackknife's replicate."""
+        self._group_list([g])
+        return self.subset([i for i in range(self.groups) if i != g])
+
+    def halves(self) -> tuple[CorpusStats, CorpusStats]:
+        """(groups 0 .. G/2 - 1, groups G/2 .. G - 1): two disjoint halves of the documents."""
+        self._group_list([0])
+        G = self.groups
+        return self.subset(range(G // 2)), self.subset(range(G // 2, G))
+
+    def _group_list(self, groups: Sequence[int]) -> list[int]:
+        G = self.groups
+        if not G or not isinstance(self.store, FactoredStore) or not self.store.groups:
+            raise BadInputError(
+                f"statistics {self.meta.get('stats_id', '?')} keep no document groups; rebuild "
+                "them with `python -m pythia_probe.stats compute ... --groups 10`")
+        out = sorted({int(g) for g in groups})
+        if not out or out[0] < 0 or out[-1] >= G:
+            raise BadInputError(f"groups {list(groups)!r}: need one or more of 0..{G - 1}")
+        return out
+
     # -- persistence ------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write safetensors (atomically) with the JSON meta and a sha256 per tensor in the
@@ -223,6 +270,8 @@ def stats_id(meta: dict[str, Any], checksum: list[int]) -> str:
              "ledger": [ledger_identity(e) for e in meta.get("ledger") or []],
              **{k: meta.get(k) for k in ("policy", "counts", "vocab", "T")},
              "format": FORMAT, "checksum": checksum}
+    if meta.get("groups"):  # G is part of the recipe (a file without groups keeps its id)
+        ident["groups"] = meta["groups"]
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 

@@ -14,6 +14,7 @@ from torch import Tensor
 from pythia_probe.errors import CorruptFileError
 from pythia_probe.stats.dense import compose
 from pythia_probe.stats.factors import Factors, SparseQ
+from pythia_probe.stats.groups import GroupCounts, merged, sum_q
 from pythia_probe.stats.sparse.tables import FixedTable
 
 
@@ -22,8 +23,10 @@ class FactoredStore:
     token id of each position of a restricted (top-k) vocabulary."""
 
     def __init__(self, factors: Factors, qbar: SparseQ, delta: Tensor,
-                 ids: Tensor | None = None) -> None:
+                 ids: Tensor | None = None, groups: list[GroupCounts] | None = None) -> None:
         self.factors, self.qbar, self.delta = factors, qbar, delta.double()
+        self.groups = list(groups or [])
+        """Each group's counts and pass-2 sums (``stats/groups.py``; empty: none kept)."""
         self.ids = None if ids is None else torch.as_tensor(ids, dtype=torch.int64)
         self.d_vocab = factors.d_vocab if ids is None else int(self.ids.numel())
         if qbar.side != self.d_vocab:
@@ -83,11 +86,14 @@ class FactoredStore:
             t.update({f"context_keys.{i}": torch.from_numpy(k),
                       f"context_hi.{i}": torch.from_numpy(h),
                       f"context_lo.{i}": torch.from_numpy(lo)})
+        for g, part in enumerate(self.groups):
+            t.update(part.tensors(g))
         return t
 
     def layout(self) -> dict[str, Any]:
         return {"d_vocab": self.factors.d_vocab, "positions": self.factors.n_positions,
-                "context_chunks": len(self.factors.context.chunks)}
+                "context_chunks": len(self.factors.context.chunks),
+                "groups": [g.layout() for g in self.groups]}
 
     @classmethod
     def from_tensors(cls, t: dict[str, Tensor], layout: dict[str, Any],
@@ -99,7 +105,19 @@ class FactoredStore:
         side = len(ids) if ids is not None else f.d_vocab
         q = SparseQ(side, t["qbar_indptr"].numpy(), t["qbar_rows"].numpy(),
                     t["qbar_vals"].numpy())
-        return cls(f, q, t["Delta"], ids)
+        groups = [GroupCounts.from_tensors(t, g, lay, side)
+                  for g, lay in enumerate(layout.get("groups", []))]
+        return cls(f, q, t["Delta"], ids, groups)
+
+    def subset(self, which: list[int]) -> FactoredStore:
+        """The statistics of the documents of groups ``which``: their counts summed exactly,
+        Qbar and Delta sums (with the full corpus's Gbar) divided by their positions."""
+        parts = [self.groups[g] for g in which]
+        f = merged(parts, self.factors.d_vocab)
+        q = sum_q([p.qbar for p in parts])
+        q = SparseQ(q.side, q.indptr, q.rows, q.vals / f.n_positions)
+        delta = sum((p.delta for p in parts[1:]), parts[0].delta.clone()) / f.n_positions
+        return FactoredStore(f, q, delta, self.ids)
 
     def parts(self) -> dict[str, Any]:
         """The sparse parts and vectors (scipy matrices; token ids, not positions)."""

@@ -110,9 +110,15 @@ class Sweep:
     tiles, a token's place in the current tile and one reusable Qbar block."""
 
     def __init__(self, fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
-                 rows: QRows, width: int) -> None:
+                 rows: QRows, width: int, shared: Sweep | None = None) -> None:
+        """``shared``: another sweep (of other windows) whose tiles, block and scratch this
+        one reuses (the groups of one pass 2: one block in memory)."""
         self.fp, self.tokens, self.lengths, self.rows = fp, tokens, lengths, rows
         self.occ, self.occ_tok = occurrences(tokens, lengths)
+        if shared is not None:
+            self.groups, self.col_of = shared.groups, shared.col_of
+            self.block, self.touched = shared.block, shared.touched
+            return
         self.groups = tiles(fp.ctx_ids, width)
         self.col_of = np.full(fp.d_vocab, -1, dtype=np.int64)
         self.block = np.zeros(width * rows.side)
@@ -123,10 +129,11 @@ class Sweep:
         b = np.searchsorted(self.occ_tok, cols[-1], side="right")
         return self.occ[a:b]
 
-    def first(self, i: int, sums: TileSums) -> None:
-        """Tile i: S, Delta and its Qbar block from its Gbar columns; keep the pairs."""
+    def first(self, i: int, sums: TileSums, GcT: np.ndarray | None = None) -> None:
+        """Tile i: S, Delta and its Qbar block from its Gbar columns (``GcT``: already
+        composed); keep the pairs."""
         cols = self.groups[i]
-        GcT = gc_tile(self.fp, cols)
+        GcT = gc_tile(self.fp, cols) if GcT is None else GcT
         self.col_of[cols] = np.arange(cols.size)
         sparsecount.sweep(self.tokens, self.lengths, self.occurrences_of(cols), self.col_of,
                           GcT, self.rows.row_of, self.rows.side, self.rows.dummy, sums.S,
@@ -147,11 +154,15 @@ class Sweep:
         self.block[part.flat] = 0.0
 
 
-def sweep_tiles(sweep: Sweep, todo: list[int], sums: TileSums, after_tile=None) -> TileSums:
-    """The first sweep over the tiles ``todo`` not yet done; ``after_tile(sums)`` after each."""
+def sweep_tiles(sweeps: list[Sweep], todo: list[int], sums: list[TileSums],
+                after_tile=None) -> list[TileSums]:
+    """The first sweep over the tiles ``todo`` not yet done, each tile's Gbar columns composed
+    once for every sweep (one per group); ``after_tile(sums)`` after each tile."""
     for i in todo:
-        if i not in sums.parts:
-            sweep.first(i, sums)
+        if i not in sums[0].parts:
+            GcT = gc_tile(sweeps[0].fp, sweeps[0].groups[i])
+            for sweep, s in zip(sweeps, sums, strict=True):
+                sweep.first(i, s, GcT)
             if after_tile is not None:
                 after_tile(sums)
     return sums
