@@ -7,8 +7,8 @@ One "checkpoint" = one layer's attention mapping (A_tok = E_pre mean_h(W_Q^h W_K
 Qbar) plus one embedding row (E_post vs PhiBT), float64, on random inputs.
 
 Once per statistics (own processes, timed, not part of the per-checkpoint peak): ``streamed``
-writes the prepared theory cache (C_T = row-normalised, row-centred Qbar and PhiBT, and their
-||cov||, via :func:`pythia_probe.analysis.prepared.prepared_theory`); ``materialised`` writes
+writes the prepared-target cache (C_T = row-normalised, row-centred Qbar and PhiBT, and their
+||cov||, via :func:`pythia_probe.analysis.prepared.cached_target`); ``materialised`` writes
 cov(rownorm(T)) of both (V x V each).
 
 Per checkpoint, each method in a FRESH spawned process so its peak RSS (ru_maxrss = VmHWM) is
@@ -23,20 +23,21 @@ method holds, and the ratios, all measured in this run.
 Memory plan, full-vocabulary pythia-1.4b on one 80 GB GPU (V = 50277, d_model = 2048, 24 layers,
 16 heads x 128, 1.41e9 parameters), float32 on the GPU, float64 r x r sums: printed at the end,
 computed by :func:`pythia_probe.analysis.plan.memory_plan` (the sweep's ``--dry-run`` prints
-the same for any model). Not measured: no GPU was lent. With the streamed theory (default
+the same for any model). Not measured: no GPU was lent. With streamed targets (default
 when the in-memory peak does not fit) nothing V x V is resident, at the price of reading the
 prepared cache once per layer and analysis; ``--max-rank`` trades memory for fewer reads, and
-``--theory memory`` keeps the theory resident with no per-step reads. The numbers for each mode
-are printed by this script and by the sweep's ``--dry-run``, never typed in here.
+``--targets memory`` keeps the targets resident with no per-step reads. The numbers for each
+mode are printed by this script and by the sweep's ``--dry-run``, never typed in here.
+Flags: :class:`BenchConfig` (the commands' config-dataclass idiom).
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import resource
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,13 +47,20 @@ from pythia_probe.analysis.cosine import (
     cosines,
     covariance,
     frobenius_cosine,
-    prepare_theory,
+    prepare_target,
     row_normalise,
     tall,
 )
-from pythia_probe.analysis.prepared import prepared_theory, read_header, read_into
+from pythia_probe.analysis.prepared import (
+    cache_path,
+    cached_target,
+    open_prepared,
+    read_header,
+    read_into,
+)
+from pythia_probe.cli import parse_configs, run_main
 
-THEORIES = ("Qbar", "PhiBT")
+TARGETS = ("Qbar", "PhiBT")
 MIB = 2**20
 
 
@@ -65,7 +73,7 @@ def _rand(seed: int, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def _theory_inputs(V: int) -> dict[str, torch.Tensor]:
+def _target_inputs(V: int) -> dict[str, torch.Tensor]:
     return {"Qbar": _rand(1, V, V), "PhiBT": _rand(2, V, V)}
 
 
@@ -90,8 +98,8 @@ def _load(path: Path, name: str) -> torch.Tensor:
 def prep_streamed(args) -> dict:
     V, d, H, chunk, work = args
     t0 = time.perf_counter()
-    for name, T in _theory_inputs(V).items():
-        prepared_theory(name, lambda T=T: T, work / "cache", "bench", chunk=chunk)
+    for name, T in _target_inputs(V).items():
+        cached_target(name, lambda T=T: T, work / "cache", "bench", chunk=chunk)
     return {"s": time.perf_counter() - t0, "peak_mib": _rss_mib()}
 
 
@@ -100,7 +108,7 @@ def prep_materialised(args) -> dict:
 
     V, d, H, chunk, work = args
     t0 = time.perf_counter()
-    covs = {n: covariance(row_normalise(T)) for n, T in _theory_inputs(V).items()}
+    covs = {n: covariance(row_normalise(T)) for n, T in _target_inputs(V).items()}
     save_file(covs, work / "covariances.safetensors")
     return {"s": time.perf_counter() - t0, "peak_mib": _rss_mib()}
 
@@ -109,28 +117,25 @@ def prep_raw(args) -> dict:
     from safetensors.torch import save_file
 
     V, d, H, chunk, work = args
-    save_file(_theory_inputs(V), work / "raw.safetensors")
+    save_file(_target_inputs(V), work / "raw.safetensors")
     return {"s": 0.0, "peak_mib": _rss_mib()}
 
 
 # ---- one checkpoint (each in a fresh process) -------------------------------------------------
-def _score(theories: dict, V: int, d: int, H: int, chunk: int) -> tuple[float, float]:
+def _score(targets: dict, V: int, d: int, H: int, chunk: int) -> tuple[float, float]:
     E_pre, E_post, W_Q, W_K = _model_inputs(V, d, H)
-    att = cosines([attention_factors(E_pre, W_Q, W_K, torch.float64)], theories["Qbar"], chunk)[0]
-    return att, cosines([tall(E_post)], theories["PhiBT"], chunk)[0]
+    att = cosines([attention_factors(E_pre, W_Q, W_K, torch.float64)], targets["Qbar"], chunk)[0]
+    return att, cosines([tall(E_post)], targets["PhiBT"], chunk)[0]
 
 
 def step_streamed(args) -> dict:
-    """Prepared theory streamed from the cache in blocks: no V x V matrix in RAM."""
+    """Prepared targets streamed from the cache in blocks: no V x V matrix in RAM (the cache's
+    digest is checked once per run, not per checkpoint, so it is not part of this time)."""
     V, d, H, chunk, work = args
     base, t0 = _rss_mib(), time.perf_counter()
-    th = {n: prepared_theory(n, _never, work / "cache", "bench", chunk=chunk) for n in THEORIES}
+    th = {n: open_prepared(cache_path(work / "cache", n, torch.float64)) for n in TARGETS}
     att, emb = _score(th, V, d, H, chunk)
     return _result(att, emb, base, t0, 0.0)
-
-
-def _never():
-    raise RuntimeError("the theory cache should exist (prep_streamed runs first)")
 
 
 def step_in_memory(args) -> dict:
@@ -138,18 +143,18 @@ def step_in_memory(args) -> dict:
     V, d, H, chunk, work = args
     base = _rss_mib()
     t_prep = time.perf_counter()
-    th = {n: prepare_theory(n, _load(work / "raw.safetensors", n), chunk=chunk)
-          for n in THEORIES}
+    th = {n: prepare_target(n, _load(work / "raw.safetensors", n), chunk=chunk)
+          for n in TARGETS}
     t0 = time.perf_counter()
     att, emb = _score(th, V, d, H, chunk)
     return _result(att, emb, base, t0, t0 - t_prep)
 
 
 def step_materialised(args) -> dict:
-    """Literal: cached theory covariances (V x V each) + A_tok, its covariance, cov(E_post)."""
+    """Literal: cached target covariances (V x V each) + A_tok, its covariance, cov(E_post)."""
     V, d, H, chunk, work = args
     base, t0 = _rss_mib(), time.perf_counter()
-    covs = {n: _load(work / "covariances.safetensors", n) for n in THEORIES}
+    covs = {n: _load(work / "covariances.safetensors", n) for n in TARGETS}
     E_pre, E_post, W_Q, W_K = _model_inputs(V, d, H)
     A_emb = torch.stack([W_Q[h] @ W_K[h].T for h in range(H)]).mean(0)
     A_tok = E_pre @ A_emb @ E_pre.T
@@ -201,16 +206,29 @@ def _ratios(name: str, r: dict, m: dict, model_mib: float) -> None:
           f"inputs; per-checkpoint time {m['s'] / r['s']:.2f}x")
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """Per-checkpoint analysis cost: streamed factored cosines vs the materialised computation."""
+
+    vocab: int = 8192
+    """|V|: statistic rows (one V x V float64 matrix is 8 V^2 bytes)."""
+    d_model: int = 512
+    """Model width."""
+    n_heads: int = 8
+    """Attention heads (d_model / n_heads per head)."""
+    chunk: int = 1024
+    """Vocabulary columns per block of a target."""
+    threads: int = 1
+    """torch threads in each measured process."""
+    skip_in_memory: bool = False
+    """Skip the resident (in-memory) factored path."""
+    work: str | None = None
+    """Folder for the caches (default: a temporary folder)."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--n-heads", type=int, default=8)
-    p.add_argument("--chunk", type=int, default=1024)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--skip-in-memory", action="store_true", help="skip F's resident path")
-    p.add_argument("--work", help="folder for the caches (default: a temporary folder)")
-    a = p.parse_args(argv)
+    (fields,) = parse_configs([BenchConfig], argv, "python benchmarks/bench_analysis.py")
+    a = BenchConfig(**fields)
     V, d = a.vocab, a.d_model
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
         args = (V, d, a.n_heads, a.chunk, Path(tmp))
@@ -244,4 +262,4 @@ def print_pythia_plan() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "bench_analysis"))

@@ -14,6 +14,7 @@ Measures, in one run:
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         hub.terminate()
         hub.wait()
+        shutil.rmtree(tmp, ignore_errors=True)  # the repo and the three caches
     print(f"{len(steps)} steps, checkpoint {ckpt / 1e6:.2f} MB, hub {args.mb_per_s:.0f} MB/s, "
           f"prefetch {args.prefetch}, work {args.work} "
           f"{args.work_fraction:.2f} x one step's download")

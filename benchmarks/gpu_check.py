@@ -9,14 +9,14 @@ Three checks, each measured in this run:
 2. statistics at d_vocab 50,277 (Pythia's tokenizer) on a synthetic Zipf token stream with the
    engine ``--engine auto`` picks: tokens/s and peak memory beside the engine's own plan;
 3. one sweep step at full vocabulary on a Pythia-1.4B-shaped random checkpoint (embedding,
-   attention_lnfold and attention, every head, theory resident): seconds and peak memory
+   attention_lnfold and attention, every head, targets resident): seconds and peak memory
    beside :func:`pythia_probe.analysis.plan.memory_plan`.
-``--out`` also writes the table as markdown (for the README).
+``--out`` also writes the table as markdown (for the README). Flags: :class:`GpuCheckConfig`
+(the commands' config-dataclass idiom, ``--help`` lists them with their defaults).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -26,18 +26,34 @@ from pathlib import Path
 import torch
 
 from pythia_probe.analysis import combined_needs, get_analyses
-from pythia_probe.analysis.cosine import prepare_theory
+from pythia_probe.analysis.cosine import prepare_target
 from pythia_probe.analysis.plan import memory_plan
 from pythia_probe.arch import NeoXConfig, NeoXWeights
+from pythia_probe.cli import parse_configs, run_main
+from pythia_probe.errors import OutOfRangeError, check_device
+from pythia_probe.fileio import write_text
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.sequences import SequencePolicy
-from pythia_probe.sweep.config import SweepConfig
-from pythia_probe.sweep.runner import StepContext, analyse
+from pythia_probe.sweep.config import ScoringConfig
+from pythia_probe.sweep.scoring import Scorer
 
 ANALYSES = ("embedding", "attention_lnfold", "attention")
 PYTHIA_1_4B = dict(d_vocab=50304, d_model=2048, n_layers=24, n_heads=16, d_mlp=8192,
                    rotary_dim=32)
+
+
+@dataclass(frozen=True)
+class GpuCheckConfig:
+    """The GPU check: kernels, statistics at d_vocab 50,277 and one full-vocabulary sweep step,
+    measured on --device, printed as one table."""
+
+    device: str = "cuda"
+    """The device checked (cuda, cuda:N; cpu for the test suite's run)."""
+    small: bool = False
+    """Tiny sizes (the test suite's run)."""
+    out: str | None = None
+    """Also write the table (markdown) to this file."""
 
 
 @dataclass(frozen=True)
@@ -158,26 +174,26 @@ def random_weights(cfg: NeoXConfig, device: str, seed: int = 0) -> NeoXWeights:
 
 
 def check_sweep_step(s: Sizes, device: str) -> list[dict]:
-    """One full-vocabulary sweep step, theory resident: seconds and peak vs the plan."""
+    """One full-vocabulary sweep step, targets resident: seconds and peak vs the plan."""
     shape = dict(s.model)
     cfg = NeoXConfig(**shape)
     V = s.sweep_vocab
     weights = random_weights(cfg, device)
     g = torch.Generator(device=device).manual_seed(2)
-    theories = {n: prepare_theory(n, torch.randn(V, V, generator=g, device=device),
-                                  dtype=torch.float32, device=device) for n in ("PhiBT", "Qbar")}
+    targets = {n: prepare_target(n, torch.randn(V, V, generator=g, device=device),
+                                 dtype=torch.float32, device=device) for n in ("PhiBT", "Qbar")}
     analyses = get_analyses(list(ANALYSES))
-    ctx = StepContext(analyses, combined_needs(analyses), theories, torch.arange(V), "check",
-                      "check", "random-1.4b", {}, None)
-    sweep = SweepConfig(model="random", steps="0", stats="none", out="none", device=device,
-                        analyses=ANALYSES)
+    scorer = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "check", {},
+                    None, ScoringConfig(ANALYSES, device=device))
     n_params = sum(t.numel() for t in weights.sd.values())
     plan = memory_plan(V, cfg.d_model, cfg.n_layers, cfg.n_heads, n_params, ANALYSES,
                        streamed=False)
     with Meter(device) as m:
-        rows = analyse(None, weights, ctx, sweep)
-    planned = plan.total - plan.theories - plan.weights  # both already resident before the step
-    ok = all(-1 <= r["value"] <= 1 for r in rows)
+        try:
+            rows, ok = scorer.rows({}, weights), True  # every value range-checked on the way
+        except OutOfRangeError:
+            rows, ok = [], False
+    planned = plan.total - plan.targets - plan.weights  # both already resident before the step
     ratio = m.peak / planned if planned else float("nan")
     return [{"check": "sweep step: rows, every value in [-1, 1]", "measured": str(len(rows)),
              "reference": f"{cfg.n_layers} layers", "ok": ok},
@@ -205,12 +221,10 @@ def run_checks(sizes: Sizes, device: str, work: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--small", action="store_true", help="tiny sizes (the test suite's run)")
-    p.add_argument("--out", help="also write the table (markdown) to this file")
-    a = p.parse_args(argv)
+    (fields,) = parse_configs([GpuCheckConfig], argv, "python benchmarks/gpu_check.py",
+                              description=__doc__)
+    a = GpuCheckConfig(**fields)
+    check_device(a.device)  # one line on a machine without it, before any work
     sizes = SMALL if a.small else Sizes()
     header = (f"torch {torch.__version__}, device {a.device}"
               + (f" ({torch.cuda.get_device_name(a.device)})" if a.device.startswith("cuda")
@@ -220,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     text = f"{header}\n\n{table(rows)}\n"
     print(text)
     if a.out:
-        Path(a.out).write_text(text)
+        write_text(a.out, text)
     return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "gpu_check"))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from pythia_probe.cli import run_main
+from pythia_probe import __version__
+from pythia_probe.cli import invoked_as, run_main
 
 #: command -> module whose main(argv) runs it
 COMMANDS = {
@@ -18,7 +19,7 @@ COMMANDS = {
     "plots": "pythia_probe.plots",
     "revisions": "pythia_probe.revisions",
 }
-USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] ...\n"
+USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] [--version] ...\n"
          "  sweep     score every checkpoint of a model against corpus statistics (the main job)\n"
          "  stats     corpus statistics (compute) and their top lists (top)\n"
          "  corpus    generate the built-in stories, inspect a corpus\n"
@@ -30,11 +31,16 @@ USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] ...\n"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--version"]:
+        print(f"pythia-probe {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     command = importlib.import_module(COMMANDS[argv[0]])
-    return run_main(lambda: command.main(argv[1:]), f"pythia-probe {argv[0]}")
+    prog = f"pythia-probe {argv[0]}"
+    with invoked_as(prog):  # every parser (and --help) names the command as it was typed
+        return run_main(lambda: command.main(argv[1:]), prog)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pythia_probe.errors import BadInputError, MismatchError
+from pythia_probe.errors import BadInputError, UnsupportedConfigError, WeightShapeError
 
 Tensor = torch.Tensor
 LEGACY_BUFFER_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
@@ -53,14 +53,6 @@ _ACTS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
 }
-
-
-class UnsupportedConfigError(BadInputError):
-    """A GPT-NeoX config with fields or values this module does not understand."""
-
-
-class WeightShapeError(MismatchError):
-    """A tensor whose shape is not the one the config implies (names the tensor)."""
 
 
 @dataclass(frozen=True)

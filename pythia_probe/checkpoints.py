@@ -34,6 +34,9 @@ API::
   ``scan_cache_dir`` reads them (symlinks to blobs or plain files); files are checked against
   the listing saved when they were fetched, else against the hash their blob is named after.
 - Local sources: a folder with one sub-folder per step (``step1000/``). Never deleted.
+- Many models: ``plan_downloads(sources, steps)`` groups the (model, step) tasks by weights
+  digest (metadata only) so that ``stream_plan(plan, sources)`` fetches each distinct
+  checkpoint once, in an order that keeps each model's fetches together.
 - Lower level: ``fetch(rev, names) -> {path: local Path}``, ``fetch_file(rev, name)``,
   ``read_json(rev, name)``, ``load(rev, paths, names) -> Loaded``, ``evict(rev)``, ``steps()``,
   ``live_bytes()`` (bytes reserved by fetched, not evicted revisions: what ``max_disk`` bounds),
@@ -42,10 +45,12 @@ API::
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -73,8 +78,8 @@ from pythia_probe.weights_io import (
     weights_digest,
 )
 
-__all__ = ["CheckpointSource", "FileInfo", "Loaded", "Names", "Revision", "RetryPolicy",
-           "dir_bytes"]
+__all__ = ["CheckpointSource", "DownloadPlan", "FileInfo", "Group", "Loaded", "Names",
+           "Revision", "RetryPolicy", "Task", "dir_bytes", "plan_downloads", "stream_plan"]
 
 
 class Loaded(NamedTuple):
@@ -329,3 +334,87 @@ class CheckpointSource(CheckpointCatalog):
                 self.forget(rev)
             else:
                 self.evict(rev, keep_partial=True)
+
+
+# ---- many models: each distinct checkpoint fetched once ----------------------------------------
+class Task(NamedTuple):
+    """One unit of a sweep: one step of one model."""
+
+    model: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """Tasks whose weights are byte-identical (one weights digest): fetched once, through the
+    first task's model (``leader``); ``nbytes``: its files' bytes (config, index, weights)."""
+
+    digest: str
+    tasks: tuple[Task, ...]
+    nbytes: int
+
+    @property
+    def leader(self) -> Task:
+        return self.tasks[0]
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    """(model, step) tasks of one or more models grouped by weights digest, in the order to
+    run them: every group sits at its first task, so each model's leaders stay contiguous (and
+    prefetch keeps working) and no checkpoint is downloaded twice, within a model (step1 =
+    step0) or across models (a -deduped twin, a branch serving another's weights)."""
+
+    groups: tuple[Group, ...]
+
+    def leaders(self) -> dict[str, list[int]]:
+        """``{model: steps to fetch}``, in plan order."""
+        out: dict[str, list[int]] = {}
+        for g in self.groups:
+            out.setdefault(g.leader.model, []).append(g.leader.step)
+        return out
+
+    def copies(self) -> dict[Task, Task]:
+        """``{task: its group's leader}`` for every task that is not fetched itself."""
+        return {t: g.leader for g in self.groups for t in g.tasks[1:]}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes fetched by the plan (each group once)."""
+        return sum(g.nbytes for g in self.groups)
+
+    @property
+    def naive_nbytes(self) -> int:
+        """Bytes a sweep fetching every task would download."""
+        return sum(g.nbytes * len(g.tasks) for g in self.groups)
+
+
+def plan_downloads(sources: Sequence[CheckpointSource],
+                   steps: Mapping[str, Iterable[int]] | Iterable[int]) -> DownloadPlan:
+    """The plan for ``steps`` (one list for every source, or ``{model: steps}``) of ``sources``
+    (in the order given), from metadata alone: hub-listed sha256 (local folders: hashed)."""
+    if not isinstance(steps, Mapping):
+        steps = {src.model: list(steps) for src in sources}
+    by_digest: dict[str, list[tuple[Task, Revision]]] = {}
+    for src in sources:
+        for rev in src.resolve(sorted(set(steps[src.model]))):
+            by_digest.setdefault(src.weights_digest(rev), []).append((Task(src.model, rev.step),
+                                                                      rev))
+    return DownloadPlan(tuple(Group(d, tuple(t for t, _ in tr), tr[0][1].nbytes)
+                              for d, tr in by_digest.items()))
+
+
+def stream_plan(plan: DownloadPlan, sources: Sequence[CheckpointSource], *,
+                names: Names = None, prefetch: int = 1,
+                max_disk: float | None = None) -> Iterator[tuple[Group, Loaded]]:
+    """Yield ``(group, loaded)`` in plan order: each group's leader fetched once through its
+    model's source (``prefetch`` ahead within each run of one model's leaders, ``max_disk``
+    per source), evicted when the next is asked for. Every task of the group has these
+    weights: score each, or copy the leader's rows where the statistics are the same."""
+    by_model = {src.model: src for src in sources}
+    for model, run in itertools.groupby(plan.groups, key=lambda g: g.leader.model):
+        src = by_model[model]
+        of_step = {g.leader.step: g for g in run}
+        for loaded in src.stream(src.resolve(list(of_step)), names=names, prefetch=prefetch,
+                                 max_disk=max_disk):
+            yield of_step[loaded.revision.step], loaded

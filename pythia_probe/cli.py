@@ -13,24 +13,52 @@ one handler that turns user errors into a single line.
   file, full disk, unreachable hub, missing device) and an operating-system error about a named
   file print as ``prog: error: ...`` with exit code 2; anything else is a bug and keeps its
   traceback (exit 1). PYTHIA_PROBE_TRACEBACK=1 shows the traceback of user errors as well.
+  SIGINT and SIGTERM stop the command with ``prog: interrupted, rerun to resume`` and the
+  conventional exit code 128 + signal (130, 143); what was written stays.
+- Every parser shows each flag's default in ``--help``, has ``--version`` and ``--log-level``,
+  and names itself as it was invoked (:func:`invoked_as`: ``pythia-probe sweep`` or ``python -m
+  pythia_probe.sweep``). A field may keep an old flag name working (``metadata={"aliases":
+  ("--old-name",)}``).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import contextvars
 import dataclasses
 import inspect
 import os
+import signal
 import sys
 import textwrap
+import threading
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
-from pythia_probe import logs
-from pythia_probe.errors import user_message
+from pythia_probe import __version__, logs
+from pythia_probe.errors import Interrupted, user_message
+
+_PROG: contextvars.ContextVar[str | None] = contextvars.ContextVar("pythia_probe_prog",
+                                                                   default=None)
+
+
+@contextlib.contextmanager
+def invoked_as(prog: str) -> Iterator[None]:
+    """Parsers built inside name themselves ``prog`` (the console script's ``pythia-probe X``)."""
+    token = _PROG.set(prog)
+    try:
+        yield
+    finally:
+        _PROG.reset(token)
+
+
+def prog_name(default: str) -> str:
+    """The name the running command was invoked by (:func:`invoked_as`), else ``default``."""
+    return _PROG.get() or default
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -67,6 +95,24 @@ def _csv(kind: type):
     return parse
 
 
+def _shown(default: Any) -> str:
+    if default is None:
+        return "none"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, tuple):
+        return ",".join(map(str, default))
+    return str(default)
+
+
+def _with_default(help: str | None, default: Any) -> str:
+    """The field's doc (escaped for argparse) with its default, unless the doc says it."""
+    text = (help or "").replace("%", "%%")
+    if "default" in text:
+        return text
+    return f"{text} (default: {_shown(default).replace('%', '%%')})".strip()
+
+
 def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str | None) -> None:
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     default = None if required else (
@@ -75,21 +121,20 @@ def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str 
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hint = next(a for a in args if a is not type(None))
         args = typing.get_args(hint)
-    kw: dict[str, Any] = {"default": default, "help": help}
+    kw: dict[str, Any] = {"default": default, "help": _with_default(help, default)}
     if hint is bool:  # --flag for a default-off switch, --flag/--no-flag for a default-on one
         kw["action"] = argparse.BooleanOptionalAction if default else "store_true"
     elif typing.get_origin(hint) is Literal:
         kw.update(choices=list(args), type=type(args[0]))
     elif typing.get_origin(hint) is tuple:
         kw.update(type=_csv(args[0]), metavar="A,B,...")
-        if default:
-            kw["help"] = f"{help or ''} (default: {','.join(map(str, default))})".strip()
     else:
         kw["type"] = hint
     if required:
         kw.pop("default")
         kw["required"] = True
-    p.add_argument(flag(dest(f)), dest=dest(f), **kw)
+        kw["help"] = (help or "").replace("%", "%%")
+    p.add_argument(flag(dest(f)), *f.metadata.get("aliases", ()), dest=dest(f), **kw)
 
 
 def config_parser(cls: type, prog: str, description: str | None = None,
@@ -98,7 +143,7 @@ def config_parser(cls: type, prog: str, description: str | None = None,
     """An argparse parser with one flag per field of the dataclass ``cls`` (fields whose
     metadata has ``cli=False`` are left out); ``group``: under a heading with the class doc."""
     p = parser or argparse.ArgumentParser(
-        prog=prog, description=description or inspect.getdoc(cls),
+        prog=prog_name(prog), description=description or inspect.getdoc(cls),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     target = p.add_argument_group(cls.__name__, inspect.getdoc(cls)) if group else p
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
@@ -109,8 +154,10 @@ def config_parser(cls: type, prog: str, description: str | None = None,
 
 
 def _with_log_level(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags every command has: --log-level and --version."""
     p.add_argument("--log-level", default="info", choices=logs.LEVELS,
                    help="messages shown: debug, info (default), warning, error")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 
 
@@ -131,7 +178,8 @@ def parse_configs(classes: Sequence[type], argv: Sequence[str] | None, prog: str
                   description: str | None = None) -> list[dict[str, Any]]:
     """The flags of several dataclasses on one command line; one dict of field values per class
     (the caller builds each, e.g. after resolving ranks)."""
-    p = argparse.ArgumentParser(prog=prog, description=description or inspect.getdoc(classes[0]),
+    p = argparse.ArgumentParser(prog=prog_name(prog),
+                                description=description or inspect.getdoc(classes[0]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for cls in classes:
         config_parser(cls, prog, parser=p, group=len(classes) > 2)
@@ -142,28 +190,65 @@ def parse_configs(classes: Sequence[type], argv: Sequence[str] | None, prog: str
 
 def parse_subcommand(commands: dict[str, type], argv: Sequence[str] | None, prog: str,
                      description: str | None = None) -> tuple[str, Any]:
-    """``(name, config)`` for ``prog NAME --flags...``, each subcommand a config dataclass."""
+    """``(name, config)`` for ``prog NAME --flags...``, each subcommand a config dataclass;
+    a missing or unknown NAME is refused naming the subcommands."""
+    prog = prog_name(prog)
     p = argparse.ArgumentParser(prog=prog, description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="_command", required=True)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    names = "{" + ",".join(commands) + "}"
+    sub = p.add_subparsers(dest="_command", required=True, metavar=names)
     for name, cls in commands.items():
         doc = inspect.getdoc(cls)
         _with_log_level(config_parser(cls, f"{prog} {name}", parser=sub.add_parser(
             name, help=(doc or "").split("\n")[0], description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter)))
-    ns = vars(p.parse_args(sys.argv[1:] if argv is None else list(argv)))
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or (args[0] not in commands and not args[0].startswith("-")):
+        got = f"; got {args[0]!r}" if args else ""
+        p.error(f"name a command: {', '.join(commands)}{got} (`{prog} NAME --help` for its "
+                "flags)")
+    ns = vars(p.parse_args(args))
     logs.setup(ns.pop("log_level"))
     name = ns.pop("_command")
     return name, commands[name](**ns)
 
 
 def run_main(main: Callable[[], int], prog: str) -> int:
-    """Call ``main()``; on a user error print ``prog: error: ...`` to stderr and return 2."""
+    """Call ``main()``; on a user error print ``prog: error: ...`` to stderr and return 2; on
+    SIGINT or SIGTERM print ``prog: interrupted, rerun to resume`` and return 128 + signal."""
+    with _signals_interrupt():
+        try:
+            return main()
+        except KeyboardInterrupt as err:
+            if os.environ.get("PYTHIA_PROBE_TRACEBACK"):
+                raise
+            print(f"{prog}: interrupted, rerun to resume", file=sys.stderr)
+            return 128 + getattr(err, "signum", signal.SIGINT)
+        except Exception as err:
+            msg = user_message(err)
+            if msg is None or os.environ.get("PYTHIA_PROBE_TRACEBACK"):
+                raise
+            print(f"{prog}: error: {msg}", file=sys.stderr)
+            return 2
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM (and SIGINT) raise :class:`~pythia_probe.errors.Interrupted` in the main thread
+    while the command runs, so it unwinds like Ctrl-C: ``finally`` blocks run and the run's
+    manifest records "interrupted". Off the main thread (signals cannot be set) nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return main()
-    except Exception as err:
-        msg = user_message(err)
-        if msg is None or os.environ.get("PYTHIA_PROBE_TRACEBACK"):
-            raise
-        print(f"{prog}: error: {msg}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)

@@ -13,24 +13,28 @@ Layout (what :mod:`pythia_probe.checkpoints` reads as a local model folder)::
     OUT/step{N}/model.safetensors    weights (safetensors only)
 
 ``python -m pythia_probe.demo --out DIR`` trains on its own; ``python -m pythia_probe.sweep
---demo`` also computes statistics, sweeps the checkpoints and plots.
+--demo`` also computes statistics, sweeps the checkpoints and plots. Every file goes through
+:mod:`pythia_probe.fileio`. Under ``torchrun``/``accelerate launch`` rank 0 trains and computes
+the statistics once, every rank sweeps its share of the checkpoints, and rank 0 plots.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from pythia_probe import plots, sweep
+from pythia_probe import sweep
 from pythia_probe.builtin_corpus import generate_stories
 from pythia_probe.errors import BadInputError, check_device
-from pythia_probe.results import read_results
+from pythia_probe.fileio import atomic_write, write_bytes, write_text
+from pythia_probe.ranks import Ranks
 from pythia_probe.stats import batch_stats
 from pythia_probe.tokenizer import (
     build_word_tokenizer,
@@ -108,13 +112,26 @@ def make_model(cfg: DemoConfig, n_vocab: int):
 def save_checkpoint(model, out: Path, step: int) -> Path:
     """Write ``out/step{step}/{config.json, model.safetensors}`` (atomic per file)."""
     folder = out / f"step{step}"
-    folder.mkdir(parents=True, exist_ok=True)
-    model.config.to_json_file(folder / "config.json")
+    write_text(folder / "config.json", model.config.to_json_string())
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(sd, tmp, metadata={"format": "pt", "step": str(step)})
-    tmp.replace(folder / "model.safetensors")
+    save_tensors(sd, folder / "model.safetensors", {"format": "pt", "step": str(step)})
     return folder
+
+
+def save_tensors(tensors: dict, path: Path, metadata: dict | None = None) -> Path:
+    """A safetensors file written through the one atomic writer."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), nbytes)
+
+
+def save_tokenizer_files(tok, out: Path) -> None:
+    """The tokenizer's files (tokenizer.json, tokenizer_config.json) into ``out``, each
+    through the atomic writer (save_pretrained writes into a private temporary folder)."""
+    with tempfile.TemporaryDirectory(prefix="demo-tokenizer-") as tmp:
+        tok.save_pretrained(tmp)
+        for f in sorted(Path(tmp).iterdir()):
+            if f.is_file():
+                write_bytes(out / f.name, f.read_bytes())
 
 
 def _lr(cfg: DemoConfig, step: int) -> float:
@@ -124,14 +141,16 @@ def _lr(cfg: DemoConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train(cfg: DemoConfig, out: str | Path, tokens: torch.Tensor, n_vocab: int) -> dict:
+def train(cfg: DemoConfig, out: str | Path, tokens: torch.Tensor, n_vocab: int,
+          progress: bool = True) -> dict:
     """Train with AdamW on random windows; save checkpoints on the schedule. Returns losses."""
     out = Path(out)
     model = make_model(cfg, n_vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(cfg.seed)
     saves, losses = set(checkpoint_steps(cfg.max_step, cfg.save_every)), {}
-    for step in tqdm(range(cfg.max_step + 1), desc="demo train", unit="step"):
+    for step in tqdm(range(cfg.max_step + 1), desc="demo train", unit="step",
+                     disable=not progress):
         if step in saves:
             save_checkpoint(model, out, step)
         if step == cfg.max_step:
@@ -147,79 +166,70 @@ def train(cfg: DemoConfig, out: str | Path, tokens: torch.Tensor, n_vocab: int) 
     return losses
 
 
-def build_demo_model(cfg: DemoConfig, out: str | Path) -> dict:
+def build_demo_model(cfg: DemoConfig, out: str | Path, progress: bool = True) -> dict:
     """Data, tokenizer and checkpoints under ``out``; skips training if the last step exists."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     tok, tokens = build_data(cfg)
-    tok.save_pretrained(str(out))
-    save_file({"tokens": tokens.contiguous()}, out / TOKENS_FILE)
+    save_tokenizer_files(tok, out)
+    save_tensors({"tokens": tokens.contiguous()}, out / TOKENS_FILE)
     last = out / f"step{cfg.max_step}" / "model.safetensors"
     if last.exists():
         return {"trained": False, "n_windows": len(tokens)}
     t0 = time.perf_counter()
-    losses = train(cfg, out, tokens, n_vocab=len(tok))
+    losses = train(cfg, out, tokens, n_vocab=len(tok), progress=progress)
     first, final = losses[0], sum(list(losses.values())[-20:]) / min(20, len(losses))
     return {"trained": True, "n_windows": len(tokens), "loss_first": first,
             "loss_final": final, "train_seconds": time.perf_counter() - t0}
 
 
-def demo_stats(model_dir: str | Path, out: str | Path):
-    """Statistics of the demo's training windows (both passes, exact), saved to ``out``."""
-
+def demo_stats(model_dir: str | Path, out: str | Path, cfg: DemoConfig | None = None):
+    """Statistics of the demo's training windows (both passes, exact), saved to ``out``; the
+    metadata says which corpus they came from (the built-in stories, as the model saw them)."""
+    cfg = cfg or DemoConfig()
     tok = load_tokenizer(str(model_dir))
-    stats = batch_stats(load_tokens(model_dir), d_vocab(tok), tokenizer=tokenizer_fingerprint(tok))
+    tokens = load_tokens(model_dir)
+    stats = batch_stats(tokens, d_vocab(tok), tokenizer=tokenizer_fingerprint(tok))
+    stats.meta["corpus"] = {"dataset": "builtin", "stories": cfg.n_stories, "seed": cfg.seed,
+                            "windows": int(tokens.shape[0]), "tokens_per_window":
+                            int(tokens.shape[1]), "what": "the demo model's training windows"}
     stats.save(out)
     return stats
 
 
-def summarise(df) -> list[str]:
-    """Per (analysis, metric): the layer-mean cosine at the first, best and last step."""
-    lines = []
-    per_layer = df[df["layer"].notna() & df["head"].isna()]
-    for (analysis, metric), sel in per_layer.groupby(["analysis", "metric"], sort=True):
-        curve = sel.groupby("step")["value"].mean()
-        best, last = int(curve.idxmax()), curve.iloc[-1]
-        lines.append(f"{analysis:>9} {metric:<10} layer mean: step {int(curve.index[0])} "
-                     f"{curve.iloc[0]:.3f} | best step {best} {curve[best]:.3f} | last step "
-                     f"{int(curve.index[-1])} {last:.3f} (drift {last - curve[best]:+.3f})")
-    for metric, sel in df[df["layer"].isna()].groupby("metric", sort=True):
-        curve = sel.groupby("step")["value"].mean()
-        lines.append(f"{'weights':>9} {metric:<13} step {int(curve.index[0])} {curve.iloc[0]:.3f}"
-                     f" -> step {int(curve.index[-1])} {curve.iloc[-1]:.3f} (max {curve.max():.3f}"
-                     f" at step {int(curve.idxmax())})")
-    return lines
-
-
 def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu",
-             work: str | Path | None = None) -> int:
+             work: str | Path | None = None, ranks: Ranks | None = None,
+             progress: bool = True) -> int:
     """The README's main job: corpus -> tokenizer -> model checkpoints -> statistics -> sweep ->
-    tables (``out/run``) + heat maps (``out/plots``) + a printed summary.
+    tables (``out/run``: shards, revisions.parquet, summary.parquet) + figures (``out/plots``)
+    + the printed summary (per layer: peak and exit steps, :mod:`pythia_probe.summary`).
 
     Checkpoints and statistics go to ``work`` (default ``out/work``). Returns the sweep's code.
+    ``ranks``: under a multi-process launch rank 0 trains and computes the statistics, every
+    rank sweeps its share of the steps, rank 0 summarises and plots.
     """
-
     device = "cuda" if device == "auto" and torch.cuda.is_available() else (
         "cpu" if device == "auto" else device)
     check_device(device)  # before minutes of training
     out, cfg = Path(out), cfg or DemoConfig()
+    ranks = ranks or Ranks(device=device)
     work = Path(work) if work is not None else out / "work"
-    torch.set_num_threads(1)  # tiny matrices: extra OpenMP threads only add contention
-    info = build_demo_model(cfg, work / "demo-neox")
-    if "loss_first" in info:
-        print(f"trained {cfg.max_step} steps: loss {info['loss_first']:.3f} -> "
-              f"{info['loss_final']:.3f} (mean of last 20) in {info['train_seconds']:.0f} s")
-    demo_stats(work / "demo-neox", work / "stats.safetensors")
     model = work / "demo-neox"
-    rc = sweep.run(sweep.SweepConfig(
+    torch.set_num_threads(1)  # tiny matrices: extra OpenMP threads only add contention
+    if ranks.is_main:
+        info = build_demo_model(cfg, model, progress)
+        if "loss_first" in info:
+            print(f"trained {cfg.max_step} steps: loss {info['loss_first']:.3f} -> "
+                  f"{info['loss_final']:.3f} (mean of last 20) in {info['train_seconds']:.0f} s")
+        demo_stats(model, work / "stats.safetensors", cfg)
+    ranks.barrier()  # the other ranks wait for the checkpoints and statistics
+    parts = sweep.SweepConfig(
         model=str(model), steps="all", stats=str(work / "stats.safetensors"),
         analyses=("embedding", "attention", "attention_lnfold", "unembedding", "attention_text"),
-        text=str(model / TOKENS_FILE), out=str(out / "run"), device=device, dtype="float64"))
-    df = read_results(out / "run")
-    for path in plots.plot_run(df, out / "plots"):
-        print(f"wrote {path}")
-    print("\n".join(summarise(df)))
-    return rc
+        text=str(model / TOKENS_FILE), out=str(out / "run"), device=device, dtype="float64",
+        progress=progress).split(ranks.device)
+    # the sweep writes the summary, the revision ledger and the figures (into out/plots)
+    parts = replace(parts, output=replace(parts.output, plots_dir=str(out / "plots")))
+    return sweep.run(parts, ranks)
 
 
 def load_tokens(out: str | Path) -> torch.Tensor:

@@ -121,6 +121,36 @@ class MissingTensorError(CheckpointError, MismatchError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ResultsError(CorruptFileError):
+    """A results table, shard or manifest that does not follow the schema."""
+
+
+class UnsupportedConfigError(BadInputError):
+    """A GPT-NeoX config with fields or values :mod:`pythia_probe.arch` does not understand."""
+
+
+class WeightShapeError(MismatchError):
+    """A tensor whose shape is not the one the config implies (names the tensor)."""
+
+
+class OutOfRangeError(UserError, ArithmeticError):
+    """A computed number outside its known range (a cosine beyond [-1, 1]): the inputs are
+    corrupt (a damaged cache, wrong statistics) or the code has a bug; never written."""
+
+
+class FolderLockedError(UserError, BlockingIOError):
+    """An output folder another live process is writing (names the folder and the holder)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the job stops where it is; what is written stays and a rerun
+    resumes. A KeyboardInterrupt, so cleanup that ignores kills ignores it too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
 def user_message(err: BaseException) -> str | None:
     """The one line for a user-facing error, or None for a bug.
 

@@ -7,10 +7,13 @@
   the bytes needed, and leaves no temp file behind.
 - :func:`remove`: every delete of the tool goes through here and is refused for any path outside
   the folders the caller owns (a name from the hub that is really a path cannot escape them).
+- :class:`FolderLock`: one writer per output folder (an exclusive ``flock`` on ``FOLDER/.lock``,
+  released by the kernel when its process dies, so a dead holder's lock is simply taken over).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +24,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from pythia_probe.errors import DISK_FULL_ERRNOS, DiskFullError, UnsafeFileError
+from pythia_probe.errors import (
+    DISK_FULL_ERRNOS,
+    DiskFullError,
+    FolderLockedError,
+    UnsafeFileError,
+)
 
 _UMASK_LOCK = threading.Lock()
 
@@ -108,6 +116,10 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_bytes(data), len(data))
 
 
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data), len(data))
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
@@ -130,3 +142,81 @@ def remove(path: str | os.PathLike, owned: Iterable[str | os.PathLike]) -> None:
         path.unlink(missing_ok=True)
     elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
+
+
+class FolderLock:
+    """An exclusive lock on ``folder`` for as long as this object holds it (``with`` block).
+
+    ``FOLDER/.lock`` is opened (never through a symlink) and ``flock``-ed; the holder's
+    description (pid, host, what it runs) is written into it for the refusal message. The
+    kernel drops the lock when the holding process exits or is killed, so a lock left by a dead
+    process is simply taken over. A second holder gets :class:`FolderLockedError` naming the
+    folder and the holder. Released, the file is removed (a locker that opened it just before
+    checks afterwards that it holds the file now at that path, else tries again).
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, folder: str | os.PathLike, holder: dict[str, Any]) -> None:
+        self.folder, self.holder, self._fd = Path(folder), dict(holder), None
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.NAME
+
+    def acquire(self) -> FolderLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~umask())
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = _read_holder(fd)
+                os.close(fd)
+                raise FolderLockedError(f"{self.folder} is in use by another run ({held}); "
+                                        "wait for it to end or choose another output "
+                                        "folder") from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # the file was removed by its holder in between: lock the new one
+        else:
+            raise FolderLockedError(f"{self.folder}: could not take {self.NAME}")
+        info = json.dumps({**self.holder, "pid": os.getpid(), "host": os.uname().nodename})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)  # while still holding it
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire() if self._fd is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+
+
+def _read_holder(fd: int) -> str:
+    """The holder's description from a lock file, as one phrase."""
+    try:
+        info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "holder unknown"
+    what = f": {info['what']}" if info.get("what") else ""
+    since = f", since {info['since']}" if info.get("since") else ""
+    return f"pid {info['pid']} on {info.get('host', '?')}{since}{what}"

@@ -4,6 +4,13 @@ One number per row. A unit of work (one checkpoint step, one training run, one e
 writes one Parquet shard atomically: a temp file in the same folder, then ``os.replace``, so a
 killed job never leaves a half-written shard and a resumed job can skip finished ones.
 Each run folder also holds ``manifest.json`` (argv, effective config, versions, git sha, times).
+
+Conventions: ``layer`` is numbered as the papers number layers, from 1 (layer l is the l-th
+transformer block; null for rows that belong to no layer); ``head`` counts from 0 within its
+layer. ``chance``, ``ceiling``, ``ci_low``, ``ci_high`` (the scale of a cell: its value with
+no relation between model and statistics, the statistics against themselves, an interval) and
+``revision_status`` (whether the weights are the step they claim) are nullable: null where not
+computed, and shards written before a column existed read with it null.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pythia_probe import __version__ as CODE_VERSION
-from pythia_probe.errors import CorruptFileError
+from pythia_probe.errors import ResultsError
 from pythia_probe.fileio import atomic_write, write_text
 
 # column -> (arrow type, nullable)
@@ -44,16 +51,20 @@ SCHEMA: dict[str, tuple[pa.DataType, bool]] = {
     "code_version": (pa.string(), False),
     "run_id": (pa.string(), True),
     "settings": (pa.string(), True),  # run settings that vary within one run's table (k=v;...)
+    "chance": (pa.float64(), True),  # the value with no relation between model and statistics
+    "ceiling": (pa.float64(), True),  # the statistics against themselves (two corpus halves)
+    "ci_low": (pa.float64(), True),  # an interval of the value over documents
+    "ci_high": (pa.float64(), True),
+    "revision_status": (pa.string(), True),  # ok, duplicate or suspect (the revision ledger)
 }
 COLUMNS = list(SCHEMA)
 ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.items()])
+#: columns added after the first shards were written: an older shard reads with them null
+LATER_COLUMNS = ("settings", "chance", "ceiling", "ci_low", "ci_high", "revision_status")
 MANIFEST = "manifest.json"
 #: tables beside the shards in a run folder: the summary (pythia_probe.summary), the ledger
 NOT_SHARDS = ("summary.parquet", "revisions.parquet")
-
-
-class ResultsError(CorruptFileError):
-    """A results table or shard that does not follow the schema."""
+LAYERS = "1-based: layer l is the l-th transformer block, as the papers number them"
 
 
 def new_run_id() -> str:
@@ -108,6 +119,9 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
         neg = df[col].dropna() < 0
         if neg.any():
             raise ResultsError(f"column {col!r} has negative entries")
+    both = df["ci_low"].notna() & df["ci_high"].notna()
+    if (df.loc[both, "ci_low"] > df.loc[both, "ci_high"]).any():
+        raise ResultsError("rows with ci_low > ci_high")
     return df
 
 
@@ -127,8 +141,9 @@ def read_shard(path: str | os.PathLike) -> pd.DataFrame:
     except (OSError, pa.ArrowInvalid) as e:
         raise ResultsError(f"cannot read results shard {path}: {e}") from e
     df = table.to_pandas()
-    if "settings" not in df.columns:  # shards written before the column existed
-        df["settings"] = None
+    for col in LATER_COLUMNS:  # shards written before the column existed
+        if col not in df.columns:
+            df[col] = None
     _check_columns(df)
     return validate(_coerce(df))
 
@@ -188,10 +203,28 @@ def write_manifest(run_dir: str | os.PathLike, config: Mapping[str, Any], *,
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """``run_dir/manifest.json``, checked to be a manifest: a JSON object whose ``config`` is an
+    object and ``run_id`` a string (or null); anything else is one error naming the file."""
     path = Path(run_dir) / MANIFEST
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except FileNotFoundError as e:
         raise ResultsError(f"no {MANIFEST} in {run_dir}") from e
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{path} is not valid JSON: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ResultsError(f"{path} is not valid JSON: {e}; delete it (or the folder) to start "
+                           "a new run") from e
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise ResultsError(f"{path} is not a run manifest ({problem}); delete it (or choose "
+                           "another folder) to start a new run")
+    return manifest
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    if not isinstance(manifest.get("config", {}), dict):
+        return "'config' is not an object"
+    if not isinstance(manifest.get("run_id"), (str, type(None))):
+        return "'run_id' is not a string"
+    return None

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from pythia_probe.analysis import REGISTRY, Options, StepTensors, get_analyses, theory_matrix
+from pythia_probe.analysis import REGISTRY, Options, StepTensors, get_analyses, target_matrix
 from pythia_probe.analysis.attention import attention_rows
 from pythia_probe.analysis.cosine import (
     cosine,
     covariance,
     materialised_cosine,
-    prepare_theory,
+    prepare_target,
     product,
     row_normalise,
     tall,
@@ -46,7 +46,7 @@ def test_tall_factored_equals_materialised(seed, chunk):
     V, d = 37, 6
     E, T = _rand(V, d, seed=seed), _rand(V, V, seed=seed + 10)
     T[3] = 0  # a token the corpus never shows
-    th = prepare_theory("T", T, chunk=chunk)
+    th = prepare_target("T", T, chunk=chunk)
     assert cosine(tall(E), th, chunk) == pytest.approx(materialised_cosine(E, T), rel=TOL)
 
 
@@ -54,22 +54,22 @@ def test_tall_factored_equals_materialised(seed, chunk):
 def test_product_factored_equals_materialised(seed, chunk):
     V, r = 41, 5
     F, G, T = _rand(V, r, seed=seed), _rand(V, r, seed=seed + 1), _rand(V, V, seed=seed + 2)
-    th = prepare_theory("T", T, chunk=chunk)
+    th = prepare_target("T", T, chunk=chunk)
     got = cosine(product(F, G), th, chunk)
     assert got == pytest.approx(materialised_cosine(F @ G.T, T), rel=TOL)
 
 
-def test_cosine_is_one_for_the_theory_itself_and_float32_close():
+def test_cosine_is_one_for_the_target_itself_and_float32_close():
     T = _rand(30, 30, seed=4).abs()
-    th = prepare_theory("T", T)
+    th = prepare_target("T", T)
     assert cosine(tall(row_normalise(T)), th) == pytest.approx(1.0, abs=1e-12)
-    th32 = prepare_theory("T", T, dtype=torch.float32)
+    th32 = prepare_target("T", T, dtype=torch.float32)
     E = _rand(30, 8, seed=5)
     assert cosine(tall(E, torch.float32), th32) == pytest.approx(cosine(tall(E), th), rel=1e-5)
 
 
 def test_wrong_vocab_size_is_a_clear_error():
-    th = prepare_theory("PhiBT", _rand(10, 10))
+    th = prepare_target("PhiBT", _rand(10, 10))
     with pytest.raises(ValueError, match="d_vocab=10"):
         cosine(tall(_rand(12, 3)), th)
 
@@ -93,12 +93,13 @@ def _tiny(V=29, d=8, H=2, L=3, Vmodel=32, seed=0):
 def test_attention_rows_equal_the_paper_procedure():
     x, V = _tiny()
     Q = _rand(V, V, seed=9)
-    rows = attention_rows(x.residuals["pre"], x.W_Q, x.W_K, prepare_theory("Qbar", Q, chunk=6),
-                          per_head=[1], chunk=6)
-    assert len(rows) == 3 + 2  # mean for 3 layers + 2 heads of layer 1
+    rows = attention_rows(x.residuals["pre"], x.W_Q, x.W_K, prepare_target("Qbar", Q, chunk=6),
+                          per_head=[2], chunk=6)
+    assert len(rows) == 3 + 2  # mean for 3 layers + 2 heads of layer 2 (numbered from 1)
+    assert [r["layer"] for r in rows] == [1, 2, 2, 2, 3]
     for row in rows:
-        E = x.residuals["pre"][row["layer"]][:V]
-        expect = _paper_attention(E, x.W_Q[row["layer"]], x.W_K[row["layer"]], Q, row["head"])
+        i = row["layer"] - 1  # the tables number layers from 1, as the paper does
+        expect = _paper_attention(x.residuals["pre"][i][:V], x.W_Q[i], x.W_K[i], Q, row["head"])
         assert row["value"] == pytest.approx(expect, rel=1e-6)
         assert row["metric"] == ("cos_mean" if row["head"] is None else "cos_head")
 
@@ -107,10 +108,12 @@ def test_embedding_and_unembedding_rows_equal_materialised():
     x, V = _tiny(seed=1)
     stats = type("S", (), {"PhiBT": _rand(V, V, seed=2), "Bbar": _rand(V, V, seed=3),
                            "Qbar": _rand(V, V, seed=4)})()
-    th = {n: prepare_theory(n, theory_matrix(stats, n), chunk=8)
+    th = {n: prepare_target(n, target_matrix(stats, n), chunk=8)
           for n in ("PhiBT", "Bbar", "BbarT")}
-    for row in embedding_rows(x.residuals, th["PhiBT"], chunk=8):
-        E = x.residuals[row["metric"][4:]][row["layer"]][:V]
+    rows = embedding_rows(x.residuals, th["PhiBT"], chunk=8)
+    assert sorted({r["layer"] for r in rows}) == [1, 2, 3]
+    for row in rows:
+        E = x.residuals[row["metric"][4:]][row["layer"] - 1][:V]
         assert row["value"] == pytest.approx(materialised_cosine(E, stats.PhiBT), rel=1e-6)
     got = {r["metric"]: r["value"] for r in unembedding_rows(x.W_E, x.W_U, th, chunk=8)}
     WE, WU = x.W_E[:V], x.W_U[:, :V]
@@ -132,7 +135,7 @@ def test_registry_runs_every_analysis_and_rejects_unknown_names():
     x.text_attn = [torch.softmax(_rand(2, 2, 6, 6, seed=s).masked_fill(~causal, -torch.inf), -1)
                    for s in range(3)]
     for a in get_analyses(list(REGISTRY)):
-        th = {n: prepare_theory(n, theory_matrix(stats, n)) for n in a.theories}
+        th = {n: prepare_target(n, target_matrix(stats, n)) for n in a.targets}
         rows = a.run(x, th, Options(raw=raw))
         assert rows and all(r["analysis"] == a.name and -1 <= r["value"] <= 1 for r in rows)
     with pytest.raises(ValueError, match="valid: embedding, attention"):
@@ -153,11 +156,12 @@ def _authors_attention(E, W_Q, W_K, w, T, head=None):
 def test_attention_lnfold_equals_the_authors_materialised_procedure():
     x, V = _tiny(seed=3)
     Q = _rand(V, V, seed=11)
-    th = {"Qbar": prepare_theory("Qbar", Q, chunk=5)}
-    rows = REGISTRY["attention_lnfold"].run(x, th, Options(chunk=5, per_head=[0, 2], max_rank=40))
+    th = {"Qbar": prepare_target("Qbar", Q, chunk=5)}
+    rows = REGISTRY["attention_lnfold"].run(x, th, Options(chunk=5, per_head=[1, 3], max_rank=40))
     assert len(rows) == 3 + 2 * 2 and {r["analysis"] for r in rows} == {"attention_lnfold"}
+    assert sorted({r["layer"] for r in rows if r["head"] is not None}) == [1, 3]
     for row in rows:
-        i = row["layer"]
+        i = row["layer"] - 1
         expect = _authors_attention(x.residuals["pre"][i][:V], x.W_Q[i], x.W_K[i], x.ln1_w[i],
                                     Q, row["head"])
         assert row["value"] == pytest.approx(expect, rel=1e-6, abs=1e-12)
@@ -165,7 +169,7 @@ def test_attention_lnfold_equals_the_authors_materialised_procedure():
 
 def test_attention_lnfold_differs_from_raw_attention_unless_ln1_is_one():
     x, V = _tiny(seed=4)
-    th = {"Qbar": prepare_theory("Qbar", _rand(V, V, seed=12))}
+    th = {"Qbar": prepare_target("Qbar", _rand(V, V, seed=12))}
     raw = [r["value"] for r in REGISTRY["attention"].run(x, th, Options())]
     fold = [r["value"] for r in REGISTRY["attention_lnfold"].run(x, th, Options())]
     assert min(abs(a - b) for a, b in zip(raw, fold, strict=True)) > 1e-4

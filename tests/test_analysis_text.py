@@ -52,7 +52,7 @@ def test_attention_that_follows_the_prediction_scores_one():
     assert [(r["head"], r["metric"]) for r in rows[:7]] == [
         (None, "corr_eq13"), (None, "corr_qbar"), (None, "corr_delta"), (0, "corr_eq13_head"),
         (0, "corr_qbar_head"), (1, "corr_eq13_head"), (1, "corr_qbar_head")]
-    assert rows[7]["layer"] == 1 and rows[7]["value"] < 0.9
+    assert rows[0]["layer"] == 1 and rows[7]["layer"] == 2 and rows[7]["value"] < 0.9
     Aq = torch.softmax(predicted_logits(tokens, Qbar, 0 * Delta).masked_fill(~mask, -1e9), -1)
     got = {r["metric"]: r["value"] for r in eq13_rows([Aq[:, None]], tokens, Qbar, Delta)}
     assert got["corr_qbar"] == pytest.approx(1.0, abs=1e-9) and got["corr_eq13"] < 1 - 1e-3

@@ -91,13 +91,17 @@ def test_log_level_flag_and_rank_aware_lines(capsys, monkeypatch):
     log.warning("shown")
     out, err = capsys.readouterr()
     assert out == "" and "shown" in err and "hidden" not in err
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("RANK", "1")  # the environment is not where the rank comes from
     monkeypatch.setenv("WORLD_SIZE", "2")
     logs.setup("info")
+    log.info("no rank given")
+    assert "[rank" not in capsys.readouterr().err
+    logs.set_rank(1)  # what ranks.from_env does at the entry point
     log.info("from a rank")
     assert "[rank 1] from a rank" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_config(PlotsConfig, ["--results", "x", "--log-level", "loud"], "p")
+    logs.set_rank(None)
     logs.setup("info")
 
 
@@ -118,3 +122,71 @@ def test_one_console_script_runs_every_command(capsys):
         pytest.skip("the console script is not installed (pip install -e .)")
     out = subprocess.run([exe, "sweep", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--steps" in out.stdout
+
+
+def _help(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["sweep", "stats", "corpus", "toy", "icrecall", "plots"])
+def test_every_command_has_version_and_names_itself_as_invoked(command, capsys):
+    from pythia_probe import __version__
+    from pythia_probe.__main__ import COMMANDS
+    from pythia_probe.__main__ import main as probe
+
+    assert probe(["--version"]) == 0 and capsys.readouterr().out == f"pythia-probe {__version__}\n"
+    with pytest.raises(SystemExit) as done:
+        probe([command, "--version"])
+    assert done.value.code == 0 and __version__ in capsys.readouterr().out
+    helptext = _help(probe, [command, "--help"], capsys)
+    assert helptext.startswith(f"usage: pythia-probe {command}")
+    assert "python -m pythia_probe" not in helptext.split("\n")[0]
+    import importlib
+    module = importlib.import_module(COMMANDS[command])
+    assert not _help(module.main, ["--help"], capsys).startswith("usage: pythia-probe")
+
+
+def test_every_flag_of_the_sweep_shows_its_default(capsys):
+    from pythia_probe.sweep.__main__ import main as sweep_main
+
+    text = " ".join(_help(sweep_main, ["--help"], capsys).split())
+    for shown in ("--steps STEPS Steps: 1000-143000", "(default: all)",
+                  "(default: EleutherAI/pythia-1.4b)", "(default: auto)", "(default: float32)",
+                  "(default: 4096)", "(default: off)", "(default: on)",
+                  "(default: embedding,attention_lnfold,attention)", "--theory"):
+        assert shown in text, shown
+
+
+def test_a_subcommand_left_out_or_misspelt_names_the_subcommands(capsys):
+    from pythia_probe.stats.__main__ import main as stats_main
+
+    for argv in ([], ["comptue"]):
+        with pytest.raises(SystemExit) as done:
+            stats_main(argv)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and "_command" not in err
+        assert "name a command: compute, top" in err
+
+
+@pytest.mark.parametrize("signum,code", [(2, 130), (15, 143)])
+def test_sigint_and_sigterm_are_one_line_with_the_conventional_code(tmp_path, signum, code):
+    """A real signal to a running command: one line, exit 128 + signal, no traceback."""
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nfrom pythia_probe.cli import run_main\n"
+                      "def main():\n    print('ready', flush=True)\n    time.sleep(60)\n"
+                      "raise SystemExit(run_main(main, 'slow'))\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(0.2)
+    os.kill(proc.pid, signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code and err == "slow: interrupted, rerun to resume\n"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process is unchanged

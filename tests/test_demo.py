@@ -2,6 +2,7 @@
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -72,16 +73,32 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
                                    "attention_text"}
     text = df[df["analysis"] == "attention_text"]
     assert len(text) == 5 * 2 * (3 + 2 * 4) and text["value"].between(-1, 1).all()
-    assert read_manifest(tmp_path / "r" / "run")["status"] == "complete"
+    m = read_manifest(tmp_path / "r" / "run")
+    assert m["status"] == "complete"
+    # what was used: the built-in corpus the statistics came from, no recipe of another corpus
+    assert m["statistics"]["from_file"]["corpus"]["dataset"] == "builtin"
+    assert "dataset" not in m["config"]["statistics"] and "recipe" not in m["statistics"]
     assert (tmp_path / "r" / "plots" / "embedding_cos_post.png").stat().st_size > 1000
     text = capsys.readouterr().out
-    post = df[(df["metric"] == "cos_post") & (df["head"].isna())].groupby("step")["value"].mean()
-    assert f"last step 8 {post[8]:.3f}" in text  # the printed summary is computed from the table
+    # the printed summary is the table's: per layer the peak step and value, the exit step
+    from pythia_probe.revisions import read_ledger
+    from pythia_probe.summary import summary_table
+    want = summary_table(df)
+    got = pd.read_parquet(tmp_path / "r" / "run" / "summary.parquet")
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    row = want[(want["analysis"] == "embedding") & (want["metric"] == "cos_post")
+               & (want["layer"] == 2) & want["head"].isna()].iloc[0]
+    assert "embedding cos_post" in text and f"{row.peak_value:.3f}" in text
+    assert "drift" not in text  # last minus max, never positive: gone
+    ledger = read_ledger(tmp_path / "r" / "run" / "revisions.parquet")
+    assert list(ledger["step"]) == [0, 1, 2, 4, 8] and set(df["revision_status"]) <= {"ok"}
+    assert (tmp_path / "r" / "plots" / "figure6.png").stat().st_size > 1000
     seen = {}
-    monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work: seen.update(
-        out=out, cfg=cfg, work=work) or 0)
-    assert sweep_main(["--demo", "--demo-max-step", "16", "--out", "o", "--work", "w"]) == 0
-    assert seen == {"out": "o", "cfg": DemoConfig(max_step=16), "work": "w"}
+    monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work, ranks, progress:
+                        seen.update(out=out, cfg=cfg, work=work, progress=progress) or 0)
+    assert sweep_main(["--demo", "--demo-max-step", "16", "--out", "o", "--work", "w",
+                       "--no-progress"]) == 0
+    assert seen == {"out": "o", "cfg": DemoConfig(max_step=16), "work": "w", "progress": False}
 
 
 def test_demo_default_output_is_untracked(monkeypatch):
@@ -94,7 +111,7 @@ def test_demo_default_output_is_untracked(monkeypatch):
     from pythia_probe.sweep.__main__ import main as sweep_main
 
     seen = {}
-    monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work: seen.update(
+    monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work, **kw: seen.update(
         out=out, work=work) or 0)
     assert sweep_main(["--demo"]) == 0
     root = Path(__file__).resolve().parents[1]
@@ -104,3 +121,40 @@ def test_demo_default_output_is_untracked(monkeypatch):
         probe = f"{folder}/run/manifest.json"
         ignored = subprocess.run(["git", "check-ignore", "-q", probe], cwd=root)
         assert ignored.returncode == 0, f"{probe} would be tracked by git"
+
+
+def test_demo_under_torchrun_trains_once_and_splits_the_sweep(tmp_path):
+    """`torchrun --nproc_per_node 2` on the demo: rank 0 trains and computes the statistics
+    once, both ranks sweep their share into one table, equal to one process's table."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from pythia_probe import demo
+    from pythia_probe.results import read_manifest, read_results
+
+    small = dict(n_stories=150, seq_len=32, n_layers=2, d_model=32, d_mlp=64, batch_size=16,
+                 max_step=8)
+    script = tmp_path / "demo2.py"
+    script.write_text(
+        "import sys\nfrom pythia_probe import demo\nfrom pythia_probe.ranks import from_env\n"
+        f"cfg = demo.DemoConfig(**{small!r})\nranks = from_env('cpu')\n"
+        "raise SystemExit(demo.run_demo(sys.argv[1], cfg, work=sys.argv[2], ranks=ranks, "
+        "progress=False))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(script), str(tmp_path / "two"), str(tmp_path / "work")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("trained 8 steps") == 1  # one training, not one per rank
+    assert "rank 0:" in proc.stdout and "rank 1:" in proc.stdout
+    m = read_manifest(tmp_path / "two" / "run")
+    assert m["world"] == 2 and m["status"] == "complete"
+    assert demo.run_demo(tmp_path / "one", demo.DemoConfig(**small), work=tmp_path / "work",
+                         progress=False) == 0
+    key = ["step", "analysis", "layer", "head", "metric"]
+    a, b = (read_results(tmp_path / d / "run").drop(columns="run_id").sort_values(
+        key, na_position="first").reset_index(drop=True) for d in ("two", "one"))
+    pd.testing.assert_frame_equal(a, b)

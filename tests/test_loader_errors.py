@@ -23,7 +23,7 @@ from pythia_probe.errors import (
     UnsafeFileError,
     UserError,
 )
-from pythia_probe.sweep import sources
+from pythia_probe.sweep import source as sources
 from pythia_probe.testing.hub import Fault
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 
@@ -61,7 +61,7 @@ def one_line_user_error(err: BaseException) -> None:
 def test_two_transient_failures_of_any_hub_call_are_retried(hub, tmp_path, fault):
     hub.add_fault(fault)
     src = source(hub, tmp_path)
-    assert sources.available_steps(src) == [0, 2, 64]
+    assert src.steps() == [0, 2, 64]
     rev = src.resolve([2])[0]
     assert sources.model_config(src, rev).d_model == 32
     [(_, tensors, _)] = list(src.stream([rev]))
@@ -74,7 +74,7 @@ def test_a_hub_that_keeps_failing_is_one_line_naming_the_call(hub, tmp_path):
     with pytest.raises(HubDownloadError, match=rf"listing the branches of {REPO} failed: "
                                                       r"the hub kept failing after 3 attempts"
                        ) as err:
-        sources.available_steps(source(hub, tmp_path))
+        source(hub, tmp_path).steps()
     one_line_user_error(err.value)
     assert isinstance(err.value, HubError) and len(hub.requests("GET", "/refs")) == 3
 

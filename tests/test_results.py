@@ -86,3 +86,37 @@ def test_manifest(tmp_path):
     assert json.loads(path.read_text())["run_id"] == "r1"
     with pytest.raises(ResultsError, match="no manifest.json"):
         results.read_manifest(tmp_path / "nope")
+
+
+def test_scale_and_revision_columns_are_nullable_floats_and_old_shards_read_null(tmp_path):
+    """chance, ceiling, ci_low, ci_high (float64) and revision_status (string): null until
+    computed; a shard written before they existed reads with them null."""
+    df = _rows()
+    for col in ("chance", "ceiling", "ci_low", "ci_high", "revision_status"):
+        assert col in results.COLUMNS and df[col].isna().all()
+    assert results.ARROW_SCHEMA.field("ci_low").type == pa.float64()
+    assert results.ARROW_SCHEMA.field("revision_status").type == pa.string()
+    filled = df.assign(chance=0.01, ceiling=0.9, ci_low=df["value"] - 0.1,
+                       ci_high=df["value"] + 0.1, revision_status="ok")
+    back = results.read_shard(results.write_shard(filled, tmp_path / "new.parquet"))
+    pd.testing.assert_frame_equal(back, results.validate(results._coerce(filled)))
+    old = pa.Table.from_pandas(df.drop(columns=list(results.LATER_COLUMNS)),
+                               preserve_index=False)
+    pq.write_table(old, tmp_path / "old.parquet")
+    read = results.read_shard(tmp_path / "old.parquet")
+    assert read[list(results.LATER_COLUMNS)].isna().all().all()
+    assert read["value"].tolist() == df["value"].tolist()
+    with pytest.raises(ResultsError, match="ci_low > ci_high"):
+        results.validate(filled.assign(ci_low=1.0, ci_high=0.0))
+
+
+@pytest.mark.parametrize("text,says", [
+    ("[1, 2]", "a JSON list, not an object"), ('{"config": 3}', "'config' is not an object"),
+    ('{"run_id": 7}', "'run_id' is not a string"), ("{", "not valid JSON"),
+    ("[" * 100_000 + "]" * 100_000, "not valid JSON"),
+])
+def test_a_manifest_of_the_wrong_shape_is_one_error_naming_the_file(tmp_path, text, says):
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(ResultsError, match=says) as err:
+        results.read_manifest(tmp_path)
+    assert str(tmp_path / "manifest.json") in str(err.value)

@@ -60,7 +60,8 @@ def test_a_window_longer_than_the_corpus_is_refused_before_any_work(tmp_path, ca
 def test_keep_short_token_cache_holds_tokens_not_padding(tmp_path):
     corpus = stories(tmp_path, 20)
     assert main(compute(tmp_path, "--dataset", str(corpus), "--seq-len", "2000",
-                        "--keep-short", "--keep-work", "--tokenizer", "word:3000")) == 0
+                        "--keep-short", "--keep-work", "--tokenizer", "word:3000",
+                        "--batch-size", "16")) == 0
     stats = CorpusStats.load(tmp_path / "s.safetensors")
     tokens = stats.meta["counts"]["tokens"]
     cache = sum(p.stat().st_size for p in (tmp_path / "s.safetensors.work" / "cache").iterdir())

@@ -13,7 +13,8 @@ from pythia_probe import sweep
 from pythia_probe.analysis.cosine import materialised_cosine
 from pythia_probe.results import read_manifest, read_results
 from pythia_probe.stats import batch_stats
-from pythia_probe.sweep import runner, sources
+from pythia_probe.sweep import plan as sweep_plan
+from pythia_probe.sweep import runner
 from pythia_probe.sweep.__main__ import main as sweep_main
 from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
@@ -37,10 +38,11 @@ def setup(tmp_path_factory):
 
 
 def _argv(repo, stats, out, *extra):
-    """Streamed theory unless ``extra`` overrides (the default, auto, would pick memory here)."""
+    """Streamed targets unless ``extra`` overrides (the default, auto, would pick memory here);
+    no figures (their tests ask for them: test_sweep_report.py)."""
     return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
             "--analyses", "embedding,attention,unembedding", "--dtype", "float64",
-            "--theory", "streamed", *extra]
+            "--targets", "streamed", "--no-plots", *extra]
 
 
 def _sorted(df):
@@ -73,16 +75,18 @@ def test_tables_validate_and_match_the_paper_procedure(setup, clean_run):
     from pythia_probe.stats import CorpusStats
     st = CorpusStats.load(stats_path)
     got = df[df["step"] == 64].set_index(["analysis", "layer", "head", "metric"])["value"]
-    L = w.layer(1)
+    L = w.layer(1)  # the second block: layer 2 in the tables, which number layers from 1
     E = res["pre"][1]
     A = torch.stack([L.W_Q[h].double() @ L.W_K[h].double().T for h in range(n_h)]).mean(0)
-    assert got[("attention", 1, pd.NA, "cos_mean")] == pytest.approx(
+    assert got[("attention", 2, pd.NA, "cos_mean")] == pytest.approx(
         materialised_cosine(E @ A @ E.T, st.Qbar), rel=1e-6)
     Ah = L.W_Q[2].double() @ L.W_K[2].double().T
-    assert got[("attention", 1, 2, "cos_head")] == pytest.approx(
+    assert got[("attention", 2, 2, "cos_head")] == pytest.approx(
         materialised_cosine(E @ Ah @ E.T, st.Qbar), rel=1e-6)
-    assert got[("embedding", 0, pd.NA, "cos_attn")] == pytest.approx(
+    assert got[("embedding", 1, pd.NA, "cos_attn")] == pytest.approx(
         materialised_cosine(res["attn"][0], st.PhiBT), rel=1e-6)
+    assert sorted(df["layer"].dropna().unique()) == list(range(1, n_l + 1))
+    assert read_manifest(out)["layers"].startswith("1-based")
     WE, WU = w.W_E[:V].double(), w.W_U[:, :V].double()
     assert got[("unembedding", pd.NA, pd.NA, "cos_WEWU_Bbar")] == pytest.approx(
         materialised_cosine(WE @ WU, st.Bbar), rel=1e-6)
@@ -93,15 +97,16 @@ def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch)
     out = root / "killed"
     real, calls = runner.run_step, []
 
-    def dies_on_third(loaded, step, ctx, cfg):
+    def dies_on_third(loaded, step, scorer, where):
         calls.append(step)
         if len(calls) == 3:
             raise KeyboardInterrupt  # a kill: not an ordinary failure, stops the process
-        return real(loaded, step, ctx, cfg)
+        return real(loaded, step, scorer, where)
 
     monkeypatch.setattr(runner, "run_step", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
         sweep_main(_argv(repo, stats, out))
+    assert read_manifest(out)["status"] == "interrupted"
     done = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
     assert sorted(done) == ["step0.parquet", "step1.parquet"]
     calls.clear()
@@ -131,17 +136,21 @@ def test_failing_step_is_retried_reported_and_the_rest_goes_on(setup, tmp_path, 
     assert read_manifest(out)["failed_steps"] == [2]
 
 
-def test_two_ranks_write_the_same_tables_as_one(setup, clean_run, tmp_path):
+def test_two_shards_write_the_same_tables_as_one(setup, clean_run, tmp_path):
+    """The steps split in two shares (what two ranks, or two machines, each run) give the table
+    of one process; the manifest says incomplete until every share is done."""
     root, repo, stats = setup
     assert sweep.split_steps(list(STEPS), 0, 2) + sweep.split_steps(list(STEPS), 1, 2) != []
     assert sorted(sweep.split_steps(list(STEPS), 0, 2) + sweep.split_steps(list(STEPS), 1, 2)) \
         == list(STEPS)
     out = tmp_path / "ranks"
-    for rank in (1, 0):
-        cfg = sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
-                                analyses=("embedding", "attention", "unembedding"),
-                                dtype="float64", rank=rank, world_size=2)
-        assert sweep.run(cfg, []) == 0
+    parts = sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
+                              analyses=("embedding", "attention", "unembedding"),
+                              dtype="float64", plots=False).split()
+    assert sweep.run(parts, argv=[], shard=(1, 2)) == 0
+    assert read_manifest(out)["status"] == "incomplete"
+    assert sweep.run(parts, argv=[], shard=(0, 2)) == 0
+    assert read_manifest(out)["status"] == "complete"
     pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean_run[1]))
 
 
@@ -261,7 +270,7 @@ def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_pat
     df = read_results(out)
     assert df["run_id"].nunique() == 1  # rank 1 took rank 0's run id from the manifest
     pd.testing.assert_frame_equal(_sorted(df), _sorted(clean_run[1]))
-    assert read_manifest(out)["config"]["world_size"] == 2
+    assert read_manifest(out)["world"] == 2
 
 
 def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monkeypatch):
@@ -285,77 +294,85 @@ def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monk
                              str(tmp_path / "c")))
 
 
-def test_streamed_theory_cache_matches_resident_theory(setup, clean_run, tmp_path):
+def test_streamed_target_cache_matches_resident_targets(setup, clean_run, tmp_path):
     from pythia_probe.analysis.prepared import open_prepared
     from pythia_probe.stats import read_meta
 
     root, repo, stats = setup
-    cache = stats.with_name(stats.stem + ".theory")  # the default, built by clean_run
+    cache = stats.with_name(stats.stem + ".targets")  # the default, built by clean_run
     files = sorted(cache.glob("*.safetensors"))
     assert [f.name for f in files] == [f"{n}-float64.safetensors" for n in
                                        ("Bbar", "BbarT", "PhiBT", "Qbar")]
     assert {open_prepared(f).stats_id for f in files} == {read_meta(stats)["stats_id"]}
     out = tmp_path / "memory"
-    assert sweep_main(_argv(repo, stats, out, "--theory", "memory", "--max-rank", "1000")) == 0
+    assert sweep_main(_argv(repo, stats, out, "--targets", "memory", "--max-rank", "1000")) == 0
     a, b = _sorted(read_results(out)), _sorted(clean_run[1])
     pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
     assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
     own = tmp_path / "cache"
-    assert sweep_main(_argv(repo, stats, tmp_path / "own", "--theory-cache", str(own),
+    assert sweep_main(_argv(repo, stats, tmp_path / "own", "--targets-cache", str(own),
                             "--analyses", "embedding")) == 0
     assert [f.name for f in own.iterdir()] == ["PhiBT-float64.safetensors"]
+    # the old flag names still work
+    old = _argv(repo, stats, tmp_path / "old", "--steps", "64", "--theory", "memory",
+                "--theory-cache", str(own))
+    assert sweep_main(old) == 0
+    assert read_manifest(tmp_path / "old")["targets_choice"]["resolved"] == "memory"
     with pytest.raises(ValueError, match="valid: streamed, memory"):
         sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
-                          theory="disk")
+                          targets="disk")
 
 
-def test_theory_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, capsys):
+def test_targets_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, capsys):
     from pythia_probe.analysis import plan
+    from pythia_probe.sweep.source import model_config, open_source
 
     # pythia-1.4b, full vocabulary: memory mode ~62 GB fits an 80 GB GPU, not a 40 GB one
     need = plan.memory_plan(50277, 2048, 24, 16, 1_414_647_808, ["embedding", "attention"],
                             streamed=False).total
     assert 55e9 < need < 70e9
-    assert plan.choose_theory(need, 80e9 * plan.GPU_SAFETY, "80 GB")[0] == "memory"
-    assert plan.choose_theory(need, 40e9 * plan.GPU_SAFETY, "40 GB")[0] == "streamed"
-    mode, why = plan.choose_theory(need, None, "no probe")
+    assert plan.choose_targets(need, 80e9 * plan.GPU_SAFETY, "80 GB")[0] == "memory"
+    assert plan.choose_targets(need, 40e9 * plan.GPU_SAFETY, "40 GB")[0] == "streamed"
+    mode, why = plan.choose_targets(need, None, "no probe")
     assert mode == "streamed" and "unknown" in why
     root, repo, stats = setup
     cfg = sweep.SweepConfig(model=str(repo), steps="64", stats=str(stats), out="unused")
-    assert cfg.theory == "auto"
-    src = runner.open_source(cfg)
-    c = runner.model_config(src, src.resolve([64])[0])
+    assert cfg.targets == "auto"
+    parts = cfg.split()
+    src = open_source(parts.source)
+    c = model_config(src, src.resolve([64])[0])
     size = Path(stats).stat().st_size
-    assert runner.resolve_theory(cfg, c, V, size, (1e12, "big"))[0] == "memory"
-    mode, why = runner.resolve_theory(cfg, c, V, size, (1e3, "tiny"))
+    resolve = sweep_plan.resolve_targets
+    assert resolve(parts.targets, parts.scoring, c, V, size, (1e12, "big"))[0] == "memory"
+    mode, why = resolve(parts.targets, parts.scoring, c, V, size, (1e3, "tiny"))
     assert mode == "streamed" and "exceeds" in why and "tiny" in why
-    assert runner.resolve_theory(replace(cfg, theory="memory"), c, V, size,
-                                (1e3, "tiny"))[0] == "memory"
+    assert resolve(replace(parts.targets, mode="memory"), parts.scoring, c, V, size,
+                   (1e3, "tiny"))[0] == "memory"
     budget, how = plan.memory_budget("cpu")  # the real probe: a positive number of bytes
     assert budget is None or budget > 0
 
 
 @pytest.mark.parametrize("budget,mode", [(1e3, "streamed"), (1e13, "memory")])
-def test_theory_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path, monkeypatch,
-                                                      capsys, budget, mode):
+def test_targets_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path, monkeypatch,
+                                                       capsys, budget, mode):
 
     root, repo, stats = setup
-    monkeypatch.setattr(sources, "memory_budget", lambda device: (budget, "injected"))
-    argv = _argv(repo, stats, tmp_path / "o", "--steps", "64", "--theory", "auto",
-                 "--theory-cache", str(root / "clean_cache_auto"))
+    monkeypatch.setattr(sweep_plan, "memory_budget", lambda device: (budget, "injected"))
+    argv = _argv(repo, stats, tmp_path / "o", "--steps", "64", "--targets", "auto",
+                 "--targets-cache", str(root / "clean_cache_auto"))
     assert sweep_main([*argv, "--dry-run"]) == 0
-    assert f"theory: auto -> {mode}" in capsys.readouterr().out
+    assert f"targets: auto -> {mode}" in capsys.readouterr().out
     assert sweep_main(argv) == 0
     m = read_manifest(tmp_path / "o")
-    assert m["theory_choice"]["requested"] == "auto" and m["config"]["theory"] == mode
-    assert m["theory_choice"]["resolved"] == mode and "injected" in m["theory_choice"]["reason"]
+    assert m["targets_choice"]["requested"] == "auto" == m["config"]["targets"]["mode"]
+    assert m["targets_choice"]["resolved"] == mode and "injected" in m["targets_choice"]["reason"]
     a = _sorted(read_results(tmp_path / "o"))
     b = _sorted(clean_run[1][clean_run[1]["step"] == 64])
     assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
 
 
-def test_warm_theory_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path, monkeypatch):
-    from pythia_probe.stats import corpus_stats
+def test_warm_target_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path, monkeypatch):
+    from pythia_probe.stats import result as corpus_stats
 
     root, repo, stats = setup
     real, reads = corpus_stats._read, []
@@ -370,8 +387,8 @@ def test_warm_theory_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path
     runs = [("cold", "streamed", 1), ("warm", "streamed", 0), ("mem", "memory", 1)]
     for name, mode, n_reads in runs:  # the first run builds the cache, the second reuses it
         reads.clear()
-        assert sweep_main(_argv(repo, stats, tmp_path / name, "--steps", "64", "--theory",
-                                mode, "--theory-cache", str(cache))) == 0, name
+        assert sweep_main(_argv(repo, stats, tmp_path / name, "--steps", "64", "--targets",
+                                mode, "--targets-cache", str(cache))) == 0, name
         assert len(reads) == n_reads, (name, reads)
         a = _sorted(read_results(tmp_path / name))
         b = _sorted(clean_run[1][clean_run[1]["step"] == 64])
@@ -419,14 +436,15 @@ def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mo
     ids = st.token_ids
     assert len(ids) == 30 and ids.sort().values.tolist() != list(range(30))
     out = tmp_path / "o"
-    assert sweep_main(_argv(repo, path, out, "--steps", "64", "--theory", mode, "--analyses",
+    assert sweep_main(_argv(repo, path, out, "--steps", "64", "--targets", mode, "--analyses",
                             "embedding,attention,attention_lnfold,unembedding")) == 0
     got = read_results(out).set_index(["analysis", "layer", "head", "metric"])["value"]
     pre, attn, post, m = _hf_streams(repo, 64, ids)
     expect = {}
-    for i, layer in enumerate(m.gpt_neox.layers):
+    for i, layer in enumerate(m.gpt_neox.layers):  # block i is layer i + 1 in the tables
         for kind, E in (("pre", pre), ("attn", attn), ("post", post)):
-            expect[("embedding", i, pd.NA, f"cos_{kind}")] = materialised_cosine(E[i], st.PhiBT)
+            expect[("embedding", i + 1, pd.NA, f"cos_{kind}")] = materialised_cosine(E[i],
+                                                                                   st.PhiBT)
         W = layer.attention.query_key_value.weight.view(4, 3, -1, 32)  # [head, q/k/v, d_head, d]
         w = layer.input_layernorm.weight
         P = torch.eye(32, dtype=torch.float64) - 1 / 32
@@ -435,9 +453,10 @@ def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mo
             A = torch.stack([W[j, 0].T @ W[j, 1] for j in hs]).mean(0)
             key = ("cos_mean" if h is None else "cos_head")
             E = pre[i]
-            expect[("attention", i, h, key)] = materialised_cosine(E @ A @ E.T, st.Qbar)
+            expect[("attention", i + 1, h, key)] = materialised_cosine(E @ A @ E.T, st.Qbar)
             Af = P @ torch.diag(w) @ A @ torch.diag(w) @ P
-            expect[("attention_lnfold", i, h, key)] = materialised_cosine(E @ Af @ E.T, st.Qbar)
+            expect[("attention_lnfold", i + 1, h, key)] = materialised_cosine(E @ Af @ E.T,
+                                                                              st.Qbar)
     WE, WU = m.gpt_neox.embed_in.weight[ids], m.lm_head.weight[ids]  # [k, d_model] each
     expect[("unembedding", pd.NA, pd.NA, "cos_WU_Bbar")] = materialised_cosine(WU, st.Bbar.T)
     expect[("unembedding", pd.NA, pd.NA, "cos_WEWU_Bbar")] = materialised_cosine(WE @ WU.T,
@@ -449,7 +468,7 @@ def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mo
         assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
     # control: rows 0..29 of the model instead of the top-k ids give other numbers
     wrong = materialised_cosine(m.gpt_neox.embed_in.weight[:30], st.PhiBT)
-    assert abs(got[("embedding", 0, pd.NA, "cos_pre")] - wrong) > 1e-3
+    assert abs(got[("embedding", 1, pd.NA, "cos_pre")] - wrong) > 1e-3
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated", "other_step", "missing_analysis"])
@@ -480,16 +499,16 @@ def test_manifest_says_failed_with_the_reason_when_the_run_dies(setup, tmp_path,
     from pythia_probe.errors import DiskFullError
     root, repo, stats = setup
 
-    def no_theory(*a, **k):
-        raise RuntimeError("theory preparation broke")
-    monkeypatch.setattr(runner, "_context", no_theory)
+    def no_targets(*a, **k):
+        raise RuntimeError("target preparation broke")
+    monkeypatch.setattr(runner, "prepare_scorer", no_targets)
     with pytest.raises(RuntimeError):
         sweep_main(_argv(repo, stats, tmp_path / "early"))
     m = read_manifest(tmp_path / "early")
-    assert m["status"] == "failed" and "theory preparation broke" in m["reason"]
+    assert m["status"] == "failed" and "target preparation broke" in m["reason"]
     monkeypatch.undo()
 
-    def disk_full(loaded, step, ctx, cfg):
+    def disk_full(loaded, step, scorer, where):
         raise DiskFullError(f"disk full writing step{step}.parquet: 0 bytes free")
     monkeypatch.setattr(runner, "run_step", disk_full)
     out = tmp_path / "full"
@@ -518,7 +537,7 @@ def test_failure_records_are_written_atomically_with_the_user_message(setup, tmp
 def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, monkeypatch,
                                                             capsys):
     """The extension point: an Analysis declares what it needs; the sweep fetches those
-    weights, prepares those theories, plans its cost and writes its rows, with no other edit."""
+    weights, prepares those targets, plans its cost and writes its rows, with no other edit."""
     from pythia_probe.analysis import Analysis, Cost, Needs, registry
     from pythia_probe.analysis.cosine import cosines, tall
 
@@ -527,7 +546,7 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, mon
                  "value": cosines([tall(x.W_E, th["BbarT"].dtype)], th["BbarT"], opts.chunk)[0],
                  "n": th["BbarT"].d_vocab}]
 
-    toy = Analysis("we_vs_bbar", Needs(weights=("embed",), theories=("BbarT",)), run_norms,
+    toy = Analysis("we_vs_bbar", Needs(weights=("embed",), targets=("BbarT",)), run_norms,
                    lambda s: Cost(0, 1, 2 * s.V**2 * s.d_model))
     monkeypatch.setitem(registry.REGISTRY, toy.name, toy)  # the one registry line
     root, repo, stats = setup
@@ -536,7 +555,7 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, mon
     monkeypatch.setattr(runner, "tensor_names", lambda needs: (fetched.append(needs.weights),
                                                                real(needs))[1])
     argv = ["--model", str(repo), "--stats", str(stats), "--steps", "0,64", "--analyses",
-            "we_vs_bbar", "--dtype", "float64", "--theory", "streamed",
+            "we_vs_bbar", "--dtype", "float64", "--targets", "streamed",
             "--out", str(tmp_path / "o")]
     assert sweep_main([*argv, "--dry-run"]) == 0
     assert "flops per checkpoint" in capsys.readouterr().out

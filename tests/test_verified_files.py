@@ -2,7 +2,6 @@
 index, tokenizer; in the cache or freshly downloaded), bad bytes are fetched once more and then
 named in one line, and every snapshot layout huggingface_hub writes is read correctly."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from huggingface_hub import constants
 from pythia_probe import arch
 from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.errors import ChecksumError, CorruptFileError, UserError
-from pythia_probe.sweep import sources
+from pythia_probe.sweep import source as sources
 from pythia_probe.testing.caches import hf_populate, plain_copy, tree_snapshot
 from pythia_probe.testing.hub import Fault
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
@@ -54,8 +53,7 @@ def use(src, name: str):
     if name == "config.json":
         return sources.model_config(src, src.resolve([2])[0])
     if name == "tokenizer.json":
-        cfg = SimpleNamespace(tokenizer=None, model=REPO)
-        return sources.model_tokenizer(cfg, src, src.resolve([2])[0])
+        return sources.model_tokenizer(src, src.resolve([2])[0], None, REPO)
     if name == INDEX:
         return src.read_json(src.resolve([64])[0], INDEX)
     [(rev, tensors, _)] = list(src.stream(src.resolve([2])))

@@ -1,7 +1,7 @@
 """Analyses of one checkpoint against corpus statistics, looked up by name.
 
 Each analysis is a pure function of a :class:`StepTensors` (the single-token residual streams
-and weights of one checkpoint) and prepared theory matrices, returning tidy-table row dicts
+and weights of one checkpoint) and prepared target matrices, returning tidy-table row dicts
 (analysis, layer, head, metric, value, n); the sweep adds model, step, stats_id, dtype, run_id.
 Each declares what it needs (:class:`Needs`) and costs (:class:`Cost`): see
 :mod:`pythia_probe.analysis.base` and the registry in :mod:`pythia_probe.analysis.registry`.
@@ -17,7 +17,7 @@ from pythia_probe.analysis.base import (
     combined_needs,
 )
 from pythia_probe.analysis.registry import REGISTRY, get_analyses
-from pythia_probe.analysis.theory import theory_matrix
+from pythia_probe.analysis.targets import target_matrix
 
 __all__ = ["REGISTRY", "Analysis", "Cost", "Needs", "Options", "Shape", "StepTensors",
-           "combined_needs", "get_analyses", "theory_matrix"]
+           "combined_needs", "get_analyses", "target_matrix"]

@@ -27,7 +27,7 @@ from functools import partial
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, Shape, StepTensors
-from pythia_probe.analysis.cosine import Factors, Theory, packed_cosines, product
+from pythia_probe.analysis.cosine import Factors, Target, packed_scores, product
 
 
 def _check(W_Q: Tensor, W_K: Tensor, E: Tensor) -> None:
@@ -61,20 +61,22 @@ def ln_fold(E_pre: Tensor, ln1_w: Tensor) -> Tensor:
 
 
 def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence[Tensor],
-                   theory, *, per_head: bool | Sequence[int] = True,
+                   target, *, per_head: bool | Sequence[int] = True,
                    chunk: int = 4096, max_rank: int = 0,
                    ln1_w: Sequence[Tensor] | None = None) -> list[dict]:
-    """Rows per layer (head null, metric cos_mean) and per head (metric cos_head).
+    """Rows per layer (head null, metric cos_mean) and per head (metric cos_head), each with
+    its chance level; rows number layers from 1 (E_pre[0] is layer 1) and heads from 0.
 
     ``ln1_w``: per-layer LayerNorm weights [d_model]; given, the rows are the authors'
     LN-folded, centred variant (analysis ``attention_lnfold``), else raw (``attention``).
-    ``per_head``: True for every layer, False for none, or a list of layer indices.
-    ``max_rank``: score several layers per pass over the theory while their stacked rank stays
+    ``per_head``: True for every layer, False for none, or a list of layers numbered from 1.
+    ``max_rank``: score several layers per pass over the target while their stacked rank stays
     below it (0: one layer per pass, the least memory).
     """
-    V, dt = theory.d_vocab, theory.dtype
-    head_layers = set(range(len(E_pre))) if per_head is True else set(per_head or [])
-    heads = [list(range(wq.shape[0])) if i in head_layers else [] for i, wq in enumerate(W_Q)]
+    V, dt = target.d_vocab, target.dtype
+    head_layers = set(range(1, len(E_pre) + 1)) if per_head is True else set(per_head or [])
+    heads = [list(range(wq.shape[0])) if i + 1 in head_layers else []
+             for i, wq in enumerate(W_Q)]
     name = "attention" if ln1_w is None else "attention_lnfold"
     if ln1_w is not None and len(ln1_w) != len(E_pre):
         raise ValueError(f"need one ln1_w per layer: {len(ln1_w)} for {len(E_pre)} layers")
@@ -86,14 +88,15 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
                 head_factors(E, wq, wk, dt) if heads[layer] else [])
 
     rows = []
-    for layer, values in enumerate(packed_cosines(groups(), theory, chunk, max_rank)):
-        rows += [{"analysis": name, "layer": layer, "head": head,
-                  "metric": "cos_mean" if head is None else "cos_head", "value": v, "n": V}
+    for layer, values in enumerate(packed_scores(groups(), target, chunk, max_rank)):
+        rows += [{"analysis": name, "layer": layer + 1, "head": head,
+                  "metric": "cos_mean" if head is None else "cos_head", "value": v.value,
+                  "chance": v.chance, "n": V}
                  for head, v in zip([None, *heads[layer]], values, strict=True)]
     return rows
 
 
-def _run(x: StepTensors, th: Mapping[str, Theory], opts: Options, folded: bool) -> list[dict]:
+def _run(x: StepTensors, th: Mapping[str, Target], opts: Options, folded: bool) -> list[dict]:
     if folded and len(x.ln1_w) != len(x.W_Q):
         raise ValueError("attention_lnfold needs every layer's ln1 weights (StepTensors.ln1_w)")
     return attention_rows(x.residuals["pre"], x.W_Q, x.W_K, th["Qbar"], per_head=opts.per_head,
@@ -106,6 +109,6 @@ def _cost(s: Shape) -> Cost:
     return Cost(2 * s.d_model, 0, (s.n_layers + s.head_layers) * 2 * s.V**2 * s.d_model)
 
 
-_NEEDS = Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True, theories=("Qbar",))
+_NEEDS = Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True, targets=("Qbar",))
 ATTENTION = Analysis("attention", _NEEDS, partial(_run, folded=False), _cost)
 ATTENTION_LNFOLD = Analysis("attention_lnfold", _NEEDS, partial(_run, folded=True), _cost)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
-from pythia_probe.analysis.cosine import Theory
+from pythia_probe.analysis.cosine import Target
 from pythia_probe.errors import BadInputError
 
 TINY = 1e-30
@@ -89,7 +89,8 @@ def model_attention(config: Mapping, tensors: Mapping[str, Tensor], tokens: Tens
 
 def eq13_rows(attentions: Sequence[Tensor], tokens: Tensor, Qbar: Tensor, Delta: Tensor,
               per_head: bool = True) -> list[dict]:
-    """Rows per layer (head null) and per head of the Eq. 13 correlations on ``tokens``.
+    """Rows per layer (head null) and per head of the Eq. 13 correlations on ``tokens``;
+    layers numbered from 1 (``attentions[0]`` is layer 1).
 
     Metrics: ``corr_eq13`` (Qbar + Delta, the full prediction), ``corr_qbar`` (the token term
     alone) and ``corr_delta`` (the positional term alone) for the head-mean; ``corr_eq13_head``
@@ -104,18 +105,18 @@ def eq13_rows(attentions: Sequence[Tensor], tokens: Tensor, Qbar: Tensor, Delta:
     for layer, A in enumerate(attentions):
         logA = A.cpu().clamp_min(TINY).log()
         for name, pred in preds.items():
-            rows.append({"analysis": "attention_text", "layer": layer, "head": None,
+            rows.append({"analysis": "attention_text", "layer": layer + 1, "head": None,
                          "metric": f"corr_{name}", "n": n,
                          "value": float(row_correlation(logA.mean(1), pred))})
         for h in range(logA.shape[1] if per_head else 0):
-            rows += [{"analysis": "attention_text", "layer": layer, "head": h,
+            rows += [{"analysis": "attention_text", "layer": layer + 1, "head": h,
                       "metric": f"corr_{name}_head", "n": n,
                       "value": float(row_correlation(logA[:, h], preds[name]))}
                      for name in ("eq13", "qbar")]
     return rows
 
 
-def _run(x: StepTensors, th: Mapping[str, Theory], opts: Options) -> list[dict]:
+def _run(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
     if x.text_attn is None or x.text_tokens is None:
         raise BadInputError("attention_text needs real text: give the sweep --text TOKENS_FILE")
     return eq13_rows(x.text_attn, x.text_tokens, opts.raw["Qbar"], opts.raw["Delta"],

@@ -1,6 +1,13 @@
-"""What an analysis is: a pure function of one checkpoint's tensors and the prepared theory, and
-a declaration of what it needs, so the sweep, the memory plan and the dry run read it instead of
-matching names.
+"""What an analysis is: a pure function of one checkpoint's tensors and the prepared target
+matrices, and a declaration of what it needs, so the sweep, the memory plan and the dry run read
+it instead of matching names.
+
+Rows an analysis returns: ``analysis, layer, head, metric, value, n``, with ``layer`` numbered
+as the papers number layers (1 = the first transformer block, None for rows of no layer) and
+``head`` from 0. A row's cell is (analysis, layer, head, metric); scoring the same checkpoint
+against other targets (statistics with token identities permuted, one half of the corpus, a
+leave-one-shard-out build) gives the same cells, which is how a cell's chance level, ceiling
+and interval can be added beside its value.
 
 An analysis module defines one :class:`Analysis` (or more) and the registry lists it by name
 (:mod:`pythia_probe.analysis.registry`): adding an analysis touches those two files.
@@ -14,7 +21,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from pythia_probe.analysis.cosine import Theory
+from pythia_probe.analysis.cosine import Target
 
 
 @dataclass
@@ -39,8 +46,9 @@ class StepTensors:
 
 @dataclass(frozen=True)
 class Options:
-    """How to score: vocabulary columns per block, per-head layers, layers stacked per pass over
-    the theory (0: one), and the raw statistics asked for by ``Needs.raw``."""
+    """How to score: vocabulary columns per block, per-head rows (True: every layer, False:
+    none, or a list of layers numbered from 1 as in the tables), layers stacked per pass over a
+    target (0: one), and the raw statistics asked for by ``Needs.raw``."""
 
     chunk: int = 4096
     per_head: bool | list[int] = True
@@ -53,13 +61,14 @@ class Needs:
     """What an analysis reads. ``weights``: parts of :func:`pythia_probe.arch.name_filter`
     (fetched from each checkpoint); ``residuals``: the single-token residual streams of every
     layer; ``unembedding``: W_U; ``text``: attention probabilities on real text (``--text``);
-    ``theories``: prepared theory matrices; ``raw``: statistics used unprepared."""
+    ``targets``: prepared target matrices (:mod:`pythia_probe.analysis.targets`); ``raw``:
+    statistics used unprepared."""
 
     weights: tuple[str, ...] = ("embed",)
     residuals: bool = False
     unembedding: bool = False
     text: bool = False
-    theories: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
     raw: tuple[str, ...] = ()
 
 
@@ -76,8 +85,8 @@ class Shape(NamedTuple):
 
 @dataclass(frozen=True)
 class Cost:
-    """One checkpoint's use of the prepared theory: factor columns of one layer's pass (0: the
-    analysis is not per layer), passes over the theory not tied to layers, and flops."""
+    """One checkpoint's use of the prepared targets: factor columns of one layer's pass (0: the
+    analysis is not per layer), passes over a target not tied to layers, and flops."""
 
     rank_per_layer: int
     passes: int
@@ -86,25 +95,28 @@ class Cost:
 
 @dataclass(frozen=True)
 class Analysis:
-    """A named analysis: what it needs, what it costs, and the function that scores a step."""
+    """A named analysis: what it needs, what it costs, the function that scores a step, and
+    the range every value it returns must lie in (cosines and correlations: [-1, 1]; a value
+    outside, beyond rounding, is refused before it is written)."""
 
     name: str
     needs: Needs
-    run: Callable[[StepTensors, Mapping[str, Theory], Options], list[dict]]
+    run: Callable[[StepTensors, Mapping[str, Target], Options], list[dict]]
     cost: Callable[[Shape], Cost]
+    bounds: tuple[float, float] = (-1.0, 1.0)
 
     @property
-    def theories(self) -> tuple[str, ...]:
-        return self.needs.theories
+    def targets(self) -> tuple[str, ...]:
+        return self.needs.targets
 
 
 def combined_needs(analyses: list[Analysis]) -> Needs:
-    """What a set of analyses needs together (weights, theories and raw statistics in order)."""
+    """What a set of analyses needs together (weights, targets and raw statistics in order)."""
     def union(parts):
         return tuple(dict.fromkeys(p for part in parts for p in part))
     return Needs(weights=union(a.needs.weights for a in analyses),
                  residuals=any(a.needs.residuals for a in analyses),
                  unembedding=any(a.needs.unembedding for a in analyses),
                  text=any(a.needs.text for a in analyses),
-                 theories=union(a.needs.theories for a in analyses),
+                 targets=union(a.needs.targets for a in analyses),
                  raw=union(a.needs.raw for a in analyses))

@@ -1,6 +1,6 @@
 """The embedding mapping (spec section 5) and the W_E / W_U extra rows.
 
-Orientation: the theory matrix's ROW index is always the token the row describes.
+Orientation: the target matrix's ROW index is always the token the row describes.
 
 - ``embedding``: the residual stream of token i fed alone (sequence length 1) at layer l,
   E_kind[i] for kind in pre (before layer l), attn (pre + attention output, the no-MLP stream)
@@ -14,7 +14,7 @@ Orientation: the theory matrix's ROW index is always the token the row describes
     logit matrix W_E W_U (row i = logits when token i is fed in, skipping every block) against
     row i of Bbar (rows = current token, columns = next token). Factored: never V x V.
   * ``cos_WE_PhiBT``: the input embedding W_E (rows = token fed in) against PhiBT; equal to the
-    layer-0 ``pre`` row of ``embedding`` and reported under its own name for the table of
+    layer-1 ``pre`` row of ``embedding`` and reported under its own name for the table of
     weights.
 Only the first d_vocab rows (ids the statistics index) are used; Pythia pads 50277 -> 50304.
 """
@@ -26,61 +26,63 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
-from pythia_probe.analysis.cosine import Theory, cosines, packed_cosines, product, tall
+from pythia_probe.analysis.cosine import Target, packed_scores, product, scores, tall
 
 KINDS = ("pre", "attn", "post")
 
 
-def embedding_rows(residuals: Mapping[str, list[Tensor]], theory, *,
+def embedding_rows(residuals: Mapping[str, list[Tensor]], target, *,
                    chunk: int = 4096, max_rank: int = 0) -> list[dict]:
-    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)).
+    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)) and its
+    chance level; rows number layers from 1 (residuals[kind][0] is layer 1).
 
-    Layers are scored one at a time, or several per pass over the theory while their stacked
+    Layers are scored one at a time, or several per pass over the target while their stacked
     rank stays <= ``max_rank`` (see :func:`~pythia_probe.analysis.cosine.packed_cosines`).
     """
-    V = theory.d_vocab
+    V = target.d_vocab
     n_layers = max(len(v) for v in residuals.values())
     kinds = [[k for k in KINDS if layer < len(residuals.get(k, []))] for layer in range(n_layers)]
-    groups = ([tall(residuals[k][layer][:V], theory.dtype) for k in kinds[layer]]
+    groups = ([tall(residuals[k][layer][:V], target.dtype) for k in kinds[layer]]
               for layer in range(n_layers))
     rows = []
-    for layer, values in enumerate(packed_cosines(groups, theory, chunk, max_rank)):
-        rows += [{"analysis": "embedding", "layer": layer, "metric": f"cos_{k}", "value": v,
-                  "n": V} for k, v in zip(kinds[layer], values, strict=True)]
+    for layer, values in enumerate(packed_scores(groups, target, chunk, max_rank)):
+        rows += [{"analysis": "embedding", "layer": layer + 1, "metric": f"cos_{k}",
+                  "value": v.value, "chance": v.chance, "n": V}
+                 for k, v in zip(kinds[layer], values, strict=True)]
     return rows
 
 
-def unembedding_rows(W_E: Tensor, W_U: Tensor, theories: Mapping[str, Theory], *,
+def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, Target], *,
                      chunk: int = 4096) -> list[dict]:
     """W_U vs Bbar (output orientation), W_E W_U vs Bbar (input), W_E vs PhiBT.
 
     W_E is [d_vocab_model, d_model]; W_U is [d_model, d_vocab_model] (TransformerLens layout).
     """
-    bbar, bbar_t, phibt = theories["Bbar"], theories["BbarT"], theories["PhiBT"]
+    bbar, bbar_t, phibt = targets["Bbar"], targets["BbarT"], targets["PhiBT"]
     V, dt = bbar.d_vocab, bbar.dtype
     WE, WUt = W_E[:V], W_U[:, :V].T
     vals = {
-        "cos_WU_Bbar": cosines([tall(WUt, dt)], bbar_t, chunk)[0],
-        "cos_WEWU_Bbar": cosines([product(WE, WUt, dt)], bbar, chunk)[0],
-        "cos_WE_PhiBT": cosines([tall(WE, dt)], phibt, chunk)[0],
+        "cos_WU_Bbar": scores([tall(WUt, dt)], bbar_t, chunk)[0],
+        "cos_WEWU_Bbar": scores([product(WE, WUt, dt)], bbar, chunk)[0],
+        "cos_WE_PhiBT": scores([tall(WE, dt)], phibt, chunk)[0],
     }
-    return [{"analysis": "unembedding", "layer": None, "metric": m, "value": v, "n": V}
-            for m, v in vals.items()]
+    return [{"analysis": "unembedding", "layer": None, "metric": m, "value": v.value,
+             "chance": v.chance, "n": V} for m, v in vals.items()]
 
 
-def _run_embedding(x: StepTensors, th: Mapping[str, Theory], opts: Options) -> list[dict]:
+def _run_embedding(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
     return embedding_rows(x.residuals, th["PhiBT"], chunk=opts.chunk, max_rank=opts.max_rank)
 
 
-def _run_unembedding(x: StepTensors, th: Mapping[str, Theory], opts: Options) -> list[dict]:
+def _run_unembedding(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
     return unembedding_rows(x.W_E, x.W_U, th, chunk=opts.chunk)
 
 
 EMBEDDING = Analysis(
     "embedding", Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True,
-                       theories=("PhiBT",)), _run_embedding,
+                       targets=("PhiBT",)), _run_embedding,
     lambda s: Cost(len(KINDS) * s.d_model, 0, len(KINDS) * s.n_layers * 2 * s.V**2 * s.d_model))
 UNEMBEDDING = Analysis(
     "unembedding", Needs(weights=("embed", "unembed"), unembedding=True,
-                         theories=("Bbar", "BbarT", "PhiBT")), _run_unembedding,
+                         targets=("Bbar", "BbarT", "PhiBT")), _run_unembedding,
     lambda s: Cost(0, 3, 3 * 2 * s.V**2 * s.d_model))

@@ -1,53 +1,66 @@
-"""Prepared theory matrices on disk, streamed in row blocks so no V x V matrix stays in RAM.
+"""Prepared target matrices on disk, streamed in row blocks so no V x V matrix stays in RAM.
 
-A :class:`~pythia_probe.analysis.cosine.Theory` keeps the statistic T [V, V] resident and
+A :class:`~pythia_probe.analysis.cosine.Target` keeps the statistic T [V, V] resident and
 rebuilds each column chunk of C_T (T row-normalised, row-centred) on the fly. For the sweep the
-theory side depends only on the statistics, so it is prepared ONCE per statistics file and
-written to a cache file: C_T^T (row j = column j of C_T, exactly the values ``Theory.columns``
-produces, in the compute dtype) plus ||C_T C_T^T||_F in the metadata, keyed by ``stats_id``.
-Per checkpoint :class:`PreparedTheory` reads row blocks of C_T^T (= column blocks of C_T) into
-one reused buffer with plain file reads, so the per-checkpoint peak is the model's factors +
-one ``chunk x V`` block (measured in benchmarks/bench_analysis.py).
+target side depends only on the statistics, so it is prepared ONCE per statistics file and
+written to a cache file: C_T^T (row j = column j of C_T, exactly the values ``Target.columns``
+produces, in the compute dtype) plus ||C_T C_T^T||_F and the chance level's terms
+(``trace`` = ||C_T||_F^2, ``total`` = ||C_T^T 1||^2) in the metadata, keyed by ``stats_id``
+(the statistics' content identity). Per checkpoint :class:`StreamedTarget` reads row blocks of
+C_T^T (= column blocks of C_T) into one reused buffer with plain file reads, so the
+per-checkpoint peak is the model's factors + one ``chunk x V`` block (measured in
+benchmarks/bench_analysis.py).
 
 The cache file is a valid safetensors file (tensor ``CT_T`` [V, V], metadata ``stats_id``,
-``name``, ``norm``, ``dtype``, ``format``) written block by block, atomically.
+``name``, ``norm``, ``trace``, ``total``, ``dtype``, ``format`` and ``sha256``, the digest of the
+tensor's bytes) written block by block, atomically. :func:`cached_target` reuses a file only
+when its header matches and its bytes hash to the recorded digest (checked once per run, before
+use); a file that fails is rebuilt, never read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from pythia_probe.analysis.cosine import DEFAULT_CHUNK, Theory, prepare_theory
+from pythia_probe.analysis.cosine import DEFAULT_CHUNK, Target, blocked_grams, prepare_target
 from pythia_probe.errors import BadInputError, CorruptFileError
 from pythia_probe.fileio import atomic_write
 
-FORMAT = "pythia_probe.prepared_theory/1"
+log = logging.getLogger(__name__)
+
+FORMAT = "pythia_probe.prepared_target/3"  # /3: trace and total (chance levels)
 TENSOR = "CT_T"
 _CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
           torch.bfloat16: "BF16"}
 _DTYPES = {v: k for k, v in _CODES.items()}
+_PLACEHOLDER = "0" * 64  # the digest's place in the header, filled in once the data is written
 
 
 @dataclass(frozen=True)
-class PreparedTheory:
-    """A theory matrix prepared on disk: C_T^T at ``path``, streamed per column block of C_T."""
+class StreamedTarget:
+    """A target matrix prepared on disk: C_T^T at ``path``, streamed per column block of C_T."""
 
     name: str
     path: Path
     norm: float
+    trace: float
+    total: float
     d_vocab: int
     dtype: torch.dtype
     stats_id: str
     data_offset: int
     device: str | torch.device = "cpu"
+    sha256: str | None = None
 
     def column_blocks(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, Tensor]]:
         """(s, C_T[:, s:s+chunk]) for every column block; each block is valid until the next."""
@@ -61,6 +74,10 @@ class PreparedTheory:
                 read_into(f, block, row_bytes * block.shape[0])
                 yield s, block.to(self.device).T
 
+    def grams(self, F: Tensor, edges: Sequence[int], chunk: int = DEFAULT_CHUNK) -> list[Tensor]:
+        """Diagonal blocks of (F^T C_T)(F^T C_T)^T over the streamed column blocks."""
+        return blocked_grams(F, edges, self.column_blocks(chunk))
+
 
 def read_into(f, block: Tensor, nbytes: int) -> None:
     """Fill the first ``nbytes`` of contiguous CPU tensor ``block`` from binary file ``f``."""
@@ -69,7 +86,7 @@ def read_into(f, block: Tensor, nbytes: int) -> None:
     while got < nbytes:
         n = f.readinto(view[got:nbytes])
         if not n:
-            raise CorruptFileError(f"{f.name}: truncated prepared-theory file; delete it to "
+            raise CorruptFileError(f"{f.name}: truncated prepared-target file; delete it to "
                                    "rebuild")
         got += n
 
@@ -81,69 +98,100 @@ def read_header(path: str | os.PathLike) -> tuple[dict, int]:
         return json.loads(f.read(n)), 8 + n
 
 
-def open_prepared(path: str | os.PathLike, device: str | torch.device = "cpu") -> PreparedTheory:
+def open_prepared(path: str | os.PathLike, device: str | torch.device = "cpu") -> StreamedTarget:
     """Open a cache file written by :func:`write_prepared` (reads the header only)."""
     header, offset = read_header(path)
     meta, info = header.get("__metadata__", {}), header.get(TENSOR)
     if meta.get("format") != FORMAT or info is None:
-        raise BadInputError(f"{path} is not a prepared-theory file ({FORMAT})")
+        raise BadInputError(f"{path} is not a prepared-target file ({FORMAT})")
     V = info["shape"][0]
-    return PreparedTheory(meta["name"], Path(path), float(meta["norm"]), V,
+    return StreamedTarget(meta["name"], Path(path), float(meta["norm"]), float(meta["trace"]),
+                          float(meta["total"]), V,
                           _DTYPES[info["dtype"]], meta["stats_id"],
-                          offset + info["data_offsets"][0], device)
+                          offset + info["data_offsets"][0], device, meta.get("sha256"))
 
 
-def write_prepared(th: Theory, path: str | os.PathLike, stats_id: str,
+def write_prepared(th: Target, path: str | os.PathLike, stats_id: str,
                    chunk: int = DEFAULT_CHUNK) -> Path:
-    """Write C_T^T of ``th`` block by block (peak O(V * chunk)), atomically, as safetensors."""
+    """Write C_T^T of ``th`` block by block (peak O(V * chunk)), atomically, as safetensors,
+    with the sha256 of the tensor bytes in the header (written in place once they are known)."""
     path, V = Path(path), th.d_vocab
     itemsize = torch.empty((), dtype=th.dtype).element_size()
     meta = {"format": FORMAT, "name": th.name, "stats_id": str(stats_id), "norm": repr(th.norm),
-            "dtype": str(th.dtype).removeprefix("torch.")}
+            "trace": repr(th.trace), "total": repr(th.total),
+            "dtype": str(th.dtype).removeprefix("torch."), "sha256": _PLACEHOLDER}
     header = {"__metadata__": meta, TENSOR: {"dtype": _CODES[th.dtype], "shape": [V, V],
                                              "data_offsets": [0, V * V * itemsize]}}
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
+    where = 8 + raw.index(_PLACEHOLDER.encode())
 
     def write(tmp: Path) -> None:
+        digest = hashlib.sha256()
         with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(raw)) + raw)
             for s in range(0, V, chunk):
-                f.write(th.columns(s, s + chunk).T.contiguous().cpu().numpy().tobytes())
+                data = th.columns(s, s + chunk).T.contiguous().cpu().numpy().tobytes()
+                digest.update(data)
+                f.write(data)
+            f.seek(where)
+            f.write(digest.hexdigest().encode())
 
     return atomic_write(path, write, V * V * itemsize)
 
 
+def data_digest(p: StreamedTarget) -> str:
+    """sha256 of the tensor bytes of a prepared-target file (read in 4 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(p.path, "rb") as f:
+        f.seek(p.data_offset)
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
 def cache_path(cache_dir: str | os.PathLike, name: str, dtype: torch.dtype) -> Path:
-    """Where the prepared theory ``name`` in ``dtype`` lives inside ``cache_dir``."""
+    """Where the prepared target ``name`` in ``dtype`` lives inside ``cache_dir``."""
     return Path(cache_dir) / f"{name}-{str(dtype).removeprefix('torch.')}.safetensors"
 
 
-def _valid(path: Path, name: str, stats_id: str, dtype: torch.dtype) -> bool:
+def check_cached(path: Path, name: str, stats_id: str, dtype: torch.dtype) -> str | None:
+    """Why the cache file at ``path`` cannot be used for (name, stats_id, dtype), or None when it
+    can: header of this format and these inputs, full size, bytes matching their digest."""
+    if not path.is_file():
+        return "not built yet"
     try:
         p = open_prepared(path)
-    except (OSError, ValueError, KeyError, struct.error, json.JSONDecodeError):
-        return False
+    except (OSError, ValueError, KeyError, struct.error, json.JSONDecodeError, UnicodeError):
+        return "not a prepared-target file of this version"
+    if (p.name, p.stats_id, p.dtype) != (name, str(stats_id), dtype):
+        return f"built for other inputs ({p.name}, stats {p.stats_id}, {p.dtype})"
     nbytes = p.d_vocab**2 * torch.empty((), dtype=p.dtype).element_size()
-    return (p.name, p.stats_id, p.dtype) == (name, str(stats_id), dtype) and \
-        path.stat().st_size == p.data_offset + nbytes
+    if path.stat().st_size != p.data_offset + nbytes:
+        return "truncated"
+    if p.sha256 is None or data_digest(p) != p.sha256:
+        return "its bytes do not match their recorded sha256 (damaged)"
+    return None
 
 
-def prepared_theory(name: str, get_T: Callable[[], Tensor], cache_dir: str | os.PathLike,
-                    stats_id: str, *, dtype: torch.dtype = torch.float64,
-                    device: str | torch.device = "cpu",
-                    chunk: int = DEFAULT_CHUNK) -> PreparedTheory:
-    """The cached prepared theory ``name``; built (V^3, once) if missing or for other statistics.
+def cached_target(name: str, get_T: Callable[[], Tensor], cache_dir: str | os.PathLike,
+                  stats_id: str, *, dtype: torch.dtype = torch.float64,
+                  device: str | torch.device = "cpu",
+                  chunk: int = DEFAULT_CHUNK) -> StreamedTarget:
+    """The cached prepared target ``name``; built (V^3, once) if missing, for other statistics,
+    or damaged (see :func:`check_cached`).
 
-    ``get_T`` returns the [V, V] statistic and is only called when the cache must be (re)built;
-    a cache file of another ``stats_id``, name, dtype or truncated is replaced.
+    ``get_T`` returns the [V, V] statistic and is only called when the cache must be (re)built.
     """
     if dtype not in _CODES:
-        raise BadInputError(f"prepared theory dtype {dtype} not supported; valid: "
+        raise BadInputError(f"prepared target dtype {dtype} not supported; valid: "
                             f"{', '.join(str(d) for d in _CODES)}")
     path = cache_path(cache_dir, name, dtype)
-    if not _valid(path, name, stats_id, dtype):
-        th = prepare_theory(name, get_T(), dtype=dtype, device=device, chunk=chunk)
+    why = check_cached(path, name, stats_id, dtype)
+    if why is not None:
+        if path.exists():
+            log.warning("prepared-target cache %s: %s; rebuilding it", path, why)
+        th = prepare_target(name, get_T(), dtype=dtype, device=device, chunk=chunk)
         write_prepared(th, path, stats_id, chunk)
         del th
     return open_prepared(path, device)

@@ -46,19 +46,23 @@ class Recipe:
     top_k: int | None = None
     split: str = "train"
     text_field: str = "text"
+    data_dir: str | None = None  # a hub dataset's folder (its shards are in the key anyway)
     groups: int = 0
     """G document groups kept (``stats compute --groups``; ``CorpusStats.subset``): 0 here,
     so a recipe asks for them explicitly (the sweep's intervals and ceiling: 10)."""
 
 
 PAPER = Recipe()
+#: Figure 8's corpus with the same document rule: FineWeb's 10B-token sample (sample/10BT)
+FINEWEB = Recipe("HuggingFaceFW/fineweb", data_dir="sample/10BT")
+RECIPES = {"openwebtext": PAPER, "fineweb": FINEWEB}
 
 
 def recipe_key(recipe: Recipe, fingerprint: dict, shards: list) -> str:
     """16 hex digits naming ``recipe`` over the content of ``shards`` (each a corpus Shard)
     with the tokenizer of ``fingerprint``."""
     fields = {k: v for k, v in asdict(recipe).items()
-              if k != "dataset" and not (k == "groups" and v == 0)}  # G = 0 keeps old keys
+              if k not in ("dataset", "data_dir") and not (k == "groups" and v == 0)}
     ident = {"format": FORMAT, **fields,
              "tokenizer": {k: fingerprint.get(k) for k in ("sha256", "d_vocab", "scheme")},
              "shards": [content_digest(s.fingerprint()) for s in shards]}
@@ -68,7 +72,7 @@ def recipe_key(recipe: Recipe, fingerprint: dict, shards: list) -> str:
 def recipe_shards(recipe: Recipe) -> list:
     """The corpus shards of ``recipe`` (a hub dataset is listed and pinned now)."""
     return corpus.corpus_shards(recipe.dataset, text_field=recipe.text_field,
-                                split=recipe.split)
+                                split=recipe.split, data_dir=recipe.data_dir)
 
 
 def cache_path(recipe: Recipe, fingerprint: dict, root: str | Path | None = None,
@@ -93,16 +97,17 @@ def stats_config(recipe: Recipe, tokenizer: str, out: Path, device: str,
 
 
 def ensure(recipe: Recipe, tok, fingerprint: dict, device: str, ranks: Ranks | None = None,
-           progress: JobProgress | None = None, root: str | Path | None = None) -> Path:
+           progress: JobProgress | None = None, root: str | Path | None = None,
+           show: bool = True) -> Path:
     """The statistics file of ``recipe``: read from the cache, or built now (rank 0 returns
-    it after every rank finished)."""
+    it after every rank finished). ``show=False``: no display of its own (--no-progress)."""
     shards = recipe_shards(recipe)  # listed once: the key and the counts see the same shards
     path = cache_path(recipe, fingerprint, root, shards)
     if path.is_file():
         return path
     cfg = stats_config(recipe, tok.name_or_path or "model tokenizer", path, device)
-    compute(replace(cfg, progress=progress is None), ranks, tok=tok, progress=progress,
-            shards=shards)
+    compute(replace(cfg, progress=show and progress is None), ranks, tok=tok,
+            progress=progress, shards=shards)
     if ranks is not None:
         ranks.barrier()  # rank 0 has written the file
     return path

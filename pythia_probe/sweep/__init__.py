@@ -1,29 +1,40 @@
 """Sweep checkpoints: score every step's weights against corpus statistics, one shard per step.
 
     python -m pythia_probe.sweep --model EleutherAI/pythia-1.4b --steps 1000-143000 \\
-        --stats stats/owt.safetensors --analyses embedding,attention --out results/run1
+        --stats stats/owt.safetensors --analyses embedding,attention --out runs/run1
     python -m pythia_probe.sweep --demo            # offline: train a tiny GPT-NeoX, sweep, plot
 
 ``--model`` is a hub id or a local folder with one ``step{N}/`` folder per checkpoint.
-Statistics are loaded once (their tokenizer must match the model's) and shared by every step:
-the theory side (C_T, row-normalised and row-centred, and its norm) is prepared once per
-statistics file into a cache (``--theory-cache``, default ``<stats stem>.theory/`` next to the
-statistics; rebuilt when stats_id changes) and streamed in ``--chunk`` blocks per checkpoint,
-so no V x V matrix is resident while checkpoints are scored (``--theory memory`` keeps the
-statistics resident instead; the default ``--theory auto`` picks memory when its planned peak
-fits the device's free memory, records the choice in the manifest, and ``--dry-run`` prints it;
-``--max-rank`` scores several layers per pass over the cache). Only the statistics file's
-metadata is read unless a cache must be (re)built, ``--theory memory`` runs or raw statistics
-are needed (attention_text).
+Statistics are loaded once (their tokenizer must match the model's) and shared by every step.
+
+The package, by concern (each module takes only its part of the configuration):
+
+- ``config``: the command's flags (:class:`SweepConfig`, validated once) and the frozen parts
+  they split into (:class:`SweepParts`: source, statistics, scoring, targets, plan, output);
+- ``source``: where the weights come from (checkpoints, steps, config, tokenizer, the
+  download stream under a disk limit, the offline advice);
+- ``statistics``: ``--stats`` or the recipe, the vocabulary (``--top-k``), the file's metadata;
+- ``targets``: the target matrices prepared once per run (resident, or a streamed disk cache
+  checked by its content digest);
+- ``scoring``: what is scored (:class:`~pythia_probe.sweep.scoring.Scorer`: the analyses on
+  one checkpoint, every value range-checked);
+- ``plan``: what runs, downloads, disk and memory, decided and printed before any download;
+- ``layout`` and ``manifest``: the results folder (shards, failures, lock) and its record;
+- ``runner``: the order of it all, this process's share of the steps, retries, resume.
+
 Each step writes ``OUT/shards/step{N}.parquet`` atomically; a rerun skips finished shards. A
 step that fails is retried ``--retries`` times, then reported in ``OUT/failed/`` and the
-manifest while the sweep goes on (exit code 1). Under ``accelerate launch`` steps are split
-round-robin across processes; each writes its own shards and rank 0 writes the manifest.
-All bad input (unknown analysis, step the model lacks, statistics from another tokenizer) is
+manifest while the sweep goes on (exit code 1). Under ``accelerate launch`` or ``torchrun``
+steps are split round-robin across processes; each writes its own shards and rank 0 writes
+the manifest and holds the folder's lock. All bad input (unknown analysis, step the model
+lacks, statistics from another tokenizer or with ids the model lacks, layers it lacks) is
 rejected before any weight is downloaded.
 """
 
-from pythia_probe.sweep.config import SweepConfig, shard_path, split_steps
-from pythia_probe.sweep.runner import StepContext, run, run_step
+from pythia_probe.sweep.config import SweepConfig, SweepParts
+from pythia_probe.sweep.layout import shard_path, split_steps
+from pythia_probe.sweep.runner import run, run_step
+from pythia_probe.sweep.scoring import Scorer
 
-__all__ = ["StepContext", "SweepConfig", "run", "run_step", "shard_path", "split_steps"]
+__all__ = ["Scorer", "SweepConfig", "SweepParts", "run", "run_step", "shard_path",
+           "split_steps"]

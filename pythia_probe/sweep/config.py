@@ -1,10 +1,24 @@
-"""The sweep's frozen configuration and its file layout."""
+"""The sweep's configuration: the command's flags (:class:`SweepConfig`, parsed and validated
+once at the entry point) and the small frozen parts each component takes (:meth:`split`).
+
+- :class:`SourceConfig`: where the weights come from (model, cache, prefetch, disk limit);
+  read by ``sweep.source``.
+- :class:`StatisticsConfig`: which statistics (``--stats`` or the recipe, the vocabulary);
+  ``sweep.statistics``.
+- :class:`ScoringConfig`: what is scored and how (analyses, dtype, device, per-head layers,
+  block sizes); ``sweep.scoring``.
+- :class:`TargetsConfig`: how the target matrices are held (memory, streamed cache);
+  ``sweep.targets``.
+- :class:`PlanConfig`: which steps, retries, dry run; ``sweep.plan``, ``sweep.runner``.
+- :class:`OutputConfig`: the results folder and the progress display; ``sweep.runner``.
+
+Ranks are not configuration: the entry point builds :class:`~pythia_probe.ranks.Ranks` and
+passes it beside the parts.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -13,11 +27,140 @@ import torch
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 from pythia_probe.errors import BadInputError, check_device
-from pythia_probe.results import ResultsError, read_shard
+from pythia_probe.stats.recipe import RECIPES
+from pythia_probe.steps import StepError, parse_steps
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-SHARDS, FAILED = "shards", "failed"
-THEORY_MODES = ("streamed", "memory", "auto")
+TARGET_MODES = ("streamed", "memory", "auto")
+RUNS = "runs"  # default results root: git-ignored, never beside committed results/
+MAX_STEP = 10_000_000  # larger than any training run's step count
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where the weights come from."""
+
+    model: str
+    cache_dir: str | None = None
+    prefetch: int = 1
+    max_disk_gb: float | None = None
+
+    @property
+    def name(self) -> str:
+        """The model's name in the tables: the hub id, or a local folder's own name."""
+        return Path(self.model).name if Path(self.model).exists() else self.model
+
+
+@dataclass(frozen=True)
+class StatisticsConfig:
+    """Which statistics: ``stats`` (a file), else the recipe, built on first use and cached."""
+
+    stats: str | None = None
+    dataset: str = "Skylion007/openwebtext"
+    data_dir: str | None = None
+    recipe: str | None = None  # the preset the dataset came from (recorded), if any
+    docs: int = 100_000
+    min_chars: int = 512
+    seq_len: int = 128
+    top_k: str = "auto"
+    tokenizer: str | None = None
+
+    def used(self) -> dict:
+        """What the run records: the file alone when given, else the recipe's fields."""
+        if self.stats is not None:
+            return {"stats": self.stats, "tokenizer": self.tokenizer}
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    """What is scored and how: the analyses, their dtype and device, per-head layers, blocks."""
+
+    analyses: tuple[str, ...]
+    device: str = "cpu"
+    dtype: str = "float32"
+    heads: str = "all"
+    chunk: int = DEFAULT_CHUNK
+    batch_size: int = 4096
+    max_rank: int = 0
+    text: str | None = None
+    text_rows: int = 32
+
+    @property
+    def per_head(self) -> bool | list[int]:
+        """True (every layer), False (none) or the layers numbered from 1."""
+        if self.heads in ("all", "none"):
+            return self.heads == "all"
+        return [int(p) for p in self.heads.split(",")]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def used(self) -> dict:
+        return {**asdict(self), "analyses": list(self.analyses)}
+
+
+@dataclass(frozen=True)
+class TargetsConfig:
+    """How the prepared target matrices are held: resident, or streamed from a disk cache."""
+
+    mode: str = "auto"
+    cache: str | None = None
+
+    def cache_dir(self, stats: str | Path) -> Path:
+        """``cache``, else ``<statistics file stem>.targets/`` beside the statistics file."""
+        if self.cache:
+            return Path(self.cache)
+        stats = Path(stats)
+        return stats.with_name(stats.stem + ".targets")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Which steps, how often a failing step is retried, and whether to stop after the plan."""
+
+    steps: str = "all"
+    retries: int = 1
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """The results folder, the progress display and the figures drawn at the end."""
+
+    out: str
+    progress: bool = True
+    plots: bool = True
+    plots_dir: str | None = None  # not a flag: where the figures go (default OUT/plots)
+
+    @property
+    def figures(self) -> Path:
+        return Path(self.plots_dir) if self.plots_dir else Path(self.out) / "plots"
+
+
+@dataclass(frozen=True)
+class SweepParts:
+    """The parts of one sweep's configuration, each read only by the component it names."""
+
+    source: SourceConfig
+    statistics: StatisticsConfig
+    scoring: ScoringConfig
+    targets: TargetsConfig
+    plan: PlanConfig
+    output: OutputConfig
+
+    def identity(self) -> dict:
+        """What must match for a rerun to resume into the same folder."""
+        s = self.scoring
+        return {"model": self.source.model, "analyses": list(s.analyses), "dtype": s.dtype,
+                "heads": s.heads, "text": s.text}
+
+    def record(self) -> dict:
+        """The run's configuration as used, part by part (the manifest's ``config``)."""
+        return {"source": asdict(self.source), "statistics": self.statistics.used(),
+                "scoring": self.scoring.used(), "targets": asdict(self.targets),
+                "plan": asdict(self.plan), "output": asdict(self.output), **self.identity()}
 
 
 @dataclass(frozen=True)
@@ -27,14 +170,14 @@ class SweepConfig:
     With no flags but --steps this is the leading-terms paper's Pythia experiment:
     EleutherAI/pythia-1.4b, the embedding and attention maps (the authors' LN-folded one and the
     raw one), statistics of the first 100,000 OpenWebText documents of >= 512 characters (built
-    on first use, then cached), results in results/<model name>/."""
+    on first use, then cached), results in runs/<model name>/."""
 
     steps: str = "all"
     """Steps: 1000-143000, 1000-143000:5000, 0,1,2,4,512, early, log or all."""
     model: str = "EleutherAI/pythia-1.4b"
     """Hub id (any Pythia size or -deduped) or a folder with one step*/ folder per checkpoint."""
     out: str | None = None
-    """Results folder: shards/, failed/, manifest.json (default: results/<model name>)."""
+    """Results folder: shards/, failed/, manifest.json (default: runs/<model name>)."""
     analyses: tuple[str, ...] = ("embedding", "attention_lnfold", "attention")
     """Comma-separated: embedding, attention_lnfold (the authors' LN-folded, centred W_Q/W_K),
     attention (raw weights), unembedding, attention_text."""
@@ -43,6 +186,12 @@ class SweepConfig:
     below on first use and cached under $HF_HOME/pythia_probe/stats)."""
     dataset: str = "Skylion007/openwebtext"
     """Statistics recipe: the corpus (a hub dataset id, a local file or folder, 'builtin')."""
+    data_dir: str | None = None
+    """Statistics recipe, hub dataset: only its parquet files under this folder."""
+    recipe: Literal["openwebtext", "fineweb"] | None = None
+    """A named corpus for the statistics: openwebtext (Skylion007/openwebtext, Figures 6-7)
+    or fineweb (HuggingFaceFW/fineweb, its sample/10BT folder: Figure 8); the document rule
+    (--docs, --min-chars, --seq-len) is the same. Instead of --dataset/--data-dir."""
     docs: int = 100_000
     """Statistics recipe: the first N documents with >= --min-chars characters."""
     min_chars: int = 512
@@ -59,11 +208,12 @@ class SweepConfig:
     dtype: Literal["float32", "float64"] = "float32"
     """Compute dtype of the analyses."""
     heads: str = "all"
-    """Per-head rows: all, none, or layers like 1,12,23."""
+    """Per-head rows: all, none, or layers numbered as in the paper and the tables (from 1),
+    like 2,13,24."""
     retries: int = 1
     """Tries again after a failing step before recording it in failed/."""
     chunk: int = DEFAULT_CHUNK
-    """Vocabulary columns per block of the theory."""
+    """Vocabulary columns per block of a target matrix."""
     batch_size: int = 4096
     """Tokens per batch of single-token residual streams."""
     cache_dir: str | None = None
@@ -71,67 +221,93 @@ class SweepConfig:
     an existing Hugging Face cache may be given: only files the tool downloaded are deleted)."""
     prefetch: int = 1
     """Checkpoints downloaded ahead of the one being scored."""
+    max_disk_gb: float | None = None
+    """Disk the checkpoint downloads may hold at once, in GB (default: 90% of the free space
+    of the cache's filesystem, measured at the start)."""
     text: str | None = None
     """attention_text: a safetensors file with 'tokens' [N, T+1]."""
     text_rows: int = 32
     """attention_text: sequences used."""
-    theory: Literal["auto", "memory", "streamed"] = "auto"
-    """memory: statistics resident; streamed: the prepared theory cached on disk and read in
-    blocks (no V x V in memory); auto: memory when its planned peak fits the device."""
-    theory_cache: str | None = None
-    """Prepared-theory cache folder (default: <stats stem>.theory/ beside the statistics)."""
+    targets: Literal["auto", "memory", "streamed"] = field(
+        default="auto", metadata={"aliases": ("--theory",)})
+    """How the target matrices (the statistics the model is compared with) are held: memory
+    (resident), streamed (prepared once into a disk cache and read in blocks, no V x V in
+    memory), auto (memory when its planned peak fits the device). Old name: --theory."""
+    targets_cache: str | None = field(default=None, metadata={"aliases": ("--theory-cache",)})
+    """Prepared-target cache folder (default: <stats stem>.targets/ beside the statistics).
+    Old name: --theory-cache."""
     max_rank: int = 0
-    """Score several layers per pass over the theory while their stacked factor rank stays
+    """Score several layers per pass over a target while their stacked factor rank stays
     below this (fewer reads, more memory); 0: one layer per pass."""
     dry_run: bool = False
-    """Print the plan (steps, downloads, disk, memory, vocabulary, theory) and stop."""
+    """Print the plan (steps, downloads, disk, memory, vocabulary, targets) and stop."""
     progress: bool = True
     """Show the progress display."""
-    rank: int = field(default=0, metadata={"cli": False})
-    world_size: int = field(default=1, metadata={"cli": False})
+    plots: bool = True
+    """At the end draw the paper's Figures 6 and 7 and a picture of every metric into
+    OUT/plots (--no-plots: none; `python -m pythia_probe.plots` draws them later)."""
 
     def __post_init__(self):
         get_analyses(list(self.analyses))  # raises naming the valid analyses
         if self.dtype not in DTYPES:
             raise BadInputError(f"--dtype {self.dtype!r} not supported; valid: {', '.join(DTYPES)}")
         if self.heads not in ("all", "none") and not all(
-                p.strip().isdigit() for p in self.heads.split(",")):
-            raise BadInputError(f"--heads {self.heads!r}: use all, none or layers like 1,12,23")
+                p.strip().isdigit() and int(p) >= 1 for p in self.heads.split(",")):
+            raise BadInputError(f"--heads {self.heads!r}: use all, none or layers numbered "
+                                "from 1 like 2,13,24")
         if min(self.retries, self.prefetch, self.max_rank) < 0 or min(self.chunk,
                                                                       self.batch_size) < 1:
             raise BadInputError("--retries, --prefetch and --max-rank must be >= 0, --chunk and "
                                 "--batch-size >= 1")
+        if self.max_disk_gb is not None and not self.max_disk_gb > 0:
+            raise BadInputError(f"--max-disk-gb {self.max_disk_gb}: must be > 0")
         text = [a.name for a in get_analyses(list(self.analyses)) if a.needs.text]
         if text and not self.text:
             raise BadInputError(f"analysis {text[0]} needs --text (a safetensors file with "
                                 "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
-        if self.theory not in THEORY_MODES:
-            raise BadInputError(f"--theory {self.theory!r}; valid: {', '.join(THEORY_MODES)}")
+        if self.targets not in TARGET_MODES:
+            raise BadInputError(f"--targets {self.targets!r}; valid: {', '.join(TARGET_MODES)}")
         parse_top_k(self.top_k)
         if min(self.docs, self.seq_len) < 1 or self.min_chars < 0:
             raise BadInputError("--docs and --seq-len must be >= 1, --min-chars >= 0")
+        check_steps_syntax(self.steps)
+        if self.recipe is not None:
+            check_recipe(self.recipe, self.dataset, self.data_dir)
         if self.device == "auto":  # resolved once, so every part and the manifest see one
             object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
         check_device(self.device)
         if self.out is None:
-            object.__setattr__(self, "out", str(Path("results") / Path(
-                self.model.rstrip("/")).name))
-        if not 0 <= self.rank < self.world_size:
-            raise BadInputError(f"rank {self.rank} outside world size {self.world_size}")
+            object.__setattr__(self, "out", str(Path(RUNS) / Path(self.model.rstrip("/")).name))
 
-    @property
-    def per_head(self) -> bool | list[int]:
-        if self.heads in ("all", "none"):
-            return self.heads == "all"
-        return [int(p) for p in self.heads.split(",")]
+    def split(self, device: str | None = None) -> SweepParts:
+        """The parts; ``device``: this rank's own device (the entry point's Ranks)."""
+        return SweepParts(
+            SourceConfig(self.model, self.cache_dir, self.prefetch, self.max_disk_gb),
+            self._statistics(),
+            ScoringConfig(tuple(self.analyses), device or self.device, self.dtype, self.heads,
+                          self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows),
+            TargetsConfig(self.targets, self.targets_cache),
+            PlanConfig(self.steps, self.retries, self.dry_run),
+            OutputConfig(str(self.out), self.progress, self.plots))
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def _statistics(self) -> StatisticsConfig:
+        dataset, data_dir = self.dataset, self.data_dir
+        if self.recipe is not None:
+            dataset, data_dir = RECIPES[self.recipe].dataset, RECIPES[self.recipe].data_dir
+        return StatisticsConfig(self.stats, dataset, data_dir, self.recipe, self.docs,
+                                self.min_chars, self.seq_len, self.top_k, self.tokenizer)
 
-    def identity(self) -> dict:
-        """The fields that must match for a rerun to resume into the same folder."""
-        return {k: getattr(self, k) for k in ("model", "analyses", "dtype", "heads", "text")}
+
+def check_recipe(name: str, dataset: str, data_dir: str | None) -> None:
+    """A named recipe sets the corpus: refuse it beside a --dataset or --data-dir of another."""
+    if name not in RECIPES:
+        raise BadInputError(f"--recipe {name!r}; valid: {', '.join(RECIPES)}")
+    preset = RECIPES[name]
+    default = SweepConfig.__dataclass_fields__["dataset"].default
+    if dataset not in (default, preset.dataset) or data_dir not in (None, preset.data_dir):
+        reads = " ".join(x for x in (preset.dataset, preset.data_dir) if x)
+        raise BadInputError(f"--recipe {name} reads {reads}; give either --recipe or "
+                            "--dataset/--data-dir, not both")
 
 
 def parse_top_k(text: str) -> str | int | None:
@@ -143,28 +319,12 @@ def parse_top_k(text: str) -> str | int | None:
     return int(text)
 
 
-def split_steps(steps: Sequence[int], rank: int, world_size: int) -> list[int]:
-    """The steps process ``rank`` of ``world_size`` handles (round-robin, disjoint, complete)."""
-    return list(steps[rank::world_size])
-
-
-def shard_path(out: str | os.PathLike, step: int) -> Path:
-    return Path(out) / SHARDS / f"step{step}.parquet"
-
-
-def shard_done(cfg: SweepConfig, step: int, stats_id: str | None = None) -> bool:
-    """A step counts as done only if its shard reads back valid, for this step (and stats_id),
-    with rows of every asked analysis; an empty, truncated or partial shard is recomputed."""
-    path = shard_path(cfg.out, step)
-    if not path.is_file():
-        return False
-    try:
-        df = read_shard(path)
-    except ResultsError:
-        return False
-    if df.empty or not (df["step"] == step).all():
-        return False
-    if stats_id is not None and not (df["stats_id"] == stats_id).all():
-        return False
-    return set(cfg.analyses) <= set(df["analysis"])
-
+def check_steps_syntax(spec: str) -> None:
+    """Refuse a malformed --steps before anything is asked of the hub: the spec is parsed
+    against every step up to the largest number it names (which steps the model really has is
+    checked once they are listed)."""
+    numbers = [int(n) for n in "".join(c if c.isdigit() else " " for c in str(spec)).split()]
+    if max(numbers, default=0) > MAX_STEP:
+        raise StepError(f"--steps {spec!r}: step {max(numbers)} is beyond any checkpoint "
+                        f"schedule (at most {MAX_STEP:,})")
+    parse_steps(spec, range(max(numbers, default=0) + 1))

@@ -1,8 +1,11 @@
 """The statistics a sweep scores against: ``--stats``, or the paper's recipe for the model's
-tokenizer, at the vocabulary the device can hold, built on first use and cached.
+tokenizer, at the vocabulary the device can hold, built on first use and cached. Takes the
+:class:`~pythia_probe.sweep.config.StatisticsConfig` part; what the statistics file holds and
+how big it is are the stats package's answers (``stats.plan``, ``read_meta``), never computed
+here.
 
 ``--top-k auto`` keeps the full vocabulary when both the statistics (the engine --engine auto
-picks: dense where its peak fits, else the sparse bound) and one sweep step (streamed theory)
+picks: dense where its peak fits, else the sparse bound) and one sweep step (streamed targets)
 fit the device's memory budget, else the 5,000 most frequent tokens (the authors'
 ``find_top_tokens`` default). The choice and why are printed and stored in the manifest.
 """
@@ -12,15 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pythia_probe.errors import BadInputError, MissingFileError
+import torch
+
+from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
 from pythia_probe.resources import GB, memory_budget
+from pythia_probe.stats import CorpusStats, read_meta
 from pythia_probe.stats import plan as stats_plan
-from pythia_probe.stats import read_meta
 from pythia_probe.stats.recipe import Recipe, cache_path
-from pythia_probe.stats.result import DERIVED_LIMIT as EAGER_LIMIT
 from pythia_probe.stats.result import check_tokenizer
-from pythia_probe.sweep.config import SweepConfig, parse_top_k
-from pythia_probe.sweep.sources import checkpoint_plan
+from pythia_probe.sweep.config import StatisticsConfig, parse_top_k
 from pythia_probe.tokenizer import d_vocab as tokenizer_d_vocab
 
 DEFAULT_TOP_K = 5000
@@ -35,6 +38,7 @@ class StatsChoice:
     rows: int  # statistic rows the sweep scores (K, or the tokenizer's d_vocab)
     vocab_reason: str
     meta: dict | None  # the file's metadata once it exists
+    max_id: int  # the largest token id a row stands for (the tokenizer's last id before a build)
 
     @property
     def built(self) -> bool:
@@ -48,33 +52,47 @@ class StatsChoice:
         """The statistics file's size, or its expected size before it is built."""
         if self.path.is_file():
             return self.path.stat().st_size
-        full = self.recipe is not None and self.recipe.top_k is None and self.rows > EAGER_LIMIT
-        return (4 if full else 7) * 8 * self.rows * self.rows
+        r = self.recipe
+        return stats_plan.file_bytes(self.rows, None if r is None else r.top_k,
+                                     None if r is None else r.docs,
+                                     None if r is None else r.seq_len,
+                                     0 if r is None else r.groups,
+                                     max(self.rows, self.max_id + 1))
 
     def lines(self) -> list[str]:
         if self.recipe is None:
             return [f"statistics: {self.path} (--stats), {self.rows:,} rows"]
         r = self.recipe
-        what = (f"{r.dataset}, first {r.docs:,} documents of >= {r.min_chars} characters, "
+        where = r.dataset if r.data_dir is None else f"{r.dataset} ({r.data_dir}/)"
+        what = (f"{where}, first {r.docs:,} documents of >= {r.min_chars} characters, "
                 f"first {r.seq_len + 1} tokens each")
         state = "cached" if self.built else "to build now (cached for every later run)"
         return [f"vocabulary: {self.vocab_reason}",
                 f"statistics: {what}; {state}: {self.path}"]
 
+    def record(self) -> dict:
+        """What the run records about its statistics: the file, its identity and where it came
+        from (the recipe built here, or the provenance the file itself holds)."""
+        meta = self.meta or {}
+        source = ({"recipe": self.recipe.__dict__} if self.recipe is not None else
+                  {"from_file": {k: meta[k] for k in ("corpus", "policy", "counts", "ledger",
+                                                      "tokenizer") if k in meta}})
+        return {"file": str(self.path), "stats_id": self.stats_id, "rows": self.rows, **source}
 
-def choose_vocab(cfg: SweepConfig, V: int, model_cfg,
+
+def choose_vocab(st: StatisticsConfig, V: int, step_bytes: float, device: str,
                  budget: tuple[float | None, str] | None = None) -> tuple[int | None, str]:
-    """(top-k or None for the full vocabulary, why) for ``--top-k``."""
-    asked = parse_top_k(cfg.top_k)
+    """(top-k or None for the full vocabulary, why) for ``--top-k``; ``step_bytes``: the peak
+    of one sweep step at the full vocabulary (streamed targets)."""
+    asked = parse_top_k(st.top_k)
     if asked is None:
         return None, f"full vocabulary ({V:,} ids), --top-k full given"
     if asked != "auto":
         return int(asked), f"the {asked:,} most frequent tokens, --top-k {asked} given"
-    limit, how = budget if budget is not None else memory_budget(cfg.device)
-    stats = stats_plan.statistics_need(V, cfg.seq_len, None, cfg.docs, cfg.device)
-    step = checkpoint_plan(cfg, model_cfg, V, streamed=True).total
-    need = f"statistics {stats / GB:.1f} GB, one sweep step {step / GB:.1f} GB"
-    if limit is not None and max(stats, step) <= limit:
+    limit, how = budget if budget is not None else memory_budget(device)
+    stats = stats_plan.statistics_need(V, st.seq_len, None, st.docs, device)
+    need = f"statistics {stats / GB:.1f} GB, one sweep step {step_bytes / GB:.1f} GB"
+    if limit is not None and max(stats, step_bytes) <= limit:
         return None, (f"full vocabulary ({V:,} ids): {need}, within the budget "
                       f"{limit / GB:.1f} GB ({how})")
     over = "budget unknown" if limit is None else f"over the budget {limit / GB:.1f} GB"
@@ -82,22 +100,27 @@ def choose_vocab(cfg: SweepConfig, V: int, model_cfg,
                            f"vocabulary ({V:,} ids) needs {need}, {over} ({how})")
 
 
-def choose_statistics(cfg: SweepConfig, tok, fingerprint: dict | None, model_cfg,
+def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict | None,
+                      step_bytes, device: str,
                       budget: tuple[float | None, str] | None = None) -> StatsChoice:
-    """``--stats`` checked against the model's tokenizer, or the recipe's cached file."""
-    if cfg.stats is not None:
-        path = Path(cfg.stats)
+    """``--stats`` checked against the model's tokenizer, or the recipe's cached file.
+    ``step_bytes(V)``: one sweep step's peak at V statistic rows."""
+    if st.stats is not None:
+        path = Path(st.stats)
         meta = read_stats_meta(path, fingerprint)
-        return StatsChoice(path, None, int(meta["d_vocab"]), "as in --stats", meta)
+        ids = meta.get("vocab", {}).get("ids")
+        return StatsChoice(path, None, int(meta["d_vocab"]), "as in --stats", meta,
+                           max(ids) if ids else int(meta["d_vocab"]) - 1)
     if tok is None:
-        raise BadInputError(f"{cfg.model} ships no tokenizer.json: give --tokenizer (to build "
+        raise BadInputError(f"{model} ships no tokenizer.json: give --tokenizer (to build "
                             "the statistics with it) or --stats")
     V = tokenizer_d_vocab(tok)
-    top_k, why = choose_vocab(cfg, V, model_cfg, budget)
-    recipe = Recipe(cfg.dataset, cfg.docs, cfg.min_chars, cfg.seq_len, top_k)
+    top_k, why = choose_vocab(st, V, step_bytes(V), device, budget)
+    recipe = Recipe(st.dataset, st.docs, st.min_chars, st.seq_len, top_k,
+                    data_dir=st.data_dir)
     path = cache_path(recipe, fingerprint)
     meta = read_stats_meta(path, fingerprint) if path.is_file() else None
-    return StatsChoice(path, recipe, V if top_k is None else min(top_k, V), why, meta)
+    return StatsChoice(path, recipe, V if top_k is None else min(top_k, V), why, meta, V - 1)
 
 
 def read_stats_meta(path: Path, fingerprint: dict | None) -> dict:
@@ -110,3 +133,39 @@ def read_stats_meta(path: Path, fingerprint: dict | None) -> dict:
     if fingerprint is not None:
         check_tokenizer(meta, fingerprint, path)
     return meta
+
+
+def check_fits_model(choice: StatsChoice, d_vocab_model: int, model: str) -> None:
+    """Refuse, once and before any step, statistics indexing token ids the model has no
+    embedding row for (a tokenizer of another model, or statistics of another vocabulary)."""
+    if choice.max_id >= d_vocab_model:
+        raise MismatchError(f"statistics {choice.path} index token {choice.max_id} but {model} "
+                            f"has only {d_vocab_model:,} embedding rows (ids 0.."
+                            f"{d_vocab_model - 1}): statistics of another tokenizer or model; "
+                            "use statistics of this model's tokenizer")
+
+
+class LazyStats:
+    """A statistics file's metadata (token ids, d_vocab, T, stats_id, restricted) read from its
+    header; the tensors are loaded by :meth:`load` on first use only, then kept."""
+
+    def __init__(self, path: str | Path, meta: dict) -> None:
+        missing = [k for k in ("d_vocab", "T", "stats_id") if k not in meta]
+        if missing:
+            raise BadInputError(f"--stats {path}: metadata lacks {missing}; recompute it with "
+                                "`python -m pythia_probe.stats compute ...`")
+        self.path, self.meta, self._stats = Path(path), meta, None
+        vocab = meta.get("vocab", {})
+        self.d_vocab, self.T = int(meta["d_vocab"]), int(meta["T"])
+        self.restricted = bool(vocab.get("restricted", False))
+        ids = vocab.get("ids")
+        self.token_ids = torch.arange(self.d_vocab) if ids is None else torch.tensor(ids)
+        self.stats_id = str(meta["stats_id"])
+
+    def load(self) -> CorpusStats:
+        """The CorpusStats (every tensor read from disk, once)."""
+        if self._stats is None:
+            if not self.path.is_file():
+                raise MissingFileError(f"--stats {self.path}: no such statistics file")
+            self._stats = CorpusStats.load(self.path)
+        return self._stats

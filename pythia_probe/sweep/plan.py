@@ -1,0 +1,123 @@
+"""The sweep's plan, made before any weight is downloaded: steps (done, duplicates, to score),
+bytes to download and the disk they may hold, how the targets are held (``--targets auto``),
+the memory of one step, and the checks that need the model's config (per-head layers).
+What ``--dry-run`` prints and every run prints first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pythia_probe.analysis.plan import Plan, choose_targets, memory_plan
+from pythia_probe.arch import NeoXConfig
+from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
+from pythia_probe.resources import human_bytes, memory_budget
+from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
+from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
+from pythia_probe.sweep.source import duplicates
+
+
+def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, streamed: bool) -> Plan:
+    """The memory plan of one checkpoint of model config ``c`` with the targets held so."""
+    n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
+        4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
+    return memory_plan(rows, c.d_model, c.n_layers, c.n_heads, n_params, sc.analyses,
+                       dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
+                       chunk=sc.chunk, streamed=streamed, max_rank=sc.max_rank)
+
+
+def memory_need(sc: ScoringConfig, c: NeoXConfig, rows: int, stats_bytes: int) -> float:
+    """Peak bytes of ``--targets memory`` on the device; on the CPU the statistics file
+    (``stats_bytes``), loaded while the target matrices are cast, counts too."""
+    plan = checkpoint_plan(sc, c, rows, streamed=False)
+    if torch.device(sc.device).type != "cpu":
+        return plan.total
+    return max(plan.total, stats_bytes + plan.targets)
+
+
+def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: int,
+                    stats_bytes: int,
+                    budget: tuple[float | None, str] | None = None) -> tuple[str, str]:
+    """(mode, why): ``--targets`` itself unless auto; auto picks memory when its peak fits the
+    device's budget (:func:`~pythia_probe.resources.memory_budget`), else streamed."""
+    if tc.mode != "auto":
+        return tc.mode, f"--targets {tc.mode} given"
+    need = memory_need(sc, c, rows, stats_bytes)
+    limit, how = budget if budget is not None else memory_budget(sc.device)
+    return choose_targets(need, limit, how)
+
+
+def check_local(parts) -> None:
+    """What needs no network, checked before any network call: files named on the command
+    line exist, and a Pythia model's --steps are steps of Pythia's schedule."""
+    if is_pythia(parts.source.model):
+        parse_steps(parts.plan.steps, PYTHIA_STEPS)  # StepError names the nearest valid steps
+    stats, text = parts.statistics.stats, parts.scoring.text
+    if stats is not None and not Path(stats).is_file():
+        raise MissingFileError(f"--stats {stats}: no such statistics file; compute one with "
+                               "`python -m pythia_probe.stats compute ...`, or leave --stats "
+                               "out to build the paper's recipe")
+    if text is not None and not Path(text).is_file():
+        raise MissingFileError(f"--text {text}: no such file (a safetensors file with "
+                               "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
+
+
+def check_heads(sc: ScoringConfig, n_layers: int) -> None:
+    """Refuse --heads layers the model does not have, naming the valid ones."""
+    if isinstance(sc.per_head, list):
+        bad = [layer for layer in sc.per_head if not 1 <= layer <= n_layers]
+        if bad:
+            raise BadInputError(f"--heads {sc.heads}: the model has layers 1..{n_layers} "
+                                f"(numbered from 1, as in the paper), not {bad}")
+
+
+@dataclass(frozen=True)
+class Downloads:
+    """What the steps still to score will fetch, and the disk they may hold at once."""
+
+    todo: list[int]
+    duplicates: dict[int, int]
+    fetch: list
+    bytes: int
+    biggest: int
+    limit: float | None
+    limit_why: str
+
+    def check(self) -> None:
+        """Refuse up front a checkpoint larger than the disk the loader may use."""
+        big = max(self.fetch, key=lambda r: r.nbytes, default=None)
+        if big is not None and self.limit is not None and big.nbytes > self.limit:
+            raise ResourceError(f"step {big.step} needs {human_bytes(big.nbytes)} of disk, more "
+                                f"than the downloads may hold ({human_bytes(self.limit)}: "
+                                f"{self.limit_why}); free space or raise --max-disk-gb")
+
+
+def downloads(source, steps: list[int], todo: list[int], names, limit: tuple[float | None, str]
+              ) -> Downloads:
+    """The downloads of the steps ``todo`` (duplicates of an earlier step are copied)."""
+    revs = source.resolve(todo)
+    dups = duplicates(source, revs, steps)
+    fetch = [r for r in revs if r.step not in dups]
+    need = sum(source.bytes_to_download(r, names) for r in fetch)
+    return Downloads(todo, dups, fetch, need, max([r.nbytes for r in fetch] or [0]), *limit)
+
+
+def plan_lines(src: SourceConfig, sc: ScoringConfig, steps: list[int], dl: Downloads,
+               c: NeoXConfig, rows: int, targets: tuple[str, str], requested: str) -> list[str]:
+    """The plan: steps (done, duplicates), bytes still to download, disk, targets, memory."""
+    mode, why = targets
+    plan = checkpoint_plan(sc, c, rows, streamed=mode == "streamed")
+    held = (src.prefetch + 1) * dl.biggest
+    limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
+                                         f"({dl.limit_why})")
+    return [f"model {src.model}: {len(steps)} steps: {len(steps) - len(dl.todo)} already done, "
+            f"{len(dl.duplicates)} with the weights of an earlier step (copied, not downloaded), "
+            f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
+            f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
+            f"<= {human_bytes(held)} ({src.prefetch + 1} checkpoints){limit}",
+            f"targets: {requested} -> {mode} ({why})",
+            f"memory on {sc.device} ({sc.dtype}, V={rows:,}):",
+            *("  " + line for line in plan.lines())]

@@ -1,0 +1,210 @@
+"""Where the weights come from: the model's checkpoints through
+:mod:`pythia_probe.checkpoints` (a hub id, a local folder of ``step*/`` folders, or a Hugging Face
+cache), the steps it has, its config and tokenizer, and the stream of loaded revisions under a
+disk limit. Everything here takes the :class:`~pythia_probe.sweep.config.SourceConfig` part, or
+the source it opened.
+
+Checks that need no network come first (:func:`check_model_name`, the --steps grammar in
+the config); when the hub cannot be reached, :func:`offline_advice` says in one line what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from pythia_probe.analysis import Needs
+from pythia_probe.arch import NeoXConfig, NeoXWeights, name_filter
+from pythia_probe.checkpoints import CheckpointSource
+from pythia_probe.errors import (
+    BadInputError,
+    CorruptFileError,
+    HubError,
+    HubUnreachableError,
+    MissingFileError,
+    UserError,
+)
+from pythia_probe.fileio import free_bytes
+from pythia_probe.hubio import endpoint, offline_hint
+from pythia_probe.resources import human_bytes
+from pythia_probe.revisions import ledger
+from pythia_probe.steps import is_pythia, parse_steps
+from pythia_probe.sweep.config import SourceConfig
+from pythia_probe.tokenizer import load_tokenizer
+from pythia_probe.weights_io import read_json
+
+log = logging.getLogger(__name__)
+
+TOKENIZER = "tokenizer.json"
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", TOKENIZER)
+#: the sizes of the Pythia suite (EleutherAI/pythia-SIZE, -deduped, -v0, -seedN variants)
+PYTHIA_SIZES = ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b")
+_SIZE = re.compile(r"pythia-(\d[^-]*)", re.IGNORECASE)
+DISK_SHARE = 0.9  # of the cache's free disk the downloads may hold (no --max-disk-gb)
+
+
+def check_model_name(model: str) -> None:
+    """Refuse, before any network call, a Pythia id whose size is not one of the suite's
+    (``EleutherAI/pythia-1.4bb``), naming the nearest valid ids."""
+    m = _SIZE.match(model.split("/", 1)[-1])
+    if not is_pythia(model) or m is None or m.group(1).lower() in PYTHIA_SIZES:
+        return
+    near = difflib.get_close_matches(m.group(1).lower(), PYTHIA_SIZES, n=2, cutoff=0.3)
+    valid = ", ".join(f"EleutherAI/pythia-{s}" for s in near or PYTHIA_SIZES[2:6])
+    raise BadInputError(f"--model {model}: Pythia has no size {m.group(1)!r} (sizes: "
+                        f"{', '.join(PYTHIA_SIZES)}, each also -deduped); nearest: {valid}")
+
+
+def open_source(src: SourceConfig) -> CheckpointSource:
+    """The model's CheckpointSource: ``--cache-dir``, else the tool's own checkpoint cache."""
+    check_model_name(src.model)
+    return CheckpointSource(src.model, cache_dir=src.cache_dir)
+
+
+def select_steps(spec: str, source) -> list[int]:
+    """Parse --steps against the steps the model has (StepError names the nearest valid ones);
+    offline, a model with no checkpoint in the cache is a MissingFileError."""
+    available = source.steps()
+    if not available and source.local_dir is None and source.offline:
+        raise MissingFileError(f"no checkpoint of {source.model} in the cache {source.storage}")
+    return parse_steps(spec, available)
+
+
+def offline_advice(model: str, err: BaseException, offline: bool) -> HubError:
+    """The one line for a hub that cannot be reached, or (``offline``: HF_HUB_OFFLINE is set)
+    a cache without the model: what to do offline (hubio's advice, for this model)."""
+    todo = offline_hint(model, "step1000")
+    if offline:
+        return HubError(f"cannot list the checkpoints of {model} (HF_HUB_OFFLINE is set): "
+                        f"{' '.join(str(err).split())}; pass --cache-dir with a Hugging Face "
+                        f"cache that holds it, or {todo.split('; ', 1)[1]}")
+    why = ("it cannot be reached" if isinstance(err, HubUnreachableError) else
+           " ".join(str(err).split()))
+    return HubError(f"cannot list the checkpoints of {model} on {endpoint()}: {why}; {todo}")
+
+
+def tensor_names(needs: Needs):
+    """Which weights the analyses read (HF-name predicate from arch)."""
+    return name_filter(*needs.weights)
+
+
+def model_config(source, rev) -> NeoXConfig:
+    """The NeoXConfig of a revision from its config.json alone (no weights downloaded; the file
+    verified against the hub's hash)."""
+    if rev.local_dir is not None:
+        path = Path(rev.local_dir) / "config.json"
+        return NeoXConfig.from_dict(read_json(path, f"config.json of {rev.where}"), str(path))
+    return NeoXConfig.from_dict(source.config(rev), f"config.json of {rev.where}")
+
+
+def model_tokenizer(source, rev, tokenizer: str | None, model: str):
+    """The tokenizer of the statistics: ``tokenizer`` (--tokenizer), else the one the first
+    revision ships (local folder, or the hub at that commit, verified); None (with a warning)
+    if none."""
+    if tokenizer:
+        return load_tokenizer(tokenizer)
+    if source.local_dir is not None:
+        found = [d for d in (source.local_dir, Path(rev.local_dir)) if (d / TOKENIZER).is_file()]
+        path = found[0] if found else None
+    elif rev.file(TOKENIZER) is not None:  # the files AutoTokenizer reads, from that commit
+        paths = [source.fetch_file(rev, n) for n in TOKENIZER_FILES if rev.file(n) is not None]
+        path = paths[-1].parent
+    else:
+        path = None
+    if path is None:
+        log.warning("%s ships no tokenizer.json; the statistics' tokenizer is not checked "
+                    "(pass --tokenizer to check it)", model)
+        return None
+    return _load_model_tokenizer(path, rev)
+
+
+def _load_model_tokenizer(path: Path, rev):
+    """The model's tokenizer folder, loaded; a file there that does not parse is named."""
+    try:
+        return load_tokenizer(str(path))
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - tokenizers/transformers raise many kinds
+        raise CorruptFileError(f"the tokenizer files of {rev.where} in {path} cannot be "
+                               f"loaded: {type(err).__name__}: {err}") from err
+
+
+def disk_limit(src: SourceConfig, source) -> tuple[float | None, str]:
+    """(bytes the downloads may hold at once, why): --max-disk-gb, else a share of the free
+    disk of the cache's filesystem; None for local folders (nothing is downloaded)."""
+    if source.local_dir is not None or source.offline:
+        return None, "nothing is downloaded"
+    if src.max_disk_gb is not None:
+        return src.max_disk_gb * 1e9, f"--max-disk-gb {src.max_disk_gb:g}"
+    free = free_bytes(source.cache_dir)
+    return DISK_SHARE * free, (f"{DISK_SHARE:.0%} of the {human_bytes(free)} free on the disk "
+                               f"of {source.cache_dir}; --max-disk-gb sets it")
+
+
+def duplicates(source, revs, steps) -> dict[int, int]:
+    """{step: earlier step of this rank with byte-identical weights}, from the hub's LFS
+    hashes (no download); local folders are not hashed (that would read every file)."""
+    if source.local_dir is not None:
+        return {}
+    return {s: same for s, same in source.duplicates(revs).items() if same in steps}
+
+
+def to_weights(loaded, device: str, dtype: torch.dtype) -> NeoXWeights:
+    """NeoXWeights on the scoring device and dtype (so residual streams are computed there)."""
+    tensors = {k: v.to(device, dtype) for k, v in loaded.tensors.items()}
+    where = f"config.json of {loaded.revision.model}@{loaded.revision.branch}"
+    return NeoXWeights(tensors, NeoXConfig.from_dict(loaded.config, where))
+
+
+def load_weights(source, rev, names):
+    """Fetch and load one revision directly (used for retries); evicts its files afterwards."""
+    try:
+        return source.load(rev, source.fetch(rev, names), names)
+    finally:
+        source.evict(rev)
+
+
+def stream(source, revs, names, prefetch: int, max_disk: float | None):
+    """Yield (revision, Loaded or the exception it raised), prefetching ``prefetch`` revisions
+    ahead and never holding more than ``max_disk`` bytes of downloads.
+
+    A failing revision ends the stream; it is yielded as an error and the stream restarts
+    after it.
+    """
+    i = 0
+    while i < len(revs):
+        try:
+            for loaded in source.stream(revs[i:], names=names, prefetch=prefetch,
+                                        max_disk=max_disk):
+                yield loaded.revision, loaded
+                i += 1
+        except Exception as e:  # noqa: BLE001 - reported per step by the caller
+            yield revs[i], e
+            i += 1
+
+
+def revision_ledger(source, steps: list[int], model: str) -> pd.DataFrame:
+    """The revision ledger of ``steps`` (:func:`pythia_probe.revisions.ledger`: from metadata,
+    no weight downloaded; local folders hashed) with the model's name as its first column."""
+    df = ledger(source, steps)
+    df.insert(0, "model", model)
+    return df
+
+
+def ledger_lines(df: pd.DataFrame, model: str) -> list[str]:
+    """The plan's line on what the branches hold; suspect steps named in a warning too."""
+    counts = df["status"].value_counts()
+    suspect = df[df["status"] == "suspect"]
+    line = (f"revisions of {model}: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in
+                                                  ("ok", "duplicate", "suspect")))
+    if not suspect.empty:
+        log.warning("%s: steps %s are suspect (scored; their rows say revision_status "
+                    "suspect, the figures mark them, the summary leaves them out): step%d: %s",
+                    model, ",".join(map(str, suspect["step"])), suspect["step"].iloc[0],
+                    suspect["reason"].iloc[0])
+    return [line]

@@ -1,0 +1,60 @@
+"""The target matrices every step is scored against, prepared once per run from the statistics.
+Takes the :class:`~pythia_probe.sweep.config.TargetsConfig` part (how they are held) and the
+scoring part's dtype, device and block size.
+
+``streamed``: C_T written once to the prepared-target cache (``<stats stem>.targets/``, keyed by
+stats_id and checked by its content digest, rebuilt when either differs) and streamed in blocks
+per checkpoint, so no V x V matrix stays in memory. ``memory``: each statistic cast to the device
+and kept resident. ``auto`` is resolved by the plan
+(:func:`pythia_probe.sweep.plan.resolve_targets`) before anything here runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor
+from tqdm import tqdm
+
+from pythia_probe.analysis import target_matrix
+from pythia_probe.analysis.cosine import Target, prepare_target
+from pythia_probe.analysis.prepared import cached_target
+from pythia_probe.sweep.config import ScoringConfig, TargetsConfig
+from pythia_probe.sweep.statistics import LazyStats
+
+
+def prepare_targets(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
+                    scoring: ScoringConfig, progress: bool = True) -> dict:
+    """The prepared target of every needed name; ``mode``: the resolved memory or streamed.
+    ``stats``' tensors are read only when a target is built (a warm cache reads none)."""
+    names = sorted(set(names))
+    if mode == "memory":
+        return _resident_targets(stats, names, scoring, progress)
+    cache = tc.cache_dir(stats.path)
+    dtype, device = scoring.torch_dtype, scoring.device
+    return {n: cached_target(n, lambda n=n: _statistic(stats, n, device), cache,
+                             stats.stats_id, dtype=dtype, device=device, chunk=scoring.chunk)
+            for n in tqdm(names, desc="target cache", disable=len(names) < 2 or not progress)}
+
+
+def _statistic(stats: LazyStats, name: str, device: str) -> Tensor:
+    """A target matrix from the statistics; a derived one the file does not store (PhiBT at a
+    large vocabulary) is composed on the scoring device, its result on the host."""
+    st = stats.load()
+    st.compose_device = device
+    return target_matrix(st, name)
+
+
+def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig,
+                      progress: bool) -> dict[str, Target]:
+    """Cast each needed target matrix to the device/dtype once (Bbar^T shares Bbar's storage)."""
+    dtype, device = scoring.torch_dtype, scoring.device
+    cast: dict[str, Tensor] = {}
+    for name in sorted(names, key=lambda n: n == "BbarT"):
+        if name == "BbarT":
+            T = cast["Bbar"].T if "Bbar" in cast else target_matrix(stats.load(), name)
+        else:
+            T = cast[name] = _statistic(stats, name, device).to(device, dtype)
+        cast.setdefault(name, T)
+    return {n: prepare_target(n, cast[n], dtype=dtype, device=device, chunk=scoring.chunk)
+            for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}

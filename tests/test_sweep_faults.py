@@ -1,0 +1,401 @@
+"""The sweep's side of the fault audit (issue 16): damaged caches, values out of range, two runs
+in one folder, the disk limit, checks before the network, offline plans, malformed manifests,
+signals, statistics the model cannot index, layers the model lacks, progress and launchers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from pythia_probe.cli import run_main
+from pythia_probe.errors import (
+    FolderLockedError,
+    MismatchError,
+    OutOfRangeError,
+    ResourceError,
+)
+from pythia_probe.fileio import FolderLock
+from pythia_probe.results import read_manifest, read_results
+from pythia_probe.stats import batch_stats
+from pythia_probe.sweep.__main__ import main as sweep_main
+from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
+
+STEPS = (0, 1, 2)
+V = 90
+KEY = ["step", "analysis", "layer", "head", "metric"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    torch.manual_seed(0)
+    layouts = {s: ("safetensors", 1) for s in STEPS}
+    repo = build_pythia_like_repo(root / "hub", "org/tiny", STEPS, tiny_config(), layouts,
+                                  with_main=False)
+    tokens = torch.randint(0, V, (40, 17), generator=torch.Generator().manual_seed(1))
+    stats = batch_stats(tokens, V).save(root / "stats.safetensors")
+    return root, repo, stats
+
+
+def _argv(repo, stats, out, *extra):
+    return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
+            "--analyses", "embedding,attention", "--dtype", "float64", "--targets",
+            "streamed", "--no-progress", "--no-plots", *extra]
+
+
+def _sorted(df):
+    return df.drop(columns=["run_id"]).sort_values(KEY, na_position="first").reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def clean(setup):
+    root, repo, stats = setup
+    out = root / "clean"
+    assert sweep_main(_argv(repo, stats, out)) == 0
+    return read_results(out)
+
+
+def _one_line(argv, capsys, monkeypatch, prog="sweep") -> str:
+    monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK", raising=False)
+    assert run_main(lambda: sweep_main(argv), prog) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith(f"{prog}: error: ")]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+# ---- the prepared-target cache and the range check ----------------------------------------
+def test_a_target_cache_with_flipped_bytes_is_rebuilt_not_used(setup, clean, tmp_path):
+    """Same size, same header, other bytes: caught by the content digest, rebuilt; the table
+    equals the clean run's."""
+    root, repo, stats = setup
+    cache = stats.with_name(stats.stem + ".targets")
+    for f in cache.glob("*.safetensors"):
+        data = bytearray(f.read_bytes())
+        data[-64:-56] = b"\x7f" * 8  # a float64 of 1e308 in C_T
+        f.write_bytes(bytes(data))
+    assert sweep_main(_argv(repo, stats, tmp_path / "o")) == 0
+    got, want = _sorted(read_results(tmp_path / "o")), _sorted(clean)
+    pd.testing.assert_frame_equal(got, want)
+
+
+def test_a_value_out_of_range_fails_its_step_naming_the_cell(setup, tmp_path, monkeypatch):
+    from pythia_probe.analysis.prepared import StreamedTarget
+
+    root, repo, stats = setup
+    real = StreamedTarget.grams
+    monkeypatch.setattr(StreamedTarget, "grams", lambda self, F, edges, chunk: [
+        g * 1e6 for g in real(self, F, edges, chunk)])  # what damaged target bytes give
+    out = tmp_path / "o"
+    assert sweep_main(_argv(repo, stats, out, "--retries", "0")) == 1
+    assert not (out / "shards").exists() or not list((out / "shards").iterdir())
+    rec = json.loads((out / "failed" / "step0.json").read_text())
+    assert "analysis embedding, layer 1, metric cos_pre: value" in rec["error"]
+    assert "outside [-1, 1]" in rec["error"]
+
+
+def test_check_range_allows_rounding_and_refuses_nan():
+    from pythia_probe.analysis import REGISTRY
+    from pythia_probe.sweep.scoring import check_range
+
+    a = REGISTRY["embedding"]
+    check_range([{"analysis": "embedding", "value": 1 + 1e-9}], a, 1e-8)
+    for bad in (1 + 1e-7, -1.5, float("nan"), 2.5e54):
+        with pytest.raises(OutOfRangeError):
+            check_range([{"analysis": "embedding", "layer": 3, "value": bad}], a, 1e-8)
+
+
+# ---- one run per output folder ------------------------------------------------------------
+def test_a_second_sweep_into_a_held_folder_is_refused_naming_the_holder(setup, tmp_path,
+                                                                       capsys, monkeypatch):
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    with FolderLock(out, {"what": "sweep --analyses embedding", "since": "earlier"}):
+        line = _one_line(_argv(repo, stats, out, "--analyses", "attention"), capsys,
+                         monkeypatch)
+    assert str(out) in line and f"pid {os.getpid()}" in line and "--analyses embedding" in line
+    assert not (out / "shards").exists()  # nothing of the refused run was written
+    assert sweep_main(_argv(repo, stats, out, "--steps", "0")) == 0  # free again
+    assert not (out / ".lock").exists()  # a finished run leaves no lock file behind
+
+
+def test_folder_lock_is_exclusive_and_never_follows_a_symlink(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".lock").symlink_to(target)
+    with pytest.raises(OSError):
+        FolderLock(out, {}).acquire()
+    assert target.read_text() == "keep"
+    (out / ".lock").unlink()
+    with FolderLock(out, {"what": "first"}):
+        with pytest.raises(FolderLockedError, match="first"):
+            FolderLock(out, {"what": "second"}).acquire()
+    with FolderLock(out, {"what": "second"}):  # released: the next one gets it
+        assert "second" in (out / ".lock").read_text()
+
+
+def test_the_lock_of_a_killed_run_is_taken_over(setup, tmp_path):
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pythia_probe.fileio import FolderLock\n"
+         f"FolderLock({str(out)!r}, {{'what': 'a sweep'}}).acquire()\nprint('held', flush=True)"
+         "\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(FolderLockedError, match="in use by another run"):
+        FolderLock(out, {}).acquire().release()
+    holder.kill()
+    holder.wait()
+    assert "a sweep" in (out / ".lock").read_text()  # its record is still there, stale
+    assert sweep_main(_argv(repo, stats, out, "--steps", "0")) == 0
+
+
+# ---- disk limit ---------------------------------------------------------------------------
+def test_the_loader_gets_a_disk_limit_shown_in_the_plan(setup, tmp_path, monkeypatch, capsys):
+    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.testing.hub import HubServer
+
+    root, repo, stats = setup
+    seen = []
+    real = CheckpointSource.stream
+
+    def spy(self, revisions, **kw):
+        seen.append(kw.get("max_disk"))
+        return real(self, revisions, **kw)
+
+    monkeypatch.setattr(CheckpointSource, "stream", spy)
+    with HubServer(root / "hub") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        argv = _argv("org/tiny", stats, tmp_path / "o", "--cache-dir", str(tmp_path / "c"))
+        assert sweep_main(argv) == 0
+        plan = capsys.readouterr().out
+        assert "the loader's limit" in plan and "of the" in plan and "free on the disk" in plan
+        assert seen and all(m is not None and m > 0 for m in seen)
+        seen.clear()
+        assert sweep_main([*argv[:-2], "--cache-dir", str(tmp_path / "c2"), "--out",
+                           str(tmp_path / "o2"), "--max-disk-gb", "0.5"]) == 0
+        assert seen == [0.5e9] and "--max-disk-gb 0.5" in capsys.readouterr().out
+        with pytest.raises(ResourceError, match="more than the downloads may hold"):
+            sweep_main([*argv[:-2], "--cache-dir", str(tmp_path / "c3"), "--out",
+                        str(tmp_path / "o3"), "--max-disk-gb", "1e-9"])
+        assert not (tmp_path / "o3").exists()
+
+
+# ---- before the network; offline ------------------------------------------------------------
+@pytest.fixture
+def no_network(monkeypatch):
+    import socket
+
+    def refuse(*a, **k):
+        raise AssertionError("a network call was made")
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--model", "EleutherAI/pythia-1.4bb"], "Pythia has no size '1.4bb'"),
+    (["--model", "EleutherAI/pythia-14b"], "nearest: EleutherAI/pythia-1.4b"),
+    (["--steps", "1000-"], "cannot parse steps item '1000-'"),
+    (["--steps", "1000-143000:0"], "stride must be positive"),
+    (["--steps", "5-1"], "empty range"),
+    (["--steps", "1234"], "step 1234 is not available for this model; nearest valid steps: 1000"),
+    (["--heads", "0"], "numbered from 1"),
+])
+def test_bad_model_names_and_steps_are_refused_before_any_network_call(argv, says, no_network,
+                                                                      capsys, monkeypatch):
+    assert says in _one_line([*argv, "--dry-run"], capsys, monkeypatch)
+
+
+def test_missing_local_files_are_refused_before_any_network_call(tmp_path, no_network, capsys,
+                                                                 monkeypatch):
+    line = _one_line(["--stats", str(tmp_path / "owt.safetensors"), "--dry-run"], capsys,
+                     monkeypatch)
+    assert "owt.safetensors: no such statistics file" in line
+    line = _one_line(["--analyses", "attention_text", "--text", str(tmp_path / "t.st")], capsys,
+                     monkeypatch)
+    assert "--text" in line and "no such file" in line
+
+
+def test_offline_without_the_model_in_the_cache_says_what_to_do(tmp_path, capsys,
+                                                                monkeypatch, no_network):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
+    line = _one_line(["--steps", "1000-143000", "--dry-run"], capsys, monkeypatch)
+    for hint in ("HF_HUB_OFFLINE is set", "--cache-dir", "hf download EleutherAI/pythia-1.4b",
+                 "is not in the cache"):
+        assert hint in line
+    capsys.readouterr()
+    assert run_main(lambda: sweep_main(["--steps", "1000-143000", "--dry-run"]), "sweep") == 2
+    assert "143 steps of the Pythia schedule" in capsys.readouterr().out
+
+
+def test_offline_with_the_model_in_the_cache_prints_the_whole_plan(setup, tmp_path, capsys,
+                                                                 monkeypatch):
+    """HF_HUB_OFFLINE=1 and a cache that holds the checkpoints: the dry run plans from it and
+    asks nothing of the network; then the run itself scores from the cache."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from pythia_probe.arch import name_filter
+    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.testing.hub import HubServer
+
+    root, repo, stats = setup
+    cache = tmp_path / "cache"
+    with HubServer(root / "hub") as server:  # fill the cache where the hub is reachable
+        src = CheckpointSource("org/tiny", cache_dir=cache, endpoint=server.endpoint)
+        list(src.stream(src.resolve(STEPS), names=name_filter("embed", "attn", "mlp", "ln"),
+                        keep=True))
+        src.close()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    real_connect = socket.create_connection
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda *a, **k: pytest.fail("a network call was made"))
+    argv = _argv("org/tiny", stats, tmp_path / "o", "--cache-dir", str(cache))
+    assert sweep_main([*argv, "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "model org/tiny: 3 steps" in plan and "download 0 B still" in plan
+    assert sweep_main(argv) == 0 and sorted(read_results(tmp_path / "o")["step"].unique()) == \
+        list(STEPS)
+    # the hub unreachable, HF_HUB_OFFLINE unset: the dry run says the cache holds the steps
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused
+    monkeypatch.setattr(socket, "create_connection", real_connect)
+    assert run_main(lambda: sweep_main([*argv, "--dry-run"]), "sweep") == 2
+    out, err = capsys.readouterr()
+    assert f"the cache {cache}" in out and "holds 3 of them ([0, 1, 2])" in out
+    assert "HF_HUB_OFFLINE=1 plans and scores from it" in out and "cannot be reached" in err
+
+
+def test_an_unreachable_hub_is_one_line_with_the_offline_advice(tmp_path, capsys, monkeypatch):
+    import socket
+
+    from pythia_probe import hubio
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(hubio, "DEFAULT_RETRY", hubio.RetryPolicy(attempts=1))
+    monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
+    line = _one_line(["--model", "org/some-model", "--steps", "0", "--dry-run"], capsys,
+                     monkeypatch)
+    assert "cannot list the checkpoints of org/some-model" in line and "HF_HUB_OFFLINE=1" in line
+    assert "hf download org/some-model --revision step1000 --cache-dir DIR" in line
+
+
+# ---- resume, signals ------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["[1, 2]", '{"config": []}', '"running"'])
+def test_a_manifest_of_the_wrong_shape_is_one_line_naming_it(setup, tmp_path, capsys,
+                                                             monkeypatch, text):
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "manifest.json").write_text(text)
+    line = _one_line(_argv(repo, stats, out), capsys, monkeypatch)
+    assert str(out / "manifest.json") in line and "not a run manifest" in line
+
+
+def test_sigterm_records_interrupted_and_the_rerun_resumes_bit_identically(setup, clean,
+                                                                          tmp_path):
+    """A real SIGTERM to a sweep in another process, after its first shard: one line, exit
+    143, manifest "interrupted"; the rerun finishes with the clean run's numbers."""
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    script = tmp_path / "slow_sweep.py"
+    script.write_text(
+        "import sys, time\nfrom pythia_probe.sweep import runner\nreal = runner.run_step\n"
+        "def slow(*a):\n    path = real(*a)\n    print('shard', flush=True)\n    time.sleep(60)\n"
+        "    return path\nrunner.run_step = slow\nfrom pythia_probe.cli import run_main\n"
+        "from pythia_probe.sweep.__main__ import main\n"
+        "raise SystemExit(run_main(lambda: main(sys.argv[1:]), 'sweep'))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), *_argv(repo, stats, out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:
+        if line == "shard\n":
+            break
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "sweep: interrupted, rerun to resume"
+    assert "Traceback" not in err
+    m = read_manifest(out)
+    assert m["status"] == "interrupted" and "rerun to resume" in m["reason"]
+    assert [p.name for p in (out / "shards").iterdir()] == ["step0.parquet"]
+    assert sweep_main(_argv(repo, stats, out)) == 0
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean))
+    assert read_manifest(out)["status"] == "complete"
+
+
+# ---- statistics and layers the model cannot take -------------------------------------------
+def test_statistics_with_ids_beyond_the_embedding_rows_are_refused_once_up_front(
+        setup, tmp_path, monkeypatch):
+    from pythia_probe.checkpoints import CheckpointSource
+
+    root, repo, _ = setup
+    wide = batch_stats(torch.randint(0, 200, (20, 9)), 200).save(tmp_path / "wide.safetensors")
+    monkeypatch.setattr(CheckpointSource, "stream", lambda *a, **k: pytest.fail("streamed"))
+    with pytest.raises(MismatchError, match="index token 199 but .* has only 96 embedding rows"):
+        sweep_main(_argv(repo, wide, tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_heads_beyond_the_models_layers_are_refused_naming_the_valid_ones(
+        setup, tmp_path, capsys, monkeypatch):
+    root, repo, stats = setup
+    line = _one_line(_argv(repo, stats, tmp_path / "o", "--heads", "2,99"), capsys, monkeypatch)
+    assert "the model has layers 1..2" in line and "[99]" in line
+    assert sweep_main(_argv(repo, stats, tmp_path / "o", "--steps", "0", "--heads", "2")) == 0
+    df = read_results(tmp_path / "o")
+    assert set(df.loc[df["head"].notna(), "layer"]) == {2}
+
+
+# ---- progress, launchers, defaults ---------------------------------------------------------
+def test_no_progress_means_no_bar_on_any_rank(setup, tmp_path, capfd):
+    root, repo, stats = setup
+    assert sweep_main(_argv(repo, stats, tmp_path / "o", "--steps", "0,1")) == 0
+    err = capfd.readouterr().err
+    assert "sweep rank" not in err and "step/s" not in err and "it/s" not in err
+
+
+def test_accelerate_launch_that_starts_one_process_says_so(monkeypatch, caplog):
+    from pythia_probe import ranks
+
+    for var in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    with caplog.at_level("WARNING"):
+        r = ranks.from_env("cpu")
+    assert r.world == 1 and "started ONE process" in caplog.text and "--multi_gpu" in caplog.text
+    monkeypatch.delenv("MASTER_ADDR")
+    caplog.clear()
+    ranks.from_env("cpu")
+    assert caplog.text == ""
+
+
+def test_default_results_folder_is_git_ignored_and_apart_from_committed_results():
+    from pythia_probe.sweep import SweepConfig
+
+    cfg = SweepConfig(device="cpu")
+    assert cfg.out == str(Path("runs") / "pythia-1.4b")
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    probe = subprocess.run(["git", "check-ignore", "-q", f"{cfg.out}/manifest.json"], cwd=root)
+    assert probe.returncode == 0
