@@ -28,6 +28,7 @@ later touches ~0.08 s/GB. Both engines pay that in proportion to the memory they
 parent first touches --warm-gb and frees it, which spares mostly the first child.
 
   nice -n 10 python benchmarks/bench_stats_sparse.py [--docs 100000] [--dense]
+  nice -n 10 python benchmarks/bench_stats_sparse.py --driver --groups 10 [--docs N]
   python benchmarks/bench_stats_sparse.py --quick      # 5,000 documents, small (b)
 """
 
@@ -262,17 +263,26 @@ def full_vocab(a, budget: float, how: str, common: dict) -> None:
 
 
 def through_driver(a, common: dict) -> None:
-    """(c): the full vocabulary as the command runs it (shards, token caches, checkpoints)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=None,
-                    out=str(Path(tmp) / "full.safetensors"), work=str(Path(tmp) / "work"),
-                    groups=a.groups, **common)
-    print(f"(c) {a.docs:,} documents, {a.groups} document groups; "
-          + describe("the driver, full vocabulary", r))
-    share = r["file_bytes"] / (3 * 8 * PYTHIA_VOCAB ** 2)
-    print(f"    file {r['file_bytes'] / GB:.2f} GB ({share:.1%} of the 3 V x V float64 "
-          f"outputs); Qbar pairs {r['qbar_pairs']:,}; peak RSS / 12 GB target = "
-          f"{r['rss'] / 12e9:.2f}")
+    """(c): the full vocabulary as the command runs it (shards, token caches, checkpoints);
+    with --groups G also without groups, the baseline, in the same run."""
+    res = {}
+    for G in sorted({0, a.groups}):
+        with tempfile.TemporaryDirectory() as tmp:
+            res[G] = r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=None,
+                                 out=str(Path(tmp) / "full.safetensors"),
+                                 work=str(Path(tmp) / "work"), groups=G, **common)
+        share = r["file_bytes"] / (3 * 8 * PYTHIA_VOCAB ** 2)
+        print(f"(c) {a.docs:,} documents, {G} document groups; "
+              + describe("the driver, full vocabulary", r))
+        print(f"    file {r['file_bytes'] / GB:.2f} GB ({share:.1%} of the 3 V x V float64 "
+              f"outputs); Qbar pairs {r['qbar_pairs']:,}; peak RSS / 12 GB target = "
+              f"{r['rss'] / 12e9:.2f}")
+    if a.groups:
+        g, n = res[a.groups], res[0]
+        (w0, c0), (wg, cg) = rates(n), rates(g)
+        print(f"    {a.groups} groups / none: peak RSS {g['rss'] / n['rss']:.2f}x, file "
+              f"{g['file_bytes'] / n['file_bytes']:.2f}x, time {w0 / wg:.2f}x wall, "
+              f"{c0 / cg:.2f}x CPU")
 
 
 def dense_vs_sparse(a, budget: float, common: dict) -> None:
