@@ -27,12 +27,14 @@ import os
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import argparse  # noqa: E402
 import resource  # noqa: E402
 import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
+from pythia_probe.cli import parse_configs, run_main  # noqa: E402
+from pythia_probe.errors import BadInputError  # noqa: E402
 from pythia_probe.stats import CountAccumulator, QAccumulator, first_pass, native  # noqa: E402
 from pythia_probe.stats.native import fastcount  # noqa: E402
 from pythia_probe.stats.reference import (  # noqa: E402
@@ -206,13 +208,26 @@ def bench_gpu(quick: bool) -> None:
           f"memory {peak:.1f} GiB")
 
 
+PROG = "python benchmarks/bench_stats.py"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Statistics kernels (C, torch, dense one-hot reference), tokenizer and GPU throughput."""
+
+    quick: bool = False
+    """Smaller inputs."""
+    repeat: int = 3
+    """Best of this many runs."""
+
+    def __post_init__(self):
+        if self.repeat < 1:
+            raise BadInputError(f"--repeat must be >= 1, got {self.repeat}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller inputs")
-    ap.add_argument("--repeat", type=int, default=3, help="best of this many runs (>= 1)")
-    a = ap.parse_args(argv)
-    if a.repeat < 1:
-        ap.error(f"--repeat must be >= 1, got {a.repeat}")
+    [fields] = parse_configs([BenchConfig], argv, PROG, __doc__)
+    a = BenchConfig(**fields)
     torch.set_num_threads(1)
     with native.use_backend("c" if fastcount.available() else "torch"):
         print(f"CPU pass-1 kernel: {fastcount.info()} (pass 2: torch)")
@@ -230,4 +245,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, PROG))

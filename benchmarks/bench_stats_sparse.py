@@ -34,18 +34,20 @@ parent first touches --warm-gb and frees it, which spares mostly the first child
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from pythia_probe.cli import parse_configs, run_main
+from pythia_probe.errors import BadInputError
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import CorpusStats, SequencePolicy, plan, top_k_ids
 from pythia_probe.stats.driver import ENGINES, RunSpec, compute_stats
@@ -205,28 +207,52 @@ def warm(gb: float) -> None:
         print(f"warmed {gb:.1f} GB of memory in {time.perf_counter() - t0:.1f} s")
 
 
+PROG = "python benchmarks/bench_stats_sparse.py"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Full-vocabulary statistics with the sparse engine, against top-K and dense in one run."""
+
+    docs: int = 100_000
+    """(a): Zipf documents."""
+    dense: bool = False
+    """Also run (b), sparse vs dense."""
+    driver: bool = False
+    """(c): the full vocabulary through the driver (shards, work folder)."""
+    groups: int = 0
+    """(c): document groups kept (CorpusStats.subset)."""
+    docs_b: int | None = None
+    """(b): documents (default --docs)."""
+    dense_vocab: int | None = None
+    """(b): vocabulary (default: the largest where the dense engine fits)."""
+    threads: int = 2
+    """Torch threads of each measured run."""
+    warm_gb: float | None = None
+    """Memory to touch first (default: the auto budget)."""
+    quick: bool = False
+    """5,000 documents, (b) at 4,096."""
+    child: str | None = None
+    """Internal: the JSON settings of one measurement, run in a child process."""
+
+    def __post_init__(self):
+        for name in ("docs", "threads"):
+            if getattr(self, name) < 1:
+                raise BadInputError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.groups < 0 or (self.docs_b is not None and self.docs_b < 1) or \
+                (self.dense_vocab is not None and self.dense_vocab < 2):
+            raise BadInputError("--groups must be >= 0, --docs-b >= 1, --dense-vocab >= 2")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=100_000, help="(a): Zipf documents")
-    ap.add_argument("--dense", action="store_true", help="also run (b), sparse vs dense")
-    ap.add_argument("--driver", action="store_true",
-                    help="(c): the full vocabulary through the driver (shards, work folder)")
-    ap.add_argument("--groups", type=int, default=0,
-                    help="(c): document groups kept (CorpusStats.subset)")
-    ap.add_argument("--docs-b", type=int, default=None, help="(b): documents (default --docs)")
-    ap.add_argument("--dense-vocab", type=int, default=None, help="(b): vocabulary")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--warm-gb", type=float, default=None,
-                    help="memory to touch first (default: the auto budget)")
-    ap.add_argument("--quick", action="store_true", help="5,000 documents, (b) at 4,096")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    [fields] = parse_configs([BenchConfig], argv, PROG, __doc__)
+    a = BenchConfig(**fields)
     if a.child:
         child(json.loads(a.child))
         return 0
     sys.stdout.reconfigure(line_buffering=True)  # progress visible when logged to a file
     if a.quick:
-        a.docs, a.docs_b, a.dense_vocab = 5000, 5000, a.dense_vocab or 4096
+        a = replace(a, docs=5000, docs_b=5000, dense_vocab=a.dense_vocab or 4096)
     budget, how = plan.memory_budget("cpu")
     warm(budget / GB if a.warm_gb is None else a.warm_gb)
     common = {"threads": a.threads, "seed": 0}
@@ -304,4 +330,4 @@ def dense_vs_sparse(a, budget: float, common: dict) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, PROG))
