@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
@@ -97,13 +97,16 @@ class Cost:
 class Analysis:
     """A named analysis: what it needs, what it costs, the function that scores a step, and
     the range every value it returns must lie in (cosines and correlations: [-1, 1]; a value
-    outside, beyond rounding, is refused before it is written)."""
+    or chance level outside, beyond rounding, is refused before it is written)."""
 
     name: str
     needs: Needs
     run: Callable[[StepTensors, Mapping[str, Target], Options], list[dict]]
     cost: Callable[[Shape], Cost]
     bounds: tuple[float, float] = (-1.0, 1.0)
+    layered: Any = None
+    """A :class:`~pythia_probe.analysis.layers.LayerSpec` when the analysis is scored per layer
+    (the sweep then streams layers through it instead of calling ``run``)."""
 
     @property
     def targets(self) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ same weights against other targets (permuted, half-corpus or leave-one-shard-out
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from safetensors.torch import load_file
@@ -23,7 +23,9 @@ from torch import Tensor
 
 from pythia_probe.analysis import Analysis, Needs, Options, StepTensors
 from pythia_probe.analysis.attention_text import model_attention
-from pythia_probe.arch import NeoXWeights, single_token_residuals
+from pythia_probe.analysis.basis import Basis
+from pythia_probe.analysis.layers import Layer, score_layers
+from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
 from pythia_probe.sweep.config import ScoringConfig
 from pythia_probe.sweep.statistics import LazyStats
@@ -46,36 +48,46 @@ class Scorer:
     scoring: ScoringConfig
 
     def step_tensors(self, weights: NeoXWeights) -> StepTensors:
-        """Residual streams of each statistic token fed alone, and the weights, in stats row
-        order (residual streams, layer weights and W_U only when an analysis needs them)."""
-        sc, needs, token_ids = self.scoring, self.needs, self.token_ids
-        dt, dev = sc.torch_dtype, sc.device
-        res = {}
-        if needs.residuals:
-            r = single_token_residuals(weights, token_ids, sc.batch_size, dt)
-            res = {k: list(v.to(dev)) for k, v in r.items()}
-        n_layers = weights.cfg.n_layers if {"attn", "ln"} <= set(needs.weights) else 0
-        layers = [weights.layer(i) for i in range(n_layers)]
-        W_U = weights.W_U[:, token_ids].to(dev, dt) if needs.unembedding else None
-        return StepTensors(res, [L.W_Q.to(dev, dt) for L in layers],
-                           [L.W_K.to(dev, dt) for L in layers],
-                           weights.W_E[token_ids].to(dev, dt), W_U,
-                           ln1_w=[L.ln1_w.to(dev, dt) for L in layers])
+        """The weights the analyses not scored per layer read, in stats row order (W_E; W_U
+        only when an analysis needs it)."""
+        dt, dev = self.scoring.torch_dtype, self.scoring.device
+        W_U = weights.W_U[:, self.token_ids].to(dev, dt) if self.needs.unembedding else None
+        return StepTensors({}, W_E=weights.W_E[self.token_ids].to(dev, dt), W_U=W_U)
+
+    def layers(self, weights: NeoXWeights, kinds: set[str]) -> Iterator[Layer]:
+        """Each statistic token fed alone, one layer at a time (only one layer's streams held):
+        the ``kinds`` of residual streams as bases, the layer's attention weights; a layer's
+        ``pre`` is the previous layer's ``post`` basis."""
+        sc, dt, dev = self.scoring, self.scoring.torch_dtype, self.scoring.device
+        last = None
+        streams = iter_single_token_layers(weights, self.token_ids, sc.batch_size, dt)
+        for i, res in enumerate(streams):
+            bases = {k: (last if k == "pre" and last is not None else
+                         Basis(res[k].to(dev), dt, sc.chunk)) for k in sorted(kinds)}
+            last = bases.get("post")
+            L = weights.layer(i)
+            yield Layer(i + 1, bases, L.W_Q.to(dev, dt), L.W_K.to(dev, dt), L.ln1_w.to(dev, dt))
 
     def rows(self, config: Mapping, weights: NeoXWeights,
              targets: Mapping[str, object] | None = None) -> list[dict]:
         """Every analysis's rows for one checkpoint (``config``: its config.json), against
-        ``targets`` (default: the run's), range-checked."""
+        ``targets`` (default: the run's), range-checked: per-layer analyses share one
+        layer-major pass (:func:`~pythia_probe.analysis.layers.score_layers`)."""
         targets = self.targets if targets is None else targets
+        sc = self.scoring
+        opts = Options(chunk=sc.chunk, per_head=sc.per_head, max_rank=sc.max_rank, raw=self.raw)
+        layered = [(a.name, a.layered) for a in self.analyses if a.layered is not None]
+        kinds = {k for _, spec in layered for k in spec.kinds}
+        by_layer = score_layers(self.layers(weights, kinds), layered, targets, opts) \
+            if layered else {}
         x = self.step_tensors(weights)
         if self.needs.text:
             x.text_tokens = self.text
             x.text_attn = model_attention(config, weights.sd, self.text, self.scoring.device)
-        sc = self.scoring
-        opts = Options(chunk=sc.chunk, per_head=sc.per_head, max_rank=sc.max_rank, raw=self.raw)
         rows = []
         for a in self.analyses:
-            got = a.run(x, {n: targets[n] for n in a.needs.targets}, opts)
+            got = by_layer[a.name] if a.layered is not None else a.run(
+                x, {n: targets[n] for n in a.needs.targets}, opts)
             check_range(got, a, TOLERANCE[sc.dtype])
             rows += got
         return rows
