@@ -23,19 +23,18 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from pythia_probe import plots, sweep
+from pythia_probe import sweep
 from pythia_probe.builtin_corpus import generate_stories
 from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.fileio import atomic_write, write_bytes, write_text
 from pythia_probe.ranks import Ranks
-from pythia_probe.results import read_results
 from pythia_probe.stats import batch_stats
 from pythia_probe.tokenizer import (
     build_word_tokenizer,
@@ -197,33 +196,16 @@ def demo_stats(model_dir: str | Path, out: str | Path, cfg: DemoConfig | None = 
     return stats
 
 
-def summarise(df) -> list[str]:
-    """Per (analysis, metric): the layer-mean cosine at the first, best and last step."""
-    lines = []
-    per_layer = df[df["layer"].notna() & df["head"].isna()]
-    for (analysis, metric), sel in per_layer.groupby(["analysis", "metric"], sort=True):
-        curve = sel.groupby("step")["value"].mean()
-        best, last = int(curve.idxmax()), curve.iloc[-1]
-        lines.append(f"{analysis:>9} {metric:<10} layer mean: step {int(curve.index[0])} "
-                     f"{curve.iloc[0]:.3f} | best step {best} {curve[best]:.3f} | last step "
-                     f"{int(curve.index[-1])} {last:.3f} (drift {last - curve[best]:+.3f})")
-    for metric, sel in df[df["layer"].isna()].groupby("metric", sort=True):
-        curve = sel.groupby("step")["value"].mean()
-        lines.append(f"{'weights':>9} {metric:<13} step {int(curve.index[0])} {curve.iloc[0]:.3f}"
-                     f" -> step {int(curve.index[-1])} {curve.iloc[-1]:.3f} (max {curve.max():.3f}"
-                     f" at step {int(curve.idxmax())})")
-    return lines
-
-
 def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu",
              work: str | Path | None = None, ranks: Ranks | None = None,
              progress: bool = True) -> int:
     """The README's main job: corpus -> tokenizer -> model checkpoints -> statistics -> sweep ->
-    tables (``out/run``) + heat maps (``out/plots``) + a printed summary.
+    tables (``out/run``: shards, revisions.parquet, summary.parquet) + figures (``out/plots``)
+    + the printed summary (per layer: peak and exit steps, :mod:`pythia_probe.summary`).
 
     Checkpoints and statistics go to ``work`` (default ``out/work``). Returns the sweep's code.
     ``ranks``: under a multi-process launch rank 0 trains and computes the statistics, every
-    rank sweeps its share of the steps, rank 0 plots and prints.
+    rank sweeps its share of the steps, rank 0 summarises and plots.
     """
     device = "cuda" if device == "auto" and torch.cuda.is_available() else (
         "cpu" if device == "auto" else device)
@@ -245,14 +227,9 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
         analyses=("embedding", "attention", "attention_lnfold", "unembedding", "attention_text"),
         text=str(model / TOKENS_FILE), out=str(out / "run"), device=device, dtype="float64",
         progress=progress).split(ranks.device)
-    rc = sweep.run(parts, ranks)
-    ranks.barrier()
-    if ranks.is_main:
-        df = read_results(out / "run")
-        for path in plots.plot_run(df, out / "plots"):
-            print(f"wrote {path}")
-        print("\n".join(summarise(df)))
-    return rc
+    # the sweep writes the summary, the revision ledger and the figures (into out/plots)
+    parts = replace(parts, output=replace(parts.output, plots_dir=str(out / "plots")))
+    return sweep.run(parts, ranks)
 
 
 def load_tokens(out: str | Path) -> torch.Tensor:

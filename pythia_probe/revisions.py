@@ -159,7 +159,7 @@ def ledger(source: CheckpointSource | str | os.PathLike,
 # ---- the table on disk ------------------------------------------------------------------------
 def validate(df: pd.DataFrame, where: str = "the revision ledger") -> pd.DataFrame:
     """``df`` with the ledger's columns and types, checked (a wrong one names the column)."""
-    if list(df.columns) != list(COLUMNS):
+    if list(df.columns) not in (list(COLUMNS), ["model", *COLUMNS]):  # a sweep's: by model
         raise CorruptFileError(f"{where} has columns {list(df.columns)}, not {list(COLUMNS)}")
     df = df.astype({"step": "int64", "same_as": "Int64"})
     bad = sorted(set(df["status"]) - set(STATUSES))
@@ -167,7 +167,7 @@ def validate(df: pd.DataFrame, where: str = "the revision ledger") -> pd.DataFra
     if bad or not commits.map(lambda c: isinstance(c, str) and len(c) == 40).all():
         raise CorruptFileError(f"{where}: statuses {bad} (valid: {STATUSES}) or a commit that "
                                "is not 40 hex digits")
-    if df["step"].duplicated().any():
+    if df.duplicated([c for c in ("model", "step") if c in df]).any():
         raise CorruptFileError(f"{where} has more than one row for a step")
     return df.reset_index(drop=True)
 

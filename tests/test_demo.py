@@ -2,6 +2,7 @@
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -79,8 +80,19 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert "dataset" not in m["config"]["statistics"] and "recipe" not in m["statistics"]
     assert (tmp_path / "r" / "plots" / "embedding_cos_post.png").stat().st_size > 1000
     text = capsys.readouterr().out
-    post = df[(df["metric"] == "cos_post") & (df["head"].isna())].groupby("step")["value"].mean()
-    assert f"last step 8 {post[8]:.3f}" in text  # the printed summary is computed from the table
+    # the printed summary is the table's: per layer the peak step and value, the exit step
+    from pythia_probe.revisions import read_ledger
+    from pythia_probe.summary import summary_table
+    want = summary_table(df)
+    got = pd.read_parquet(tmp_path / "r" / "run" / "summary.parquet")
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    row = want[(want["analysis"] == "embedding") & (want["metric"] == "cos_post")
+               & (want["layer"] == 2) & want["head"].isna()].iloc[0]
+    assert "embedding cos_post" in text and f"{row.peak_value:.3f}" in text
+    assert "drift" not in text  # last minus max, never positive: gone
+    ledger = read_ledger(tmp_path / "r" / "run" / "revisions.parquet")
+    assert list(ledger["step"]) == [0, 1, 2, 4, 8] and set(df["revision_status"]) <= {"ok"}
+    assert (tmp_path / "r" / "plots" / "figure6.png").stat().st_size > 1000
     seen = {}
     monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work, ranks, progress:
                         seen.update(out=out, cfg=cfg, work=work, progress=progress) or 0)

@@ -1,4 +1,5 @@
-"""The main job as a user types it: `python -m pythia_probe.sweep --steps 1000-143000` with no
+"""The main job as a user types it (README): `python -m pythia_probe.sweep --steps
+0,1,2,4,8,16,32,64,128,256,512,1000-143000` (the paper's figure steps and the later grid) with no
 other flag, against a loopback hub holding EleutherAI/pythia-1.4b (all 154 step branches, a tiny
 GPT-NeoX with Pythia's 50,304 embedding rows and a tokenizer in the real one's format) and
 Skylion007/openwebtext. Statistics are built on first use from the paper's recipe and cached;
@@ -17,6 +18,7 @@ import torch
 from pythia_probe.analysis.cosine import materialised_cosine
 from pythia_probe.arch import NeoXConfig, NeoXWeights, single_token_residuals
 from pythia_probe.results import read_manifest, read_results
+from pythia_probe.revisions import read_ledger
 from pythia_probe.stats import CorpusStats
 from pythia_probe.sweep import statistics
 from pythia_probe.sweep.__main__ import main as sweep_main
@@ -26,7 +28,9 @@ from pythia_probe.testing.repos import build_pythia_main_job_hub
 from pythia_probe.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 K = 300
-STEPS = list(range(1000, 143001, 1000))
+EARLY = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+STEPS = EARLY + list(range(1000, 143001, 1000))
+ARGV = ["--steps", "0,1,2,4,8,16,32,64,128,256,512,1000-143000"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -45,7 +49,7 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
     monkeypatch.setattr(statistics, "DEFAULT_TOP_K", K)
     monkeypatch.setattr(statistics, "memory_budget", lambda device: (19.2e9, "24 GB machine"))
     with HubServer(hub_root) as hub, use_endpoint(hub.endpoint):
-        assert sweep_main(["--steps", "1000-143000"]) == 0
+        assert sweep_main(ARGV) == 0
         first = capsys.readouterr().out
         out = tmp_path / "runs" / "pythia-1.4b"  # git-ignored, never beside committed results
         df = read_results(out)
@@ -57,9 +61,15 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
         assert f"the {K:,} most frequent tokens" in m["vocabulary"]["reason"]
         assert m["statistics"]["recipe"] == {"dataset": "Skylion007/openwebtext", "docs": 100000,
                                              "min_chars": 512, "seq_len": 128, "top_k": K,
-                                             "split": "train", "text_field": "text"}
+                                             "split": "train", "text_field": "text",
+                                             "data_dir": None}
         assert "vocabulary: the 300 most frequent tokens" in first  # the plan came first
-        assert first.index("download") < first.index("rank 0: 143 steps done")
+        assert first.index("download") < first.index("rank 0: 154 steps done")
+        assert first.index("rank 0: 154 steps done") < first.index("peak step")  # the summary
+        assert (out / "summary.parquet").is_file() and (out / "plots" / "figure6.png").is_file()
+        ledger = read_ledger(out / "revisions.parquet")
+        assert dict(zip(ledger["step"], ledger["status"], strict=True)) == {
+            s: "duplicate" if s == 1 else "ok" for s in STEPS}  # step1 serves step0's weights
         stats = CorpusStats.load(m["statistics"]["file"])
         assert m["statistics"]["file"].startswith(str(tmp_path / "cache" / "stats"))
         assert m["statistics"]["stats_id"] == stats.stats_id
@@ -72,12 +82,12 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
         gets = len(hub.requests("GET"))
         shards = {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
         stats_mtime = (tmp_path / m["statistics"]["file"]).stat().st_mtime_ns
-        assert sweep_main(["--steps", "1000-143000"]) == 0
+        assert sweep_main(ARGV) == 0
         again = hub.requests("GET")[gets:]
         assert not [r for r in again if r["path"].endswith((".bin", ".parquet"))], again
         assert {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()} == shards
         assert (tmp_path / m["statistics"]["file"]).stat().st_mtime_ns == stats_mtime
-        assert "143 already done" in capsys.readouterr().out
+        assert "154 already done" in capsys.readouterr().out
     assert df.groupby("step").size().nunique() == 1  # every step has every row
     # one number recomputed literally: step 143000, layer 1, post stream vs PhiBT (float64)
     folder = hub_root / "EleutherAI" / "pythia-1.4b" / "step143000"

@@ -38,10 +38,11 @@ def setup(tmp_path_factory):
 
 
 def _argv(repo, stats, out, *extra):
-    """Streamed targets unless ``extra`` overrides (the default, auto, would pick memory here)."""
+    """Streamed targets unless ``extra`` overrides (the default, auto, would pick memory here);
+    no figures (their tests ask for them: test_sweep_report.py)."""
     return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
             "--analyses", "embedding,attention,unembedding", "--dtype", "float64",
-            "--targets", "streamed", *extra]
+            "--targets", "streamed", "--no-plots", *extra]
 
 
 def _sorted(df):
@@ -145,7 +146,7 @@ def test_two_shards_write_the_same_tables_as_one(setup, clean_run, tmp_path):
     out = tmp_path / "ranks"
     parts = sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
                               analyses=("embedding", "attention", "unembedding"),
-                              dtype="float64").split()
+                              dtype="float64", plots=False).split()
     assert sweep.run(parts, argv=[], shard=(1, 2)) == 0
     assert read_manifest(out)["status"] == "incomplete"
     assert sweep.run(parts, argv=[], shard=(0, 2)) == 0

@@ -48,7 +48,7 @@ def setup(tmp_path_factory):
 def _argv(repo, stats, out, *extra):
     return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
             "--analyses", "embedding,attention", "--dtype", "float64", "--targets",
-            "streamed", "--no-progress", *extra]
+            "streamed", "--no-progress", "--no-plots", *extra]
 
 
 def _sorted(df):

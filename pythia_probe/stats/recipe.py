@@ -46,15 +46,19 @@ class Recipe:
     top_k: int | None = None
     split: str = "train"
     text_field: str = "text"
+    data_dir: str | None = None  # a hub dataset's folder (its shards are in the key anyway)
 
 
 PAPER = Recipe()
+#: Figure 8's corpus with the same document rule: FineWeb's 10B-token sample (sample/10BT)
+FINEWEB = Recipe("HuggingFaceFW/fineweb", data_dir="sample/10BT")
+RECIPES = {"openwebtext": PAPER, "fineweb": FINEWEB}
 
 
 def recipe_key(recipe: Recipe, fingerprint: dict, shards: list) -> str:
     """16 hex digits naming ``recipe`` over the content of ``shards`` (each a corpus Shard)
     with the tokenizer of ``fingerprint``."""
-    fields = {k: v for k, v in asdict(recipe).items() if k != "dataset"}
+    fields = {k: v for k, v in asdict(recipe).items() if k not in ("dataset", "data_dir")}
     ident = {"format": FORMAT, **fields,
              "tokenizer": {k: fingerprint.get(k) for k in ("sha256", "d_vocab", "scheme")},
              "shards": [content_digest(s.fingerprint()) for s in shards]}
@@ -64,7 +68,7 @@ def recipe_key(recipe: Recipe, fingerprint: dict, shards: list) -> str:
 def recipe_shards(recipe: Recipe) -> list:
     """The corpus shards of ``recipe`` (a hub dataset is listed and pinned now)."""
     return corpus.corpus_shards(recipe.dataset, text_field=recipe.text_field,
-                                split=recipe.split)
+                                split=recipe.split, data_dir=recipe.data_dir)
 
 
 def cache_path(recipe: Recipe, fingerprint: dict, root: str | Path | None = None,

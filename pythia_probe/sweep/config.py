@@ -27,6 +27,7 @@ import torch
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.stats.recipe import RECIPES
 from pythia_probe.steps import StepError, parse_steps
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -56,6 +57,8 @@ class StatisticsConfig:
 
     stats: str | None = None
     dataset: str = "Skylion007/openwebtext"
+    data_dir: str | None = None
+    recipe: str | None = None  # the preset the dataset came from (recorded), if any
     docs: int = 100_000
     min_chars: int = 512
     seq_len: int = 128
@@ -124,10 +127,16 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class OutputConfig:
-    """The results folder and the progress display."""
+    """The results folder, the progress display and the figures drawn at the end."""
 
     out: str
     progress: bool = True
+    plots: bool = True
+    plots_dir: str | None = None  # not a flag: where the figures go (default OUT/plots)
+
+    @property
+    def figures(self) -> Path:
+        return Path(self.plots_dir) if self.plots_dir else Path(self.out) / "plots"
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,12 @@ class SweepConfig:
     below on first use and cached under $HF_HOME/pythia_probe/stats)."""
     dataset: str = "Skylion007/openwebtext"
     """Statistics recipe: the corpus (a hub dataset id, a local file or folder, 'builtin')."""
+    data_dir: str | None = None
+    """Statistics recipe, hub dataset: only its parquet files under this folder."""
+    recipe: Literal["openwebtext", "fineweb"] | None = None
+    """A named corpus for the statistics: openwebtext (Skylion007/openwebtext, Figures 6-7)
+    or fineweb (HuggingFaceFW/fineweb, its sample/10BT folder: Figure 8); the document rule
+    (--docs, --min-chars, --seq-len) is the same. Instead of --dataset/--data-dir."""
     docs: int = 100_000
     """Statistics recipe: the first N documents with >= --min-chars characters."""
     min_chars: int = 512
@@ -228,6 +243,9 @@ class SweepConfig:
     """Print the plan (steps, downloads, disk, memory, vocabulary, targets) and stop."""
     progress: bool = True
     """Show the progress display."""
+    plots: bool = True
+    """At the end draw the paper's Figures 6 and 7 and a picture of every metric into
+    OUT/plots (--no-plots: none; `python -m pythia_probe.plots` draws them later)."""
 
     def __post_init__(self):
         get_analyses(list(self.analyses))  # raises naming the valid analyses
@@ -253,6 +271,8 @@ class SweepConfig:
         if min(self.docs, self.seq_len) < 1 or self.min_chars < 0:
             raise BadInputError("--docs and --seq-len must be >= 1, --min-chars >= 0")
         check_steps_syntax(self.steps)
+        if self.recipe is not None:
+            check_recipe(self.recipe, self.dataset, self.data_dir)
         if self.device == "auto":  # resolved once, so every part and the manifest see one
             object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
         check_device(self.device)
@@ -263,13 +283,31 @@ class SweepConfig:
         """The parts; ``device``: this rank's own device (the entry point's Ranks)."""
         return SweepParts(
             SourceConfig(self.model, self.cache_dir, self.prefetch, self.max_disk_gb),
-            StatisticsConfig(self.stats, self.dataset, self.docs, self.min_chars, self.seq_len,
-                             self.top_k, self.tokenizer),
+            self._statistics(),
             ScoringConfig(tuple(self.analyses), device or self.device, self.dtype, self.heads,
                           self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows),
             TargetsConfig(self.targets, self.targets_cache),
             PlanConfig(self.steps, self.retries, self.dry_run),
-            OutputConfig(str(self.out), self.progress))
+            OutputConfig(str(self.out), self.progress, self.plots))
+
+    def _statistics(self) -> StatisticsConfig:
+        dataset, data_dir = self.dataset, self.data_dir
+        if self.recipe is not None:
+            dataset, data_dir = RECIPES[self.recipe].dataset, RECIPES[self.recipe].data_dir
+        return StatisticsConfig(self.stats, dataset, data_dir, self.recipe, self.docs,
+                                self.min_chars, self.seq_len, self.top_k, self.tokenizer)
+
+
+def check_recipe(name: str, dataset: str, data_dir: str | None) -> None:
+    """A named recipe sets the corpus: refuse it beside a --dataset or --data-dir of another."""
+    if name not in RECIPES:
+        raise BadInputError(f"--recipe {name!r}; valid: {', '.join(RECIPES)}")
+    preset = RECIPES[name]
+    default = SweepConfig.__dataclass_fields__["dataset"].default
+    if dataset not in (default, preset.dataset) or data_dir not in (None, preset.data_dir):
+        reads = " ".join(x for x in (preset.dataset, preset.data_dir) if x)
+        raise BadInputError(f"--recipe {name} reads {reads}; give either --recipe or "
+                            "--dataset/--data-dir, not both")
 
 
 def parse_top_k(text: str) -> str | int | None:

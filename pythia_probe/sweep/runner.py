@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +33,7 @@ from pythia_probe.fileio import FolderLock, remove, write_json
 from pythia_probe.progress import JobProgress, Stage
 from pythia_probe.ranks import Ranks
 from pythia_probe.results import make_rows, read_shard, write_shard
+from pythia_probe.revisions import write_ledger
 from pythia_probe.stats.recipe import ensure
 from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import SweepParts
@@ -52,15 +53,18 @@ from pythia_probe.sweep.plan import (
     plan_lines,
     resolve_targets,
 )
+from pythia_probe.sweep.report import finish, pending_line
 from pythia_probe.sweep.scoring import Scorer, build_scorer
 from pythia_probe.sweep.source import (
     disk_limit,
     duplicates,
+    ledger_lines,
     load_weights,
     model_config,
     model_tokenizer,
     offline_advice,
     open_source,
+    revision_ledger,
     select_steps,
     stream,
     tensor_names,
@@ -76,6 +80,7 @@ from pythia_probe.sweep.targets import prepare_targets
 from pythia_probe.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
+REVISIONS = "revisions.parquet"  # OUT/revisions.parquet: the revision ledger of the run
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class ShardInfo:
     out: str
     model: str
     run_id: str
+    status: Mapping[int, str] = field(default_factory=dict)  # step -> the ledger's status
 
 
 @dataclass
@@ -100,7 +106,7 @@ def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
     weights = to_weights(loaded, sc.device, sc.torch_dtype)
     rows = scorer.rows(loaded.config, weights)
     df = make_rows(rows, model=where.model, step=step, stats_id=scorer.stats_id,
-                   dtype=sc.dtype, run_id=where.run_id)
+                   dtype=sc.dtype, run_id=where.run_id, revision_status=where.status.get(step))
     return write_shard(df, shard_path(where.out, step))
 
 
@@ -158,7 +164,8 @@ def _copy_duplicates(dups: dict[int, int], scorer: Scorer, where: ShardInfo, res
     get that step's rows."""
     for step, same in dups.items():
         if shard_done(where.out, same, scorer.scoring.analyses, scorer.stats_id):
-            df = read_shard(shard_path(where.out, same)).assign(step=step, run_id=where.run_id)
+            df = read_shard(shard_path(where.out, same)).assign(
+                step=step, run_id=where.run_id, revision_status=where.status.get(step))
             write_shard(df, shard_path(where.out, step))
             result.done.append(step)
         else:
@@ -240,10 +247,11 @@ def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
     todo = [s for s in steps if not shard_done(out, s, sc.analyses, stats.stats_id)]
     dl = downloads(source, steps, todo, tensor_names(combined_needs(analyses)),
                    disk_limit(src, source))
+    revisions = revision_ledger(source, steps, src.name)  # metadata only, before any weight
     lines = stats.lines() + plan_lines(src, sc, steps, dl, c, stats.rows, targets,
                                        parts.targets.mode)
     if ranks.is_main:
-        print("\n".join(lines), flush=True)
+        print("\n".join(lines + ledger_lines(revisions, src.model)), flush=True)
     dl.check()
     if parts.plan.dry_run:
         return 0
@@ -260,8 +268,12 @@ def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
                        "statistics": {**stats.record(), "stats_id": meta["stats_id"]}}
             record = RunRecord(out, {**parts.record(), "stats_id": meta["stats_id"]}, argv,
                                steps, choices, ranks)
+            if ranks.is_main:
+                write_ledger(revisions, Path(out) / REVISIONS)
+            claimed = {int(s): str(v) for s, v in zip(revisions["step"], revisions["status"],
+                                                      strict=True)}
             return _sweep(parts, source, steps, analyses, LazyStats(stats.path, meta),
-                          targets[0], record, ranks, progress, shard, dl.limit)
+                          targets[0], record, ranks, progress, shard, dl.limit, claimed)
         finally:
             if progress is not None:
                 progress.close()
@@ -301,12 +313,12 @@ def _progress(parts: SweepParts, stats, n_steps: int, ranks: Ranks) -> JobProgre
 
 
 def _sweep(parts: SweepParts, source, steps, analyses, lazy: LazyStats, mode: str,
-           record: RunRecord, ranks: Ranks, progress, shard, max_disk) -> int:
+           record: RunRecord, ranks: Ranks, progress, shard, max_disk, claimed) -> int:
     out = parts.output.out
     checkpoints = (lambda: source.manifest(source.resolve(steps))) \
         if source.local_dir is None else None
     run_id = record.start(parts.identity(), lazy.stats_id, checkpoints)
-    where = ShardInfo(out, parts.source.name, run_id)
+    where = ShardInfo(out, parts.source.name, run_id, claimed)
     try:
         scorer = prepare_scorer(parts, analyses, lazy, mode, ranks)
         outcome = sweep_steps(source, split_steps(steps, *shard), scorer, parts, where,
@@ -328,5 +340,8 @@ def _sweep(parts: SweepParts, source, steps, analyses, lazy: LazyStats, mode: st
         progress.close()
     print(f"rank {ranks.rank}: {len(outcome.done)} steps done, {len(outcome.skipped)} already "
           f"done, {len(outcome.failed)} failed" + "".join(
-              f"\n  step {s}: {m}" for s, m in outcome.failed.items()))
+              f"\n  step {s}: {m}" for s, m in outcome.failed.items()), flush=True)
+    if ranks.is_main:
+        print("\n".join(finish(parts.output) if status != "incomplete" else
+                        [pending_line(out)]), flush=True)
     return 1 if outcome.failed else 0

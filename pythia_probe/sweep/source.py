@@ -15,6 +15,7 @@ import logging
 import re
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from pythia_probe.analysis import Needs
@@ -31,6 +32,7 @@ from pythia_probe.errors import (
 from pythia_probe.fileio import free_bytes
 from pythia_probe.hubio import endpoint, offline_hint
 from pythia_probe.resources import human_bytes
+from pythia_probe.revisions import ledger
 from pythia_probe.steps import is_pythia, parse_steps
 from pythia_probe.sweep.config import SourceConfig
 from pythia_probe.tokenizer import load_tokenizer
@@ -184,3 +186,25 @@ def stream(source, revs, names, prefetch: int, max_disk: float | None):
         except Exception as e:  # noqa: BLE001 - reported per step by the caller
             yield revs[i], e
             i += 1
+
+
+def revision_ledger(source, steps: list[int], model: str) -> pd.DataFrame:
+    """The revision ledger of ``steps`` (:func:`pythia_probe.revisions.ledger`: from metadata,
+    no weight downloaded; local folders hashed) with the model's name as its first column."""
+    df = ledger(source, steps)
+    df.insert(0, "model", model)
+    return df
+
+
+def ledger_lines(df: pd.DataFrame, model: str) -> list[str]:
+    """The plan's line on what the branches hold; suspect steps named in a warning too."""
+    counts = df["status"].value_counts()
+    suspect = df[df["status"] == "suspect"]
+    line = (f"revisions of {model}: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in
+                                                  ("ok", "duplicate", "suspect")))
+    if not suspect.empty:
+        log.warning("%s: steps %s are suspect (scored; their rows say revision_status "
+                    "suspect, the figures mark them, the summary leaves them out): step%d: %s",
+                    model, ",".join(map(str, suspect["step"])), suspect["step"].iloc[0],
+                    suspect["reason"].iloc[0])
+    return [line]

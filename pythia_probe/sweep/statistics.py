@@ -59,7 +59,8 @@ class StatsChoice:
         if self.recipe is None:
             return [f"statistics: {self.path} (--stats), {self.rows:,} rows"]
         r = self.recipe
-        what = (f"{r.dataset}, first {r.docs:,} documents of >= {r.min_chars} characters, "
+        where = r.dataset if r.data_dir is None else f"{r.dataset} ({r.data_dir}/)"
+        what = (f"{where}, first {r.docs:,} documents of >= {r.min_chars} characters, "
                 f"first {r.seq_len + 1} tokens each")
         state = "cached" if self.built else "to build now (cached for every later run)"
         return [f"vocabulary: {self.vocab_reason}",
@@ -111,7 +112,8 @@ def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict |
                             "the statistics with it) or --stats")
     V = tokenizer_d_vocab(tok)
     top_k, why = choose_vocab(st, V, step_bytes(V), device, budget)
-    recipe = Recipe(st.dataset, st.docs, st.min_chars, st.seq_len, top_k)
+    recipe = Recipe(st.dataset, st.docs, st.min_chars, st.seq_len, top_k,
+                    data_dir=st.data_dir)
     path = cache_path(recipe, fingerprint)
     meta = read_stats_meta(path, fingerprint) if path.is_file() else None
     return StatsChoice(path, recipe, V if top_k is None else min(top_k, V), why, meta, V - 1)

@@ -11,6 +11,12 @@ On-disk layout (also a valid "one folder per step" local directory for ``Checkpo
 Dataset repos (``build_dataset_repo``, OpenWebText-like: parquet shards with a "text" column)::
 
     root/datasets/ORG/NAME/main/{README.md, data/train-00000-of-00003.parquet, ...}
+
+FineWeb-like (``build_fineweb_repo``: one folder per crawl dump and the 10BT sample, FineWeb's
+columns)::
+
+    root/datasets/HuggingFaceFW/fineweb/main/{README.md, data/CC-MAIN-2013-20/000_00000.parquet,
+        ..., sample/10BT/000_00000.parquet, ...}
 """
 
 from __future__ import annotations
@@ -217,3 +223,81 @@ def build_pythia_main_job_hub(root: Path, d_model: int = 8, n_layers: int = 2,
     shutil.copytree(repo / f"step{PYTHIA_STEPS[-1]}", repo / "main")
     build_dataset_repo(root, "Skylion007/openwebtext", {"train": 2}, docs_per_shard)
     return repo
+
+
+FINEWEB_DUMPS = ("CC-MAIN-2013-20", "CC-MAIN-2024-10")
+
+
+def _fineweb_table(docs: list[str], dump: str, tag: str) -> pa.Table:
+    """FineWeb's columns: text, id, dump, url, date, file_path, language, language_score,
+    token_count."""
+    n = len(docs)
+    return pa.table({
+        "text": docs, "id": [f"<urn:uuid:{tag}-{j:06d}>" for j in range(n)],
+        "dump": [dump] * n, "url": [f"https://example.org/{tag}/{j}" for j in range(n)],
+        "date": ["2024-02-21T12:00:00Z"] * n,
+        "file_path": [f"s3://commoncrawl/crawl-data/{dump}/{tag}.warc.gz"] * n,
+        "language": ["en"] * n, "language_score": [0.9] * n,
+        "token_count": pa.array([len(d.split()) for d in docs], pa.int64())})
+
+
+def build_fineweb_repo(root: Path, repo_id: str = "HuggingFaceFW/fineweb",
+                       dumps: Sequence[str] = FINEWEB_DUMPS, sample_shards: int = 2,
+                       docs_per_shard: int = 40, seed: int = 0) -> dict[str, list[str]]:
+    """A FineWeb-shaped dataset repo for the loopback hub, laid out like HuggingFaceFW/fineweb:
+    ``data/<dump>/000_00000.parquet`` per crawl dump and ``sample/10BT/00i_00000.parquet``,
+    FineWeb's columns, a README whose configs name them (default: data/*/*, sample-10BT:
+    sample/10BT/*). The sample's documents differ from the dumps'. Returns ``{path in repo:
+    documents written}`` in path order."""
+    folder = Path(root) / "datasets" / repo_id / "main"
+    files = {f"data/{dump}/000_00000.parquet": (dump, 1 + k) for k, dump in enumerate(dumps)}
+    files.update({f"sample/10BT/{i:03d}_00000.parquet": ("CC-MAIN-2024-10", 100 + i)
+                  for i in range(sample_shards)})
+    configs = "".join(f"- config_name: {name}\n  data_files:\n  - split: train\n    path: {glob}\n"
+                      for name, glob in (("default", "data/*/*"),
+                                         ("sample-10BT", "sample/10BT/*")))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text(f"---\nlicense: odc-by\nconfigs:\n{configs}---\n"
+                                      f"# {repo_id}\nTest data shaped like FineWeb.\n")
+    written = {}
+    for path, (dump, k) in sorted(files.items()):
+        docs = web_documents(docs_per_shard, seed=seed * 1000 + 500 + k)
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(_fineweb_table(docs, dump, f"{k:03d}"), folder / path, row_group_size=16)
+        written[path] = docs
+    return written
+
+
+#: two Pythia-shaped sizes for the suite tests: {hub id: (d_model, n_layers)}
+SUITE_MODELS = {"EleutherAI/pythia-70m": (8, 2), "EleutherAI/pythia-160m": (16, 3)}
+#: the steps of the paper's Figures 6-7 and two of the later grid
+SUITE_STEPS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 143000)
+
+
+def build_pythia_suite_hub(root: Path, models: Mapping[str, tuple[int, int]] | None = None,
+                           steps: Sequence[int] = SUITE_STEPS, docs_per_shard: int = 40,
+                           lacking: Mapping[str, Sequence[int]] | None = None) -> dict:
+    """Several Pythia-shaped models on one hub, sharing one tokenizer in the real one's format
+    (50,277 ids, 50,304 embedding rows) as the Pythia sizes do: ``models`` {hub id: (d_model,
+    n_layers)} (default :data:`SUITE_MODELS`, two sizes), each with the ``step{N}`` branches of
+    ``steps`` (step1 serving step0's weights, ``main`` the last step's) but those in
+    ``lacking[model]``; plus ``Skylion007/openwebtext`` and a FineWeb-shaped
+    ``HuggingFaceFW/fineweb``. Returns ``{"repos": {id: folder}, "fineweb": {path: docs}}``."""
+    backend = pythia_like_backend()
+    repos = {}
+    for k, (model, (d_model, n_layers)) in enumerate((models or SUITE_MODELS).items()):
+        config = tiny_config(vocab_size=50304, hidden_size=d_model, num_hidden_layers=n_layers,
+                             num_attention_heads=2, intermediate_size=2 * d_model)
+        repo = repos[model] = Path(root) / model
+        have = [s for s in steps if s not in set((lacking or {}).get(model, ()))]
+        for step in have:
+            folder = repo / f"step{step}"
+            if step == 1 and 0 in have:  # as on the hub: step1 serves step0's weights
+                shutil.copytree(repo / "step0", folder)
+                continue
+            write_checkpoint(folder, config, random_state_dict(config, seed=1000 * k + step),
+                             "bin", 1, with_legacy_buffers=False)
+            write_pythia_tokenizer(folder, backend)
+        shutil.copytree(repo / f"step{max(have)}", repo / "main")
+    build_dataset_repo(root, "Skylion007/openwebtext", {"train": 2}, docs_per_shard)
+    return {"repos": repos, "fineweb": build_fineweb_repo(root, docs_per_shard=docs_per_shard)}
