@@ -251,12 +251,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_pythia_plan() -> None:
     """The computed plan for full-vocabulary pythia-1.4b (config values of the model)."""
-    from pythia_probe.analysis.plan import memory_plan
+    from pythia_probe.analysis.plan import StepShape, memory_plan
 
     V, d, L, H, d_mlp, v_model = 50277, 2048, 24, 16, 8192, 50304
     n_params = 2 * v_model * d + L * (4 * d * d + 2 * d * d_mlp + 9 * d + d_mlp)
     for analyses in (["embedding", "attention"], ["embedding", "attention", "unembedding"]):
-        plan = memory_plan(V, d, L, H, n_params, analyses)
+        plan = memory_plan(StepShape(V, d, L, H, d_mlp, n_params), analyses, mode="streamed")
         print(f"pythia-1.4b, V={V}, float32 on the GPU, analyses {','.join(analyses)}:")
         print("\n".join("  " + line for line in plan.lines()))
 

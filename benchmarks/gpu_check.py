@@ -27,7 +27,7 @@ import torch
 
 from pythia_probe.analysis import combined_needs, get_analyses
 from pythia_probe.analysis.cosine import prepare_target
-from pythia_probe.analysis.plan import memory_plan
+from pythia_probe.analysis.plan import StepShape, memory_plan
 from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import OutOfRangeError, check_device
@@ -186,8 +186,8 @@ def check_sweep_step(s: Sizes, device: str) -> list[dict]:
     scorer = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "check", {},
                     None, ScoringConfig(ANALYSES, device=device))
     n_params = sum(t.numel() for t in weights.sd.values())
-    plan = memory_plan(V, cfg.d_model, cfg.n_layers, cfg.n_heads, n_params, ANALYSES,
-                       streamed=False)
+    plan = memory_plan(StepShape(V, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp,
+                                 n_params), ANALYSES, mode="memory")
     with Meter(device) as m:
         try:
             rows, ok = scorer.rows({}, weights), True  # every value range-checked on the way

@@ -115,8 +115,9 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
 
 
 def _cost(s: Shape) -> Cost:
-    """Rank 2 d_model per layer (F, G of the head mean); V^2 d_model flops per layer and head."""
-    return Cost(2 * s.d_model, 0, (s.n_layers + s.head_layers) * 2 * s.V**2 * s.d_model)
+    """The (d+1)-space algebra of each layer's factors: about 10 d^3 multiply-adds for the head
+    mean (S, its P P^T and H, S H) and 2 d^3 for the heads of a layer scored per head."""
+    return Cost(macs=(10 * s.n_layers + 2 * s.head_layers) * s.d_model**3)
 
 
 _NEEDS = Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True, targets=("Qbar",))

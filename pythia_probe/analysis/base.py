@@ -85,12 +85,13 @@ class Shape(NamedTuple):
 
 @dataclass(frozen=True)
 class Cost:
-    """One checkpoint's use of the prepared targets: factor columns of one layer's pass (0: the
-    analysis is not per layer), passes over a target not tied to layers, and flops."""
+    """What an analysis adds to a step beyond the per-layer passes every per-layer analysis
+    shares (:mod:`pythia_probe.analysis.plan`): ``bases`` model matrices of its own projected
+    on each of its targets (and their Grams), and ``macs``, its own dense multiply-adds (the
+    r x r algebra of its factors)."""
 
-    rank_per_layer: int
-    passes: int
-    flops: float
+    bases: int = 0
+    macs: float = 0.0
 
 
 @dataclass(frozen=True)

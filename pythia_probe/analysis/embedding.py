@@ -78,8 +78,8 @@ def _run_unembedding(x: StepTensors, th: Mapping[str, Target], opts: Options) ->
 EMBEDDING = layer_analysis(
     "embedding", Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True,
                        targets=("PhiBT",)), SPEC,
-    lambda s: Cost(len(KINDS) * s.d_model, 0, len(KINDS) * s.n_layers * 2 * s.V**2 * s.d_model))
+    lambda s: Cost())
 UNEMBEDDING = Analysis(
     "unembedding", Needs(weights=("embed", "unembed"), unembedding=True,
                          targets=("Bbar", "BbarT", "PhiBT")), _run_unembedding,
-    lambda s: Cost(0, 3, 3 * 2 * s.V**2 * s.d_model))
+    lambda s: Cost(bases=1, macs=s.V * s.d_model**2))  # + the key side's Gram

@@ -26,7 +26,7 @@ last over column blocks of C_T (each built from the parts, then multiplied by C_
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from pythia_probe.analysis.plan import Plan, choose_targets, memory_plan
+from pythia_probe.analysis import rates
+from pythia_probe.analysis.plan import Plan, StepShape, choose_targets, memory_plan
 from pythia_probe.arch import NeoXConfig
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.resources import human_bytes, memory_budget
@@ -20,34 +21,66 @@ from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
 from pythia_probe.sweep.source import duplicates
 
 
-def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, streamed: bool) -> Plan:
-    """The memory plan of one checkpoint of model config ``c`` with the targets held so."""
+def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
+                    nnz: dict[str, int] | None = None) -> Plan:
+    """The memory and compute plan of one checkpoint of model config ``c``, targets held in
+    ``mode`` (``nnz``: the factored statistics' non-zeros by part)."""
     n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
         4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
-    return memory_plan(rows, c.d_model, c.n_layers, c.n_heads, n_params, sc.analyses,
+    shape = StepShape(rows, c.d_model, c.n_layers, c.n_heads, c.d_mlp, n_params)
+    heads = c.n_layers if sc.per_head is True else 0 if sc.per_head is False else len(
+        sc.per_head)
+    return memory_plan(shape, sc.analyses,
                        dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
-                       chunk=sc.chunk, streamed=streamed, max_rank=sc.max_rank)
+                       chunk=sc.chunk, mode=mode, max_rank=sc.max_rank, nnz=nnz,
+                       per_head_layers=heads, batch_size=sc.batch_size)
 
 
 def memory_need(sc: ScoringConfig, c: NeoXConfig, rows: int, stats_bytes: int) -> float:
     """Peak bytes of ``--targets memory`` on the device; on the CPU the statistics file
     (``stats_bytes``), loaded while the target matrices are cast, counts too."""
-    plan = checkpoint_plan(sc, c, rows, streamed=False)
+    plan = checkpoint_plan(sc, c, rows, "memory")
     if torch.device(sc.device).type != "cpu":
         return plan.total
     return max(plan.total, stats_bytes + plan.targets)
 
 
 def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: int,
-                    stats_bytes: int,
+                    stats_bytes: int, factored: bool = False,
                     budget: tuple[float | None, str] | None = None) -> tuple[str, str]:
-    """(mode, why): ``--targets`` itself unless auto; auto picks memory when its peak fits the
-    device's budget (:func:`~pythia_probe.resources.memory_budget`), else streamed."""
+    """(mode, why): ``--targets`` itself unless auto; auto: factored for factored
+    full-vocabulary statistics, else memory when its peak fits the device's budget
+    (:func:`~pythia_probe.resources.memory_budget`), else streamed (the same numbers)."""
+    if tc.mode == "factored" and not factored:
+        raise BadInputError("--targets factored needs full-vocabulary statistics of the "
+                            "factored format (pythia_probe.stats/2); these are top-k or of the "
+                            "first format: use --targets auto, memory or streamed")
     if tc.mode != "auto":
         return tc.mode, f"--targets {tc.mode} given"
-    need = memory_need(sc, c, rows, stats_bytes)
+    need = 0.0 if factored else memory_need(sc, c, rows, stats_bytes)
     limit, how = budget if budget is not None else memory_budget(sc.device)
-    return choose_targets(need, limit, how)
+    return choose_targets(factored, need, limit, how)
+
+
+def check_step_fits(plan: Plan, sc: ScoringConfig,
+                    budget: tuple[float | None, str] | None = None) -> None:
+    """Refuse up front, with the numbers, a step whose planned peak exceeds the device's
+    budget (before any weight is fetched or any target built)."""
+    limit, how = budget if budget is not None else memory_budget(sc.device)
+    if limit is not None and plan.total > limit:
+        parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in (
+            ("targets", plan.targets), ("streams", plan.residuals), ("weights", plan.weights),
+            ("products", plan.transient)))
+        raise ResourceError(f"one step with --targets {plan.mode} needs {plan.total / 1e9:.1f} "
+                            f"GB on {sc.device} ({parts}), more than the budget "
+                            f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
+                            "--targets streamed (dense statistics), or a larger device")
+
+
+def measure_rates(device: str, dtype: torch.dtype) -> dict[str, float]:
+    """The device's dense and sparse multiply-add rates, measured now (about a second), from
+    which the plan's expected seconds per step follow."""
+    return rates.measure(device, dtype)
 
 
 def check_local(parts) -> None:
@@ -106,10 +139,12 @@ def downloads(source, steps: list[int], todo: list[int], names, limit: tuple[flo
 
 
 def plan_lines(src: SourceConfig, sc: ScoringConfig, steps: list[int], dl: Downloads,
-               c: NeoXConfig, rows: int, targets: tuple[str, str], requested: str) -> list[str]:
-    """The plan: steps (done, duplicates), bytes still to download, disk, targets, memory."""
+               c: NeoXConfig, rows: int, targets: tuple[str, str], requested: str,
+               nnz: dict[str, int] | None = None, rates: dict | None = None) -> list[str]:
+    """The plan: steps (done, duplicates), bytes still to download, disk, targets, memory,
+    and with measured ``rates`` the expected seconds per step."""
     mode, why = targets
-    plan = checkpoint_plan(sc, c, rows, streamed=mode == "streamed")
+    plan = checkpoint_plan(sc, c, rows, mode, nnz)
     held = (src.prefetch + 1) * dl.biggest
     limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
                                          f"({dl.limit_why})")
@@ -120,4 +155,4 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, steps: list[int], dl: Downl
             f"<= {human_bytes(held)} ({src.prefetch + 1} checkpoints){limit}",
             f"targets: {requested} -> {mode} ({why})",
             f"memory on {sc.device} ({sc.dtype}, V={rows:,}):",
-            *("  " + line for line in plan.lines())]
+            *("  " + line for line in plan.lines(rates))]

@@ -48,8 +48,10 @@ from pythia_probe.sweep.manifest import RunRecord
 from pythia_probe.sweep.plan import (
     check_heads,
     check_local,
+    check_step_fits,
     checkpoint_plan,
     downloads,
+    measure_rates,
     plan_lines,
     resolve_targets,
 )
@@ -239,17 +241,20 @@ def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
     check_heads(sc, c.n_layers)
     tok = model_tokenizer(source, first, st.tokenizer, src.model)
     fingerprint = None if tok is None else tokenizer_fingerprint(tok)
-    stats = choose_statistics(st, src.model, tok, fingerprint,
-                              lambda V: checkpoint_plan(sc, c, V, streamed=True).total, sc.device)
+    stats = choose_statistics(st, src.model, tok, fingerprint, sc.device)
     check_fits_model(stats, c.d_vocab, src.model)
-    targets = resolve_targets(parts.targets, sc, c, stats.rows, stats.file_bytes())
+    factored = stats.factored
+    targets = resolve_targets(parts.targets, sc, c, stats.rows, stats.file_bytes(), factored)
+    nnz = stats.parts_nnz() if targets[0] == "factored" else None
+    check_step_fits(checkpoint_plan(sc, c, stats.rows, targets[0], nnz), sc)
     out = parts.output.out
     todo = [s for s in steps if not shard_done(out, s, sc.analyses, stats.stats_id)]
     dl = downloads(source, steps, todo, tensor_names(combined_needs(analyses)),
                    disk_limit(src, source))
     revisions = revision_ledger(source, steps, src.name)  # metadata only, before any weight
+    rates = measure_rates(sc.device, sc.torch_dtype) if ranks.is_main else None
     lines = stats.lines() + plan_lines(src, sc, steps, dl, c, stats.rows, targets,
-                                       parts.targets.mode)
+                                       parts.targets.mode, nnz, rates)
     if ranks.is_main:
         print("\n".join(lines + ledger_lines(revisions, src.model)), flush=True)
     dl.check()

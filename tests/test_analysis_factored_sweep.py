@@ -1,0 +1,97 @@
+"""The sweep's factored targets (``--targets factored``): one step's rows through the
+statistics' sparse parts equal the rows against the dense targets (float64), chance included,
+for every analysis with a target; the once-per-statistics vectors are cached by stats_id and
+reused; the plan's vocabulary is the user's alone (memory decides only chunking)."""
+
+import pytest
+import torch
+
+from pythia_probe.analysis import combined_needs, get_analyses
+from pythia_probe.analysis import factored_cache
+from pythia_probe.analysis.cosine import prepare_target
+from pythia_probe.arch import NeoXConfig, NeoXWeights
+from pythia_probe.errors import BadInputError
+from pythia_probe.stats.reference import reference_stats
+from pythia_probe.sweep.config import ScoringConfig, StatisticsConfig
+from pythia_probe.sweep.scoring import Scorer
+from pythia_probe.sweep.statistics import choose_vocab
+from pythia_probe.sweep.targets import factored_targets
+from pythia_probe.testing.repos import random_state_dict, tiny_config
+from test_analysis_factored import _corpus, _dense, parts_from_tokens
+
+ANALYSES = ("embedding", "attention", "attention_lnfold", "unembedding")
+V = 23
+
+
+class PartsOnly:
+    """What factored_targets reads of a CorpusStats: parts() and stats_id."""
+
+    def __init__(self, parts, stats_id="s1"):
+        self._parts, self.stats_id, self.calls = parts, stats_id, 0
+
+    def parts(self):
+        self.calls += 1
+        return self._parts
+
+
+@pytest.fixture(scope="module")
+def step():
+    tokens = _corpus(V)
+    cfg = tiny_config(vocab_size=32, num_hidden_layers=2)
+    sd = random_state_dict(cfg, seed=3, dtype=torch.float64)
+    return parts_from_tokens(tokens, V), reference_stats(tokens, V), NeoXWeights(
+        sd, NeoXConfig.from_hf(cfg))
+
+
+def _rows(targets, weights, sc):
+    analyses = get_analyses(list(ANALYSES))
+    scorer = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "s1", {},
+                    None, sc)
+    key = lambda r: (r["analysis"], r.get("layer") or 0, r.get("head") or -1,  # noqa: E731
+                     r["metric"])
+    return sorted(scorer.rows({}, weights), key=key)
+
+
+def test_factored_step_equals_the_dense_step_in_float64(step, tmp_path):
+    parts, ref, weights = step
+    sc = ScoringConfig(ANALYSES, dtype="float64", chunk=7)
+    names = combined_needs(get_analyses(list(ANALYSES))).targets
+    factored = factored_targets(PartsOnly(parts), names, tmp_path, sc, progress=False)
+    dense = {n: prepare_target(n, _dense(n, ref), dtype=torch.float64) for n in names}
+    a, b = _rows(factored, weights, sc), _rows(dense, weights, sc)
+    assert len(a) == len(b) > 20
+    for x, y in zip(a, b, strict=True):
+        assert (x["analysis"], x.get("layer"), x.get("head"), x["metric"]) == (
+            y["analysis"], y.get("layer"), y.get("head"), y["metric"])
+        assert x["value"] == pytest.approx(y["value"], abs=1e-10)
+        assert x["chance"] == pytest.approx(y["chance"], abs=1e-10)
+
+
+def test_vectors_are_cached_by_stats_id_and_recomputed_for_other_statistics(step, tmp_path,
+                                                                            monkeypatch):
+    parts, _, _ = step
+    sc = ScoringConfig(("attention",), dtype="float64")
+    first = factored_targets(PartsOnly(parts), ["Qbar"], tmp_path, sc, progress=False)
+    built = []
+    real = factored_cache.target_vectors
+    monkeypatch.setattr(factored_cache, "target_vectors",
+                        lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    again = factored_targets(PartsOnly(parts), ["Qbar"], tmp_path, sc, progress=False)
+    assert built == [] and again["Qbar"].norm == first["Qbar"].norm
+    other = factored_targets(PartsOnly(parts, "s2"), ["Qbar"], tmp_path, sc, progress=False)
+    assert built == ["Qbar"] and other["Qbar"].norm == pytest.approx(first["Qbar"].norm)
+
+
+def test_top_k_statistics_are_refused_in_one_line(step, tmp_path):
+    parts, _, _ = step
+    with pytest.raises(BadInputError, match="top-k restricted"):
+        factored_targets(PartsOnly({**parts, "ids": [0, 1]}), ["Qbar"], tmp_path,
+                         ScoringConfig(("attention",)))
+
+
+@pytest.mark.parametrize("asked,k", [("full", None), ("auto", None), ("300", 300)])
+def test_the_vocabulary_is_the_users_choice_alone(asked, k):
+    top_k, why = choose_vocab(StatisticsConfig(top_k=asked), 50277)
+    assert top_k == k
+    assert ("old alias of full" in why) == (asked == "auto")
+    assert StatisticsConfig().top_k == "full"  # the default, on every machine
