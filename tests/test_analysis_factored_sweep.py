@@ -5,9 +5,9 @@ reused; the plan's vocabulary is the user's alone (memory decides only chunking)
 
 import pytest
 import torch
+from test_analysis_factored import _corpus, _dense, parts_from_tokens
 
-from pythia_probe.analysis import combined_needs, get_analyses
-from pythia_probe.analysis import factored_cache
+from pythia_probe.analysis import combined_needs, factored_cache, get_analyses
 from pythia_probe.analysis.cosine import prepare_target
 from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.errors import BadInputError
@@ -17,7 +17,6 @@ from pythia_probe.sweep.scoring import Scorer
 from pythia_probe.sweep.statistics import choose_vocab
 from pythia_probe.sweep.targets import factored_targets
 from pythia_probe.testing.repos import random_state_dict, tiny_config
-from test_analysis_factored import _corpus, _dense, parts_from_tokens
 
 ANALYSES = ("embedding", "attention", "attention_lnfold", "unembedding")
 V = 23

@@ -7,8 +7,8 @@ them (:mod:`pythia_probe.analysis.factored`), its once-per-statistics vectors (D
 trace, total) cached in the same folder, keyed by stats_id and checked by their digest: nothing
 V x V anywhere. ``streamed``: C_T written once to the prepared-target cache (``<stats
 stem>.targets/``, keyed by stats_id and checked by its content digest, rebuilt when either
-differs) and streamed in blocks per checkpoint, so no V x V matrix stays in memory. ``memory``: each statistic cast to the device
-and kept resident. ``auto`` is resolved by the plan
+differs) and streamed in blocks per checkpoint, so no V x V matrix stays in memory.
+``memory``: each statistic cast to the device and kept resident. ``auto`` is resolved by the plan
 (:func:`pythia_probe.sweep.plan.resolve_targets`) before anything here runs.
 """
 
