@@ -94,3 +94,39 @@ def test_the_vocabulary_is_the_users_choice_alone(asked, k):
     assert top_k == k
     assert ("old alias of full" in why) == (asked == "auto")
     assert StatisticsConfig().top_k == "full"  # the default, on every machine
+
+
+def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
+    """Leave-one-group-out targets from separate statistics of document subsets (the stand-in
+    for st.leave_out(g)); the ceiling from the two halves; every interval holds its value."""
+    from pythia_probe.analysis.intervals import ceiling, jackknife
+
+    _, _, weights = step
+    tokens, G = _corpus(V, N=12), 4
+    groups = [tokens[i::G] for i in range(G)]
+    names = ("PhiBT", "Qbar")
+    sc = ScoringConfig(ANALYSES, dtype="float64")
+
+    def targets(tok):
+        ref = reference_stats(tok, V)
+        return {n: prepare_target(n, _dense(n, ref), dtype=torch.float64)
+                for n in combined_needs(get_analyses(list(ANALYSES))).targets}
+
+    left = [targets(torch.cat([g for j, g in enumerate(groups) if j != i])) for i in range(G)]
+    A, B = targets(torch.cat(groups[:2])), targets(torch.cat(groups[2:]))
+    ceilings = {n: ceiling(A[n], B[n]) for n in names}
+    analyses = get_analyses(list(ANALYSES))
+    scorer = Scorer(analyses, combined_needs(analyses), targets(tokens), torch.arange(V), "s",
+                    {}, None, sc)
+    rows = scorer.rows_with_scale({}, weights, left, ceilings)
+    plain = scorer.rows({}, weights)
+    assert [r["value"] for r in rows] == [r["value"] for r in plain]
+    one = next(r for r in rows if r["analysis"] == "attention" and r["head"] == 1)
+    loo = [next(x for x in scorer.rows({}, weights, t) if x["analysis"] == "attention"
+                and x["head"] == 1 and x["layer"] == one["layer"])["value"] for t in left]
+    assert (one["ci_low"], one["ci_high"]) == pytest.approx(jackknife(one["value"], loo))
+    for r in rows:
+        assert r["ci_low"] <= r["value"] <= r["ci_high"]
+        if r["analysis"] != "unembedding":
+            want = ceilings["Qbar" if r["analysis"].startswith("attention") else "PhiBT"]
+            assert r["ceiling"] == want

@@ -26,7 +26,7 @@ last over column blocks of C_T (each built from the parts, then multiplied by C_
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,7 @@ class Parts:
         self.V, self.P = int(parts["full_d_vocab"]), float(parts["positions"])
         self.dtype, self.device = dtype, torch.device(device)
         vec = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
+        self.raw = parts  # the host's scipy parts (column blocks of a target, once per stats)
         self.n, self.w = vec(parts["n"]), vec(parts["w"])
         C, W, Q = parts["C"], parts["W"], parts["Qbar"]
         self.m = {}
@@ -147,6 +148,21 @@ class FactoredTarget:
         out = d.t_mul(self.name, X * scale[:, None])
         out -= (self.vectors.mean.to(d.device, d.dtype) @ X)[None, :]
         return out
+
+    def weighted_column_blocks(self, chunk: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
+        """(weights, C_T[:, J]) over the columns of C_T, float64 on the host: the columns the
+        corpus never fills (:func:`shared_columns`, all equal) stand once for all of them."""
+        p, v = self.parts.raw, self.vectors
+        shared = shared_columns(self.name, p)
+        cols = np.flatnonzero(~shared)
+        if shared.any():
+            cols = np.append(cols, np.flatnonzero(shared)[0])
+        weight = torch.ones(cols.size, dtype=torch.float64)
+        if shared.any():
+            weight[-1] = float(shared.sum())
+        for s in range(0, cols.size, chunk):
+            Tb = torch.from_numpy(_columns(self.name, p, cols[s:s + chunk]))
+            yield weight[s:s + chunk], Tb * v.scale[:, None] - v.mean[:, None]
 
     def grams(self, F: Tensor, edges: Sequence[int], chunk: int = 4096) -> list[Tensor]:
         """(F_i^T C_T)(F_i^T C_T)^T for each column group of F, one group at a time (row

@@ -6,16 +6,16 @@ prepared targets, the statistics' token ids and identity, raw statistics and tex
 one checkpoint's weights into rows. Every value is checked against its analysis's range
 (:func:`check_range`) before it can be written.
 
-Adding a column of scale beside each value (chance level, ceiling, interval) is scoring the
-same weights against other targets (permuted, half-corpus or leave-one-shard-out statistics):
-:meth:`Scorer.rows` with another target set gives the same cells, joined on
-(analysis, layer, head, metric).
+Columns of scale beside each value: ``chance`` (closed form, with the value), ``ceiling`` and
+``ci_low``/``ci_high`` (:meth:`Scorer.rows_with_scale`: the same weights scored against the
+leave-one-group-out target sets, joined on (analysis, layer, head, metric);
+:mod:`pythia_probe.analysis.intervals`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from safetensors.torch import load_file
@@ -24,6 +24,7 @@ from torch import Tensor
 from pythia_probe.analysis import Analysis, Needs, Options, StepTensors
 from pythia_probe.analysis.attention_text import model_attention
 from pythia_probe.analysis.basis import Basis
+from pythia_probe.analysis.intervals import add_intervals
 from pythia_probe.analysis.layers import Layer, score_layers
 from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
@@ -91,6 +92,25 @@ class Scorer:
             check_range(got, a, TOLERANCE[sc.dtype])
             rows += got
         return rows
+
+
+    def rows_with_scale(self, config: Mapping, weights: NeoXWeights,
+                        left_out: Sequence[Mapping[str, object]],
+                        ceilings: Mapping[str, float] | None = None) -> list[dict]:
+        """:meth:`rows` with ``ci_low``/``ci_high`` (the jackknife over the G
+        leave-one-group-out target sets ``left_out``) and ``ceiling`` (per target, computed
+        once per statistics: :func:`~pythia_probe.analysis.intervals.ceiling`); each interval
+        is checked to hold its value. G + 1 scorings of the same weights."""
+        rows = self.rows(config, weights)
+        replicates = [self.rows(config, weights, t) for t in left_out]
+        target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
+        out = add_intervals(rows, replicates, ceilings, target_of)
+        for r in out:
+            if not r["ci_low"] <= r["value"] <= r["ci_high"]:
+                raise OutOfRangeError(f"{r['analysis']} layer {r.get('layer')}: interval "
+                                      f"[{r['ci_low']}, {r['ci_high']}] misses its value "
+                                      f"{r['value']}: a bug; not written")
+        return out
 
 
 def check_range(rows: list[dict], analysis: Analysis, tol: float) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from pythia_probe.errors import BadInputError, MismatchError, MissingFileError, ResourceError
-from pythia_probe.resources import GB, memory_budget
+from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
+from pythia_probe.resources import memory_budget
 from pythia_probe.stats import CorpusStats, read_meta
 from pythia_probe.stats import plan as stats_plan
 from pythia_probe.stats import result as stats_result
@@ -109,16 +109,13 @@ def choose_vocab(st: StatisticsConfig, V: int) -> tuple[int | None, str]:
 
 def check_statistics_fit(st: StatisticsConfig, V: int, top_k: int | None, device: str,
                          budget: tuple[float | None, str] | None = None) -> None:
-    """Refuse up front, with the numbers, statistics to build that no engine fits in the
-    device's memory budget (nothing is allocated before)."""
-    limit, how = budget if budget is not None else memory_budget(device)
-    need = stats_plan.statistics_need(V, st.seq_len, top_k, st.docs, device)
-    if limit is not None and need > limit:
-        what = "full-vocabulary" if top_k is None else f"top-{top_k:,}"
-        raise ResourceError(f"{what} statistics at d_vocab {V:,} need {need / GB:.1f} GB with "
-                            f"the engine that fits best, more than the budget {limit / GB:.1f} "
-                            f"GB ({how}); give --top-k K (e.g. 5000, the authors' "
-                            "find_top_tokens setting) or use a machine with more memory")
+    """Refuse up front, with the numbers, statistics to build that the engine ``--engine
+    auto`` picks cannot fit in the device's memory budget (the stats package's own check,
+    made here before any download or allocation)."""
+    budget = budget if budget is not None else memory_budget(device)
+    choice = stats_plan.choose_engine("auto", V, st.seq_len, top_k, device, budget,
+                                      docs=st.docs)
+    stats_plan.check_sparse_fits(choice, V, top_k)
 
 
 def factored_nnz(path: Path) -> dict[str, int]:
