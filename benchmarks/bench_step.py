@@ -52,22 +52,22 @@ def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
-def zipf_parts(docs: int, seed: int = 0) -> dict:
-    """Sparse parts of a Zipf(1) token stream over V_FULL ids (see the module docstring)."""
+def zipf_parts(docs: int, seed: int = 0, V: int = V_FULL, T: int = T) -> dict:
+    """Sparse parts of a Zipf(1) token stream over V ids (see the module docstring)."""
     g = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, V_FULL + 1)
-    tok = g.choice(V_FULL, size=(docs, T + 1), p=p / p.sum())
+    p = 1.0 / np.arange(1, V + 1)
+    tok = g.choice(V, size=(docs, T + 1), p=p / p.sum())
     x, y = tok[:, :-1], tok[:, 1:]
     ti, mi = np.tril_indices(T)
-    C = sp.coo_matrix((np.ones(x.size), (x.ravel(), y.ravel())), shape=(V_FULL,) * 2).tocsr()
+    C = sp.coo_matrix((np.ones(x.size), (x.ravel(), y.ravel())), shape=(V,) * 2).tocsr()
     W = sp.coo_matrix((np.tile(1.0 / (ti + 1), docs), (y[:, ti].ravel(), x[:, mi].ravel())),
-                      shape=(V_FULL,) * 2).tocsr()
+                      shape=(V,) * 2).tocsr()
     P = docs * T
     Q = sp.coo_matrix((np.tile(1.0 / (ti - mi + 1), docs) / P, (x[:, ti].ravel(),
                                                                 x[:, mi].ravel())),
-                      shape=(V_FULL,) * 2).tocsc()
+                      shape=(V,) * 2).tocsc()
     return {"C": C, "W": W, "n": np.asarray(C.sum(1)).ravel(), "w": np.asarray(W.sum(0)).ravel(),
-            "positions": P, "full_d_vocab": V_FULL, "Qbar": Q, "ids": None}
+            "positions": P, "full_d_vocab": V, "Qbar": Q, "ids": None}
 
 
 def _weights(layers: int):
