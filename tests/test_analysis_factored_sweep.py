@@ -130,3 +130,84 @@ def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
         if r["analysis"] != "unembedding":
             want = ceilings["Qbar" if r["analysis"].startswith("attention") else "PhiBT"]
             assert r["ceiling"] == want
+
+
+class Grouped:
+    """The groups interface (st.groups, st.leave_out(g), st.halves()) with each part's
+    statistics built separately from its documents (the stand-in for one grouped build)."""
+
+    def __init__(self, tokens, G, build):
+        self.groups, self._g = G, [tokens[i::G] for i in range(G)]
+        self._build = build
+
+    def _of(self, keep):
+        return self._build(torch.cat([self._g[i] for i in keep]))
+
+    def leave_out(self, g):
+        return self._of([i for i in range(self.groups) if i != g])
+
+    def halves(self):
+        h = self.groups // 2
+        return self._of(range(h)), self._of(range(h, self.groups))
+
+
+class Lazy:
+    def __init__(self, st, path):
+        self.st, self.path = st, path
+
+    def load(self):
+        return self.st
+
+
+def test_prepare_scale_gives_the_same_columns_every_way(step, tmp_path):
+    """Memory, streamed and factored targets of the parts: the same ceilings (equal to the
+    halves' cosine computed directly) and the same intervals, each holding its value."""
+    from pythia_probe.analysis.intervals import ceiling
+    from pythia_probe.stats import batch_stats
+    from pythia_probe.sweep.config import TargetsConfig
+    from pythia_probe.sweep.targets import prepare_scale
+
+    _, _, weights = step
+    tokens, G = _corpus(V, N=12), 4
+    halves = [torch.cat([tokens[i::G] for i in part]) for part in ((0, 1), (2, 3))]
+    ref = [{n: prepare_target(n, reference_stats(h, V)[n], dtype=torch.float64)
+            for n in ("Qbar", "PhiBT")} for h in halves]
+    analyses = get_analyses(["attention", "embedding"])
+    dense = {n: prepare_target(n, reference_stats(tokens, V)[n], dtype=torch.float64)
+             for n in ("Qbar", "PhiBT")}
+    sc = ScoringConfig(("attention", "embedding"), dtype="float64")
+    seen = {}
+    for mode in ("memory", "streamed", "factored"):
+        build = ((lambda t: PartsOnly(parts_from_tokens(t, V), str(hash(t.numpy().tobytes()))))
+                 if mode == "factored" else (lambda t: batch_stats(t, V)))
+        cache = tmp_path / mode
+        scale = prepare_scale(Lazy(Grouped(tokens, G, build), tmp_path / "s.safetensors"),
+                              ["Qbar", "PhiBT"], TargetsConfig(cache=str(cache)), mode, sc,
+                              progress=False)
+        assert len(scale.left_out) == G
+        for n in ("Qbar", "PhiBT"):
+            assert scale.ceilings[n] == pytest.approx(ceiling(ref[0][n], ref[1][n]), abs=1e-10)
+        if mode != "memory":  # every part in its own cache folder, keyed by its stats_id
+            assert len(list(cache.glob("part-*"))) == G + 2
+        rows = Scorer(analyses, combined_needs(analyses), dense, torch.arange(V), "s", {}, None,
+                      sc, scale).rows({}, weights)
+        assert all(r["ci_low"] <= r["value"] <= r["ci_high"] and "ceiling" in r for r in rows)
+        seen[mode] = torch.tensor([(r["ci_low"], r["ci_high"]) for r in rows])
+    for mode in ("streamed", "factored"):
+        assert torch.allclose(seen[mode], seen["memory"], rtol=0, atol=1e-9)
+
+
+def test_no_groups_or_intervals_off_give_no_scale(step, tmp_path):
+    from dataclasses import replace
+
+    from pythia_probe.stats import batch_stats
+    from pythia_probe.sweep.config import TargetsConfig
+    from pythia_probe.sweep.targets import prepare_scale
+
+    st = batch_stats(_corpus(V), V)
+    sc = ScoringConfig(("attention",), dtype="float64")
+    tc = TargetsConfig(cache=str(tmp_path))
+    assert prepare_scale(Lazy(st, tmp_path / "s"), ["Qbar"], tc, "memory", sc) is None
+    grouped = Grouped(_corpus(V, N=12), 4, lambda t: batch_stats(t, V))
+    assert prepare_scale(Lazy(grouped, tmp_path / "s"), ["Qbar"], tc, "memory",
+                         replace(sc, intervals=False)) is None

@@ -85,6 +85,7 @@ class ScoringConfig:
     max_rank: int = 0
     text: str | None = None
     text_rows: int = 32
+    intervals: bool = True  # ceiling and ci columns where the statistics have groups
 
     @property
     def per_head(self) -> bool | list[int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from safetensors.torch import load_file
 from torch import Tensor
@@ -47,6 +48,9 @@ class Scorer:
     raw: Mapping[str, Tensor]
     text: Tensor | None
     scoring: ScoringConfig
+    scale: Any = None
+    """A :class:`~pythia_probe.sweep.targets.Scale` (the left-out target sets and the
+    ceilings): every step's rows then carry ceiling, ci_low and ci_high."""
 
     def step_tensors(self, weights: NeoXWeights) -> StepTensors:
         """The weights the analyses not scored per layer read, in stats row order (W_E; W_U
@@ -74,6 +78,9 @@ class Scorer:
         """Every analysis's rows for one checkpoint (``config``: its config.json), against
         ``targets`` (default: the run's), range-checked: per-layer analyses share one
         layer-major pass (:func:`~pythia_probe.analysis.layers.score_layers`)."""
+        if targets is None and self.scale is not None:
+            return self.rows_with_scale(config, weights, self.scale.left_out,
+                                        self.scale.ceilings)
         targets = self.targets if targets is None else targets
         sc = self.scoring
         opts = Options(chunk=sc.chunk, per_head=sc.per_head, max_rank=sc.max_rank, raw=self.raw)
@@ -100,11 +107,19 @@ class Scorer:
         """:meth:`rows` with ``ci_low``/``ci_high`` (the jackknife over the G
         leave-one-group-out target sets ``left_out``) and ``ceiling`` (per target, computed
         once per statistics: :func:`~pythia_probe.analysis.intervals.ceiling`); each interval
-        is checked to hold its value. G + 1 scorings of the same weights."""
-        rows = self.rows(config, weights)
+        is checked to hold its value and cut at the analysis's range, each ceiling checked
+        against it. G + 1 scorings of the same weights."""
+        rows = self.rows(config, weights, self.targets)
         replicates = [self.rows(config, weights, t) for t in left_out]
         target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
         out = add_intervals(rows, replicates, ceilings, target_of)
+        bounds = {a.name: a.bounds for a in self.analyses}
+        for r in out:  # an interval past the analysis's range is cut at it
+            lo, hi = bounds[r["analysis"]]
+            r["ci_low"], r["ci_high"] = max(r["ci_low"], lo), min(r["ci_high"], hi)
+        for a in self.analyses:
+            check_range([r for r in out if r["analysis"] == a.name], a,
+                        TOLERANCE[self.scoring.dtype], ("ceiling",))
         for r in out:
             if not r["ci_low"] <= r["value"] <= r["ci_high"]:
                 raise OutOfRangeError(f"{r['analysis']} layer {r.get('layer')}: interval "
@@ -113,12 +128,13 @@ class Scorer:
         return out
 
 
-def check_range(rows: list[dict], analysis: Analysis, tol: float) -> None:
+def check_range(rows: list[dict], analysis: Analysis, tol: float,
+                keys: tuple[str, ...] = ("value", "chance")) -> None:
     """Refuse a value (or a chance level) outside ``analysis.bounds`` by more than ``tol``, or
     not a number, naming the cell; nothing of the step is written then."""
     lo, hi = analysis.bounds
     for r in rows:
-        for key in ("value", "chance"):
+        for key in keys:
             v = r.get(key)
             if key != "value" and v is None:
                 continue
@@ -142,9 +158,12 @@ def load_text(sc: ScoringConfig, stats: LazyStats) -> Tensor:
 
 
 def build_scorer(sc: ScoringConfig, analyses: list[Analysis], needs: Needs, stats: LazyStats,
-                 targets: Mapping[str, object]) -> Scorer:
-    """The run's Scorer: raw statistics and text read once (only when an analysis needs them)."""
+                 targets: Mapping[str, object], scale: Any = None) -> Scorer:
+    """The run's Scorer: raw statistics and text read once (only when an analysis needs them);
+    ``scale``: the ceiling and interval columns' targets (:func:`~pythia_probe.sweep.targets.
+    prepare_scale`), None for none."""
     raw = {n: stats.load()[n] for n in needs.raw}
     text = load_text(sc, stats) if needs.text else None
-    return Scorer(analyses, needs, targets, stats.token_ids, stats.stats_id, raw, text, sc)
+    return Scorer(analyses, needs, targets, stats.token_ids, stats.stats_id, raw, text, sc,
+                  scale)
 

@@ -15,6 +15,7 @@ differs) and streamed in blocks per checkpoint, so no V x V matrix stays in memo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor
@@ -24,6 +25,7 @@ from pythia_probe.analysis import target_matrix
 from pythia_probe.analysis.cosine import Target, prepare_target
 from pythia_probe.analysis.factored import FactoredTarget, Parts
 from pythia_probe.analysis.factored_cache import cached_vectors
+from pythia_probe.analysis.intervals import ceiling
 from pythia_probe.analysis.prepared import cached_target
 from pythia_probe.errors import BadInputError
 from pythia_probe.sweep.config import ScoringConfig, TargetsConfig
@@ -83,3 +85,46 @@ def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringCo
         cast.setdefault(name, T)
     return {n: prepare_target(n, cast[n], dtype=dtype, device=device, chunk=scoring.chunk)
             for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What the ceiling and interval columns are scored from, prepared once per run: the
+    target sets of the G leave-one-group-out statistics and each target's ceiling (its two
+    halves against each other)."""
+
+    left_out: list[dict]
+    ceilings: dict[str, float]
+
+
+def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
+                  scoring: ScoringConfig, progress: bool = True) -> Scale | None:
+    """The run's :class:`Scale` from statistics built with groups (``st.groups`` > 1:
+    ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
+    the run's targets in a cache subfolder of that id); None without groups or with intervals
+    off (``scoring.intervals``)."""
+    st = stats.load()
+    G = int(getattr(st, "groups", 0) or 0)
+    if not getattr(scoring, "intervals", True) or G < 2:
+        return None
+    names = sorted(set(names))
+    cache = tc.cache_dir(stats.path)
+    left = [part_targets(st.leave_out(g), names, cache, mode, scoring)
+            for g in tqdm(range(G), desc="left-out targets", disable=not progress)]
+    A, B = (part_targets(h, names, cache, mode, scoring) for h in st.halves())
+    return Scale(left, {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names})
+
+
+def part_targets(st, names: Sequence[str], cache: Path, mode: str,
+                 scoring: ScoringConfig) -> dict:
+    """The targets of statistics ``st`` of part of the corpus (a CorpusStats), held as
+    ``mode``; caches in ``cache/part-<stats_id>`` so parts never overwrite each other."""
+    sub = Path(cache) / f"part-{st.stats_id[:16]}"
+    dtype, device = scoring.torch_dtype, scoring.device
+    if mode == "factored":
+        return factored_targets(st, names, sub, scoring, progress=False)
+    if mode == "memory":
+        return {n: prepare_target(n, target_matrix(st, n).to(device, dtype), dtype=dtype,
+                                  device=device, chunk=scoring.chunk) for n in names}
+    return {n: cached_target(n, lambda n=n: target_matrix(st, n), sub, st.stats_id,
+                             dtype=dtype, device=device, chunk=scoring.chunk) for n in names}
