@@ -152,8 +152,11 @@ class Grouped:
 
 
 class Lazy:
+    """A LazyStats: the header's meta (groups.G) and load()."""
+
     def __init__(self, st, path):
         self.st, self.path = st, path
+        self.meta = {"groups": {"G": getattr(st, "groups", 0)}}
 
     def load(self):
         return self.st

@@ -84,9 +84,9 @@ def test_intervals_and_ceiling_join_the_rows_of_replicates(corpus):
     assert got["ci_low"] <= theta <= got["ci_high"]
     assert (got["ci_low"], got["ci_high"]) == pytest.approx(
         jackknife(theta, [r[0]["value"] for r in left_out]))
-    assert got["ceiling"] == 0.8 and "note" not in got
+    assert got["ceiling"] == 0.8 and "settings" not in got
     low = add_intervals(rows(full), left_out, {"Qbar": -1.0}, {"attention": "Qbar"})[0]
-    assert "not below the ceiling" in low["note"]  # said in the row, never silently
+    assert low["settings"].startswith("chance_not_below_ceiling=")  # in the row, not silently
     with pytest.raises(ValueError, match="missing"):
         add_intervals(rows(full), [[], *left_out[1:]])
 

@@ -73,7 +73,9 @@ def add_intervals(rows: list[dict], left_out: Sequence[list[dict]],
                   target_of: Mapping[str, str] | None = None) -> list[dict]:
     """``rows`` with ``ci_low``/``ci_high`` from the rows of the same cells scored against the
     G leave-one-group-out targets (joined on analysis, layer, head, metric), and ``ceiling``
-    per analysis's target; a cell whose chance is not below its ceiling says so in ``note``."""
+    per analysis's target; a cell whose chance is not below its ceiling says so in its
+    ``settings`` (``chance_not_below_ceiling=<chance>>=<ceiling>``: the two halves agree no
+    better than unrelated models, so the value has no scale there), never silently."""
     by_cell = [{tuple(r.get(k) for k in KEY): r["value"] for r in rep} for rep in left_out]
     out = []
     for r in rows:
@@ -87,8 +89,7 @@ def add_intervals(rows: list[dict], left_out: Sequence[list[dict]],
             row["ceiling"] = ceilings[target_of[r["analysis"]]]
             chance = r.get("chance")
             if chance is not None and not chance < row["ceiling"]:
-                row["note"] = (f"chance {chance:.4g} not below the ceiling "
-                               f"{row['ceiling']:.4g}: the halves disagree as much as unrelated "
-                               "models; the value is not interpretable here")
+                flag = f"chance_not_below_ceiling={chance:.4g}>={row['ceiling']:.4g}"
+                row["settings"] = ";".join(x for x in (r.get("settings"), flag) if x)
         out.append(row)
     return out

@@ -19,7 +19,7 @@ per step follow from the two rates measured on the device (:mod:`pythia_probe.an
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pythia_probe.analysis.base import Shape as CostShape
 from pythia_probe.analysis.registry import get_analyses
@@ -59,6 +59,7 @@ class Plan:
     targets_disk: float = 0.0
     targets_read_per_step: float = 0.0
     parts: dict = field(default_factory=dict)
+    groups: int = 0
 
     @property
     def total(self) -> float:
@@ -86,6 +87,9 @@ class Plan:
                 f"multiply-adds per checkpoint  {self.dense_macs:8.2e} dense, "
                 f"{self.sparse_macs:.2e} sparse",
                 f"multiply-adds once per stats  {self.once_macs:8.2e} (norms, cached)"]
+        if self.groups:
+            out.append(f"ceiling and intervals (G = {self.groups} groups): {self.groups + 3} "
+                       f"target sets, {self.groups + 1} scorings per step (--no-intervals: 1)")
         if rates:
             out.append(f"expected time per checkpoint  {self.seconds(rates):8.1f} s (dense "
                        f"{rates['dense'] / 1e9:.1f}, sparse {rates['sparse'] / 1e9:.2f} "
@@ -163,6 +167,18 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
     read = passes * V * V * b if mode == "streamed" else 0.0
     return Plan(mode, targets, residuals, s.n_params * b, transient, float(dense),
                 float(sparse), float(once), disk, read, parts)
+
+
+def with_groups(plan: Plan, G: int) -> Plan:
+    """The plan with the ceiling and interval columns of statistics of G document groups: G + 3
+    target sets held (the run's, G left out, two halves), G + 1 scorings per step (the forward
+    pass included: each scoring recomputes it), the once-per-statistics work G + 3 times (the
+    halves' cross product, once, is about one more norm)."""
+    if G < 2:
+        return plan
+    return replace(plan, targets=plan.targets * (G + 3), dense_macs=plan.dense_macs * (G + 1),
+                   sparse_macs=plan.sparse_macs * (G + 1), once_macs=plan.once_macs * (G + 4),
+                   groups=G)
 
 
 # ---- --targets auto --------------------------------------------------------------------------

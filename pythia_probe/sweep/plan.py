@@ -12,7 +12,13 @@ from pathlib import Path
 import torch
 
 from pythia_probe.analysis import rates
-from pythia_probe.analysis.plan import Plan, StepShape, choose_targets, memory_plan
+from pythia_probe.analysis.plan import (
+    Plan,
+    StepShape,
+    choose_targets,
+    memory_plan,
+    with_groups,
+)
 from pythia_probe.arch import NeoXConfig
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.resources import human_bytes, memory_budget
@@ -22,18 +28,20 @@ from pythia_probe.sweep.source import duplicates
 
 
 def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
-                    nnz: dict[str, int] | None = None) -> Plan:
+                    nnz: dict[str, int] | None = None, groups: int = 0) -> Plan:
     """The memory and compute plan of one checkpoint of model config ``c``, targets held in
-    ``mode`` (``nnz``: the factored statistics' non-zeros by part)."""
+    ``mode`` (``nnz``: the factored statistics' non-zeros by part; ``groups``: G document
+    groups of the statistics, scored for the ceiling and intervals unless those are off)."""
     n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
         4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
     shape = StepShape(rows, c.d_model, c.n_layers, c.n_heads, c.d_mlp, n_params)
     heads = c.n_layers if sc.per_head is True else 0 if sc.per_head is False else len(
         sc.per_head)
-    return memory_plan(shape, sc.analyses,
+    plan = memory_plan(shape, sc.analyses,
                        dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
                        chunk=sc.chunk, mode=mode, max_rank=sc.max_rank, nnz=nnz,
                        per_head_layers=heads, batch_size=sc.batch_size)
+    return with_groups(plan, groups if sc.intervals else 0)
 
 
 def memory_need(sc: ScoringConfig, c: NeoXConfig, rows: int, stats_bytes: int) -> float:
@@ -140,11 +148,12 @@ def downloads(source, steps: list[int], todo: list[int], names, limit: tuple[flo
 
 def plan_lines(src: SourceConfig, sc: ScoringConfig, steps: list[int], dl: Downloads,
                c: NeoXConfig, rows: int, targets: tuple[str, str], requested: str,
-               nnz: dict[str, int] | None = None, rates: dict | None = None) -> list[str]:
+               nnz: dict[str, int] | None = None, rates: dict | None = None,
+               groups: int = 0) -> list[str]:
     """The plan: steps (done, duplicates), bytes still to download, disk, targets, memory,
     and with measured ``rates`` the expected seconds per step."""
     mode, why = targets
-    plan = checkpoint_plan(sc, c, rows, mode, nnz)
+    plan = checkpoint_plan(sc, c, rows, mode, nnz, groups)
     held = (src.prefetch + 1) * dl.biggest
     limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
                                          f"({dl.limit_why})")

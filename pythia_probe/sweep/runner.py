@@ -78,7 +78,7 @@ from pythia_probe.sweep.statistics import (
     choose_statistics,
     read_stats_meta,
 )
-from pythia_probe.sweep.targets import prepare_targets
+from pythia_probe.sweep.targets import prepare_scale, prepare_targets
 from pythia_probe.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -181,12 +181,15 @@ def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats,
     rank 0 builds a missing cache, the others then reuse it."""
     needs = combined_needs(analyses)
     names, progress = list(needs.targets), parts.output.progress and ranks.is_main
-    if ranks.is_main:
-        targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring, progress)
-    ranks.barrier()
-    if not ranks.is_main:
-        targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring, False)
-    return build_scorer(parts.scoring, analyses, needs, lazy, targets)
+    for turn in (True, False):  # rank 0 first (it builds missing caches), then the others
+        if ranks.is_main == turn:
+            targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring,
+                                      progress and turn)
+            scale = prepare_scale(lazy, names, parts.targets, mode, parts.scoring,
+                                  progress and turn)
+        if turn:
+            ranks.barrier()
+    return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)
 
 
 def run(parts: SweepParts, ranks: Ranks | None = None, argv: list[str] | None = None, *,
@@ -246,7 +249,8 @@ def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
     factored = stats.factored
     targets = resolve_targets(parts.targets, sc, c, stats.rows, stats.file_bytes(), factored)
     nnz = stats.parts_nnz() if targets[0] == "factored" else None
-    check_step_fits(checkpoint_plan(sc, c, stats.rows, targets[0], nnz), sc)
+    groups = stats.groups
+    check_step_fits(checkpoint_plan(sc, c, stats.rows, targets[0], nnz, groups), sc)
     out = parts.output.out
     todo = [s for s in steps if not shard_done(out, s, sc.analyses, stats.stats_id)]
     dl = downloads(source, steps, todo, tensor_names(combined_needs(analyses)),
@@ -254,7 +258,7 @@ def _run(parts: SweepParts, analyses, source, ranks: Ranks, argv, shard) -> int:
     revisions = revision_ledger(source, steps, src.name)  # metadata only, before any weight
     rates = measure_rates(sc.device, sc.torch_dtype) if ranks.is_main else None
     lines = stats.lines() + plan_lines(src, sc, steps, dl, c, stats.rows, targets,
-                                       parts.targets.mode, nnz, rates)
+                                       parts.targets.mode, nnz, rates, groups)
     if ranks.is_main:
         print("\n".join(lines + ledger_lines(revisions, src.model)), flush=True)
     dl.check()

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
 from pythia_probe.resources import memory_budget
@@ -56,11 +55,21 @@ class StatsChoice:
         """Full-vocabulary factored statistics (or, not built yet, statistics that will be)."""
         return is_factored(self.meta, None if self.recipe is None else self.recipe.top_k)
 
+    @property
+    def groups(self) -> int:
+        """G, the document groups the statistics keep (their header, or the recipe's)."""
+        if self.meta is not None:
+            return int((self.meta.get("groups") or {}).get("G", 0))
+        return int(getattr(self.recipe, "groups", 0) or 0)
+
     def parts_nnz(self) -> dict[str, int]:
-        """Non-zeros of the sparse parts C, W and Qbar: from the file's header once built, else
-        their bound (every position a distinct pair) from the recipe."""
-        if self.built:
-            return factored_nnz(self.path)
+        """Bounds on the non-zeros of the sparse parts C, W and Qbar (the plan is an upper
+        bound): a built file's size over the 12 bytes each stored entry takes at least (the
+        stats package does not yet say its counts without reading the file), else every pair
+        of positions the recipe reads distinct."""
+        if self.built or self.recipe is None:
+            n = self.file_bytes() // 12
+            return {"C": n, "W": n, "Qbar": n}
         r = self.recipe
         positions = r.docs * r.seq_len
         pairs = r.docs * r.seq_len * (r.seq_len + 1) // 2
@@ -116,20 +125,6 @@ def check_statistics_fit(st: StatisticsConfig, V: int, top_k: int | None, device
     choice = stats_plan.choose_engine("auto", V, st.seq_len, top_k, device, budget,
                                       docs=st.docs)
     stats_plan.check_sparse_fits(choice, V, top_k)
-
-
-def factored_nnz(path: Path) -> dict[str, int]:
-    """Non-zeros of C, W and Qbar of a factored statistics file, from its header alone."""
-    with safe_open(str(path), framework="pt") as f:
-        keys = list(f.keys())
-
-        def size(k: str) -> int:
-            shape = f.get_slice(k).get_shape()
-            return int(shape[0]) if shape else 0
-
-        return {"C": size("bigram_keys") if "bigram_keys" in keys else 0,
-                "W": sum(size(k) for k in keys if k.startswith("context_keys.")),
-                "Qbar": size("qbar_vals") if "qbar_vals" in keys else 0}
 
 
 def is_factored(meta: dict | None, top_k: int | None) -> bool:

@@ -99,14 +99,14 @@ class Scale:
 
 def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
                   scoring: ScoringConfig, progress: bool = True) -> Scale | None:
-    """The run's :class:`Scale` from statistics built with groups (``st.groups`` > 1:
+    """The run's :class:`Scale` from statistics built with groups (meta ``groups.G`` > 1:
     ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
     the run's targets in a cache subfolder of that id); None without groups or with intervals
     off (``scoring.intervals``)."""
-    st = stats.load()
-    G = int(getattr(st, "groups", 0) or 0)
-    if not getattr(scoring, "intervals", True) or G < 2:
+    G = int((stats.meta.get("groups") or {}).get("G", 0))  # from the header: no tensor read
+    if not scoring.intervals or G < 2:
         return None
+    st = stats.load()
     names = sorted(set(names))
     cache = tc.cache_dir(stats.path)
     left = [part_targets(st.leave_out(g), names, cache, mode, scoring)
