@@ -14,14 +14,16 @@ One thread each; all numbers are measured here, none typed in.
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from pythia_probe.builtin_corpus import count_tokens, generate_stories
+from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.corpus import SEPARATOR, iter_documents
+from pythia_probe.errors import BadInputError
 from pythia_probe.tokenizer import (
     _count_words,
     build_word_tokenizer,
@@ -30,6 +32,20 @@ from pythia_probe.tokenizer import (
     word_pre_tokenizer,
 )
 
+PROG = "python benchmarks/bench_corpus.py"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Built-in corpus and word tokenizer throughput against baselines measured in this run."""
+
+    stories: int = 20000
+    """Stories generated (about 240 word tokens each)."""
+
+    def __post_init__(self):
+        if self.stories < 1:
+            raise BadInputError(f"--stories must be >= 1, got {self.stories}")
+
 
 def timed(fn):
     t0 = time.perf_counter()
@@ -37,16 +53,13 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stories", type=int, default=20000)
-    args = p.parse_args(argv)
+def bench(args: BenchConfig) -> int:
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     docs, t_gen = timed(lambda: generate_stories(args.stories, seed=0))
     n_tok = sum(count_tokens(d) for d in docs)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "stories.txt")
-        with open(path, "w", encoding="utf-8") as f:
+        with open(path, "w", encoding="utf-8") as f:  # the baseline: a plain file, not the tool's
             f.writelines(f"{d}\n{SEPARATOR}\n" for d in docs)
         back, t_read = timed(lambda: list(iter_documents(path)))
     assert back == docs
@@ -71,5 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    [fields] = parse_configs([BenchConfig], argv, PROG, __doc__)
+    return bench(BenchConfig(**fields))
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, PROG))
