@@ -106,3 +106,71 @@ def test_shared_columns_are_equal_columns_of_the_dense_target(corpus, name):
     assert 4 <= int(shared.sum()) < V  # the ids the corpus never shows, at least
     cols = T[:, shared]
     assert torch.equal(cols, cols[:, :1].expand_as(cols))
+
+
+# ---- at Pythia's d_vocab: 50,277 statistic ids, a corpus of a few hundred of them -------------
+def _full_vocab_parts(V=50277, docs=6, T=12, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(V, generator=g)[:40]  # the tokens the corpus uses, spread over V
+    tokens = ids[torch.randint(0, ids.numel(), (docs, T + 1), generator=g)]
+    x, y = tokens[:, :-1].numpy(), tokens[:, 1:].numpy()
+    C = sp.coo_matrix((np.ones(x.size), (x.ravel(), y.ravel())), shape=(V, V)).tocsr()
+    ti, mi = np.tril_indices(T)
+    W = sp.coo_matrix((np.tile(1.0 / (ti + 1), docs), (y[:, ti].ravel(), x[:, mi].ravel())),
+                      shape=(V, V)).tocsr()
+    Q = sp.coo_matrix((np.tile(1.0 / (ti - mi + 1), docs), (x[:, ti].ravel(), x[:, mi].ravel())),
+                      shape=(V, V)).tocsc() / (docs * T)
+    return {"C": C, "W": W, "n": np.asarray(C.sum(1)).ravel(), "w": np.asarray(W.sum(0)).ravel(),
+            "positions": docs * T, "full_d_vocab": V, "Qbar": sp.csc_matrix(Q), "ids": None}
+
+
+def _live_rows_reference(name, p):
+    """T's non-zero rows, dense float64, from the definitions (Bbar = (C - n 1^T / V) / P,
+    Phibar = (W - 1 w^T / V) / P, PhiBT = Phibar^T Bbar^T), and their indices."""
+    V, P = p["full_d_vocab"], p["positions"]
+    C, n = p["C"], p["n"]
+    if name == "Qbar":
+        live = np.flatnonzero(np.diff(sp.csr_matrix(p["Qbar"]).indptr))
+        return live, sp.csr_matrix(p["Qbar"])[live].toarray()
+    live = np.flatnonzero(p["w"])  # PhiBT row a is zero unless a is ever a context
+    Phi_cols = (p["W"][:, live].toarray() - p["w"][live][None, :] / V) / P  # Phibar[:, live]
+    BX = (C @ Phi_cols - np.outer(n, Phi_cols.sum(0)) / V) / P  # Bbar Phibar[:, live]
+    return live, BX.T
+
+
+@pytest.mark.parametrize("name", ["PhiBT", "Qbar"])
+def test_full_vocabulary_against_a_chunked_float64_reference(name):
+    """d_vocab 50,277: the factored cosine (and chance) of a tall and a product model matrix
+    equal a reference computed from T's live rows (dense, from the definitions) and the model's
+    rows in float64 chunks, never a V x V array."""
+    from pythia_probe.analysis.cosine import row_centre, row_normalise
+
+    p = _full_vocab_parts()
+    V = p["full_d_vocab"]
+    target = FactoredTarget(name, Parts(p, torch.float64, "cpu", {name}),
+                            target_vectors(name, p, chunk=4096))
+    live, T_live = _live_rows_reference(name, p)
+    Cl = torch.from_numpy(row_centre(row_normalise(torch.from_numpy(T_live))).numpy())
+    B = Cl @ Cl.T  # B's only non-zero block (rows/columns `live`)
+    g = torch.Generator().manual_seed(2)
+    E = torch.randn(V, 6, generator=g, dtype=torch.float64) + 0.3
+    Wq, Wk = (torch.randn(6, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    Fq, Fk = E @ Wq, E @ Wk
+    Gc = Fk - Fk.mean(0)  # cov(Fq Fk^T) = Fq (Gc^T Gc) Fq^T up to scale
+    models = {"tall": (row_centre(E), None), "product": (Fq, Gc.T @ Gc)}
+    got = {"tall": scores([tall(E)], target, chunk=8192)[0],
+           "product": scores([product(Fq, Fk)], target, chunk=8192)[0]}
+    for kind, (F, S) in models.items():
+        S = torch.eye(F.shape[1], dtype=torch.float64) if S is None else S
+        FtF = sum(F[s:s + 8192].T @ F[s:s + 8192] for s in range(0, V, 8192))
+        normA = float(((S @ FtF) * (S @ FtF).T).sum().sqrt())
+        A_live = F[live] @ S @ F[live].T
+        value = float((A_live * B).sum()) / (normA * float(B.norm()))
+        trA = float((FtF * S).sum())
+        Fs = F.sum(0)
+        totA = float(Fs @ S @ Fs)
+        trB, totB = float(B.trace()), float(B.sum())
+        chance = (trA * trB / V + (totA - trA) * (totB - trB) / (V * (V - 1))) / (
+            normA * float(B.norm()))
+        assert got[kind].value == pytest.approx(value, abs=1e-10), kind
+        assert got[kind].chance == pytest.approx(chance, abs=1e-10), kind
