@@ -41,7 +41,7 @@ def dense_rate(device="cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
     return n ** 3 / _best(lambda: A @ B, device, repeats)
 
 
-def sparse_rate(device="cpu", dtype: torch.dtype = torch.float32, n: int = 20000,
+def sparse_rate(device="cpu", dtype: torch.dtype = torch.float32, n: int = 8000,
                 per_row: int = 16, k: int = 257, repeats: int = 3) -> float:
     """Multiply-adds per second of CSR [n, n] (``per_row`` non-zeros a row) times [n, k]."""
     device = torch.device(device)
