@@ -28,10 +28,11 @@ from datetime import datetime, timezone
 
 import torch
 
-from pythia_probe.cli import parse_configs
+from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import make_rows, read_shard, write_manifest
 from pythia_probe.toy.icrecall.curvature import LABELS, classify_state, perturb_escapes
+from pythia_probe.toy.icrecall.escape import ARMS, arm_config
 from pythia_probe.toy.icrecall.evaluate import evaluate
 from pythia_probe.toy.icrecall.experiment import (
     MODEL,
@@ -54,10 +55,6 @@ from pythia_probe.toy.icrecall.report import (
 )
 from pythia_probe.toy.icrecall.task import Prompts, TaskConfig, make_kb, sample_prompts
 from pythia_probe.toy.icrecall.train import TrainConfig, gd_step
-
-ARMS = {  # name -> (large step, perturbation)
-    "gd": (False, False), "large_only": (True, False), "perturb_only": (False, True),
-    "pgd": (True, True)}
 
 
 @dataclass(frozen=True)
@@ -111,14 +108,6 @@ def state_metrics(model: ICRecallModel, p: Prompts, prefix: str, reach: float) -
     return {k: v for k, v in out.items() if v == v and abs(v) != float("inf")}
 
 
-def _train_cfg(cfg: Config, arm: str, seed: int) -> TrainConfig:
-    large, pert = ARMS[arm]
-    base = TrainConfig()
-    return TrainConfig(method="gd" if not (large or pert) else "pgd", n_train=cfg.n_train,
-                       steps=cfg.steps, seed=seed, log_every=cfg.log_every,
-                       eta0=base.eta0 if large else base.eta, rho_p=base.rho_p if pert else 0.0)
-
-
 def seed_states(model: ICRecallModel, p: Prompts, tr: TrainConfig) -> dict:
     """Curvature at W = 0 and after PGD's large step (no perturbation)."""
     with torch.no_grad():
@@ -144,7 +133,7 @@ def run(cfg: Config, progress: bool = True):
         states = seed_states(ICRecallModel(kb, memory), p, TrainConfig())
         frames.append(metric_rows(states, "icrecall_dynamics_states", 0, settings=key(seed=seed)))
         for arm in ARMS:
-            tr = _train_cfg(cfg, arm, seed)
+            tr = arm_config(arm, seed, cfg.n_train, cfg.steps, cfg.log_every)
             out = run_experiment(task, mem_cfg, tr, EvalConfig(n_test=cfg.n_test,
                                  n_monitor=cfg.n_monitor), memory=memory, progress=progress)
             h = out.result.history
@@ -236,4 +225,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/icrecall_dynamics.py"))

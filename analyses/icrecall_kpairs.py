@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from pythia_probe.cli import parse_config
+from pythia_probe.cli import parse_config, run_main
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import write_manifest
 from pythia_probe.toy.icrecall.experiment import EvalConfig, memory_for_k, run_experiment
 from pythia_probe.toy.icrecall.memory import MemoryConfig
@@ -48,7 +49,7 @@ class Config:
 
     def __post_init__(self) -> None:
         if min(self.k_list) < 1 or self.seeds < 1 or self.n_train < 1 or self.n_test < 1:
-            raise ValueError(f"invalid kpairs config {self}")
+            raise BadInputError(f"invalid kpairs config {self}")
 
     @property
     def k_list(self) -> list[int]:
@@ -89,4 +90,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/icrecall_kpairs.py"))

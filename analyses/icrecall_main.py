@@ -18,7 +18,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from pythia_probe.cli import parse_config
+from pythia_probe.cli import parse_config, run_main
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import write_manifest
 from pythia_probe.toy.icrecall.experiment import (
     EvalConfig,
@@ -52,10 +53,10 @@ class Config:
 
     def __post_init__(self) -> None:
         if self.seeds < 1 or self.n_test < 1 or self.n_train < 1:
-            raise ValueError(f"seeds, n_test, n_train must be >= 1: {self}")
+            raise BadInputError(f"seeds, n_test, n_train must be >= 1: {self}")
         bad = set(self.methods.split(",")) - {"pgd", "gd"}
         if bad:
-            raise ValueError(f"unknown methods {sorted(bad)}; valid: pgd, gd")
+            raise BadInputError(f"unknown methods {sorted(bad)}; valid: pgd, gd")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,4 +107,4 @@ def controls(model, n_test: int, memory: str = "constructed") -> list:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/icrecall_main.py"))

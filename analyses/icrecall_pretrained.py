@@ -1,12 +1,15 @@
 """Section C item 5: the same fine-tuning with a memory pre-trained by gradient descent.
 
-An MLP memory (pretrained.py: fresh examples every epoch) is trained by Adam on the triples and
-on two-pair prompts, frozen, and W_PP is fine-tuned on top of it (PGD and plain GD) with the
-CLI's defaults. Also records the memory's own recall of the triples with ideal inputs, and the
-reference rows (uniform, stuck, one pair, ideal) on this memory. Writes
+An MLP memory (pretrained.py: fresh examples every epoch) is trained by Adam on the triples, on
+two-pair prompts and on whole prompts read through random attention rows (s3 and '?' included:
+the inputs it meets in fine-tuning), frozen, and W_PP is fine-tuned on top of it (PGD and plain
+GD) with the CLI's defaults. Also: the memory's own recall of the triples with ideal inputs, the
+reference rows (uniform, stuck, one pair, ideal) on this memory, and one PGD run (seed 0) trained
+``long_steps`` steps with its pattern every 1,000 steps and the training loss of the ideal row
+on its prompts beside it (does the pattern come with more steps?). Writes
 results/icrecall/pretrained.parquet and pretrained.png.
 
-    python analyses/icrecall_pretrained.py          # ~8 min on one CPU core
+    python analyses/icrecall_pretrained.py          # ~15-25 min on one CPU core
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ from datetime import datetime, timezone
 import torch
 from icrecall_main import _print, controls
 
-from pythia_probe.cli import parse_config
+from pythia_probe.cli import parse_config, run_main
 from pythia_probe.results import write_manifest
-from pythia_probe.toy.icrecall.experiment import EvalConfig, metric_rows, run_experiment
+from pythia_probe.toy.icrecall.experiment import (
+    CONTROL_ROWS,
+    EvalConfig,
+    history_rows,
+    metric_rows,
+    run_experiment,
+    set_rows,
+)
 from pythia_probe.toy.icrecall.memory import MemoryConfig
 from pythia_probe.toy.icrecall.pretrained import PretrainedMemory, pretrain
 from pythia_probe.toy.icrecall.report import (
@@ -32,7 +42,7 @@ from pythia_probe.toy.icrecall.report import (
     savefig,
     subplots,
 )
-from pythia_probe.toy.icrecall.task import TaskConfig, make_kb
+from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
 from pythia_probe.toy.icrecall.train import TrainConfig
 
 _MEM = MemoryConfig(kind="pretrained")
@@ -49,16 +59,18 @@ class Config:
     epochs: int = _MEM.pretrain_epochs
     lr: float = _MEM.pretrain_lr
     mix: float = _MEM.pretrain_mix
+    rows: float = _MEM.pretrain_rows
     beta: float = _MEM.inverse_temperature
     seeds: int = 5
     n_train: int = 32
     methods: str = "pgd,gd"
     n_test: int = 20000
+    long_steps: int = 20000
 
     def memory(self) -> MemoryConfig:
         return MemoryConfig(kind="pretrained", d_model=self.d_model, d_hidden=self.d_hidden,
                             pretrain_epochs=self.epochs, pretrain_lr=self.lr,
-                            pretrain_mix=self.mix, beta=self.beta)
+                            pretrain_mix=self.mix, pretrain_rows=self.rows, beta=self.beta)
 
 
 @torch.no_grad()
@@ -73,6 +85,28 @@ def memory_recall(mem: PretrainedMemory) -> dict[str, float]:
     rel = mem.relation_logits(torch.stack([s, kb.answer_token(a)], 1), torch.ones(2)).argmax(-1)
     return {"memory_answer_recall": float((ans == a).double().mean()),
             "memory_relation_consistent": float((kb.f[s, rel] == a).double().mean())}
+
+
+def long_run(cfg: Config, task: TaskConfig, mcfg: MemoryConfig, mem: PretrainedMemory) -> list:
+    """PGD seed 0 for cfg.long_steps steps: its history (every 1,000 steps), final metrics and
+    the training loss the ideal row would have on the same prompts."""
+    tr = TrainConfig(n_train=cfg.n_train, seed=0, steps=cfg.long_steps, log_every=1000)
+    out = run_experiment(task, mcfg, tr, EvalConfig(n_test=cfg.n_test, n_monitor=0), memory=mem)
+    p = sample_prompts(out.kb, cfg.n_train, seed=0)
+    W = out.model.W_PP.detach().clone()
+    set_rows(out.model, CONTROL_ROWS["ideal"])
+    with torch.no_grad():
+        ideal_loss = float(out.model.loss(p)["loss"])
+        out.model.W_PP.copy_(W)
+    m = {**out.metrics, "ideal_row_train_loss": ideal_loss}
+    _print(f"pgd seed 0, {cfg.long_steps} steps", m)
+    print(f"  training loss {m['final_train_loss']:.2e} (the ideal row's on the same prompts "
+          f"{ideal_loss:.2e})", flush=True)
+    return [outcome_rows(out, "icrecall_pretrained_long", tr.steps, method="pgd", seed=0,
+                         n_train=cfg.n_train),
+            metric_rows({"ideal_row_train_loss": ideal_loss}, "icrecall_pretrained_long_ideal",
+                        tr.steps),
+            history_rows(out.result, "icrecall_pretrained_long_history", settings="seed=0")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 out.model.q_rel).detach()
             _print(f"{method} seed {seed}", out.metrics)
     frames += controls(out.model, cfg.n_test, memory="pretrained")
+    if cfg.long_steps:
+        frames += long_run(cfg, task, mcfg, mem)
     save(frames, "pretrained")
     fig, ax = subplots(figsize=(9, 4))
     plot_rows(ax, rows, "pre-trained MLP memory: relation-step rows")
@@ -108,4 +144,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/icrecall_pretrained.py"))

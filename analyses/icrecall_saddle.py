@@ -21,9 +21,10 @@ from datetime import datetime, timezone
 import torch
 from icrecall_dynamics import one_sided, state_metrics
 
-from pythia_probe.cli import parse_configs
+from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_shard, write_manifest
+from pythia_probe.toy.icrecall import report
 from pythia_probe.toy.icrecall.curvature import LABELS, label_from_row, perturb_escapes
 from pythia_probe.toy.icrecall.evaluate import evaluate
 from pythia_probe.toy.icrecall.experiment import (
@@ -133,7 +134,7 @@ def write_csv(path) -> None:
                         if r.get("stall_eig1") == r.get("stall_eig1") else ""
                         for _, r in w.iterrows()]
     cols = [c for c in COLUMNS if c in w.columns] + ["stall_label"]
-    w[cols].round(6).to_csv(path.parent / "saddle.csv", index=False)
+    report.write_csv(path.parent / "saddle.csv", w[cols].round(6))
 
 
 @dataclass(frozen=True)
@@ -158,4 +159,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/icrecall_saddle.py"))

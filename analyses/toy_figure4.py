@@ -3,51 +3,30 @@ at lr 0.05 (one curve per weight type, the range over layers shaded), and the lo
 
 Default: CPU scale on the built-in corpus (|V| = 509, T = 64, 512 sequences, batch 128, 100
 SGD steps instead of 3,200; lr 0.3, chosen so that these few steps leave the leading-term
-regime as the paper's run does; Table 1 uses a tenth of it, as the paper does).
-``--paper``: the paper's settings (TinyStories from the hub, |V| = 3000, T = 200, 65,536
-sequences, batch 2048, 100 epochs; needs a GPU).
+regime as the paper's run does). ``--paper``: the paper's settings (TinyStories from the hub,
+|V| = 3000, T = 200, 65,536 sequences, batch 2048, 100 epochs, lr 0.05; needs a GPU).
 
     python analyses/toy_figure4.py            # writes results/toy/figure4.{csv,png}
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from pythia_probe.results import read_manifest, read_results  # noqa: E402
-from pythia_probe.toy.train import TrainConfig, make_schedule, run  # noqa: E402
+from pythia_probe.cli import run_main
+from pythia_probe.results import read_results
+from pythia_probe.toy.paper import FIGURE4_RUN
+from pythia_probe.toy.repro import parse_flags, save_figure, settings_line, write_csv
+from pythia_probe.toy.train import TrainConfig, make_schedule, run
 
 CPU = dict(dataset="builtin", stories=800, tokenizer="word:3000", seq_len=64, n_seqs=512,
            batch_size=128, epochs=25, lr=0.3, layers=3, log_every=4)
-PAPER = dict(dataset="roneneldan/TinyStories", tokenizer="word:3000", seq_len=200, n_seqs=65536,
-             batch_size=2048, micro_batch=512, epochs=100, lr=0.05, layers=3)
+PAPER = FIGURE4_RUN
 CURVES = {"cos_W_Qbar": "W (attention) vs Qbar", "cos_V_PhiBT": "V (value) vs PhiBT",
           "cos_W_O_Bbar": "W_O (output) vs Bbar", "cos_P_Delta": "P (positional) vs Delta"}
-
-
-def parse(argv: list[str] | None, name: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--paper", action="store_true", help="the paper's exact settings (GPU)")
-    p.add_argument("--run-dir", default=None, help=f"training run folder (results/toy/runs/{name})")
-    p.add_argument("--results", default="results/toy", help="where tables and PNGs go")
-    a = p.parse_args(argv)
-    a.run_dir = a.run_dir or f"results/toy/runs/{name}{'_paper' if a.paper else ''}"
-    return a
-
-
-def settings_line(cfg: TrainConfig, run_dir: str) -> str:
-    """One line naming the run's settings, with the effective |V| from its manifest."""
-    d_vocab = read_manifest(run_dir)["config"]["d_vocab"]
-    return (f"settings: dataset={cfg.dataset} tokenizer={cfg.tokenizer} |V|={d_vocab} "
-            f"T={cfg.seq_len} N={cfg.n_seqs} batch={cfg.batch_size} epochs={cfg.epochs} "
-            f"lr={cfg.lr} L={cfg.layers} (SGD, zero init; theory from the first batch)")
 
 
 def curves_by_epoch(df: pd.DataFrame, steps_per_epoch: int) -> pd.DataFrame:
@@ -58,7 +37,8 @@ def curves_by_epoch(df: pd.DataFrame, steps_per_epoch: int) -> pd.DataFrame:
 
 
 def plot(curves: pd.DataFrame, path: Path, title: str) -> None:
-    fig, (ax, lx) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    ax, lx = fig.subplots(1, 2)
     for metric, label in CURVES.items():
         c = curves[curves["metric"] == metric]
         ax.plot(c["epoch"], c["mean"], label=label)
@@ -69,13 +49,11 @@ def plot(curves: pd.DataFrame, path: Path, title: str) -> None:
     lx.plot(loss["epoch"], loss["mean"])
     lx.set(xlabel="epoch", ylabel="training loss", title="loss")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse(argv, "figure4")
+    (a,) = parse_flags(argv, "figure4", "python analyses/toy_figure4.py", __doc__)
     cfg = TrainConfig(**(PAPER if a.paper else CPU), out=a.run_dir)
     run(cfg)
     df = read_results(a.run_dir)
@@ -83,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     curves = curves_by_epoch(df, spe)
     out = Path(a.results)
     tag = "figure4" + ("_paper" if a.paper else "")
-    curves.to_csv(out / f"{tag}.csv", index=False)
+    write_csv(out / f"{tag}.csv", curves)
     plot(curves, out / f"{tag}.png", f"lr {cfg.lr}, L={cfg.layers}, T={cfg.seq_len}")
     early = curves[(curves["epoch"] <= 0.3 * cfg.epochs) & curves["metric"].isin(CURVES)]
     last = curves[(curves["epoch"] == curves["epoch"].max()) & curves["metric"].isin(CURVES)]
@@ -104,4 +82,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/toy_figure4.py"))

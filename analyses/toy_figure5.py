@@ -13,17 +13,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+from toy_table1 import CPU, PAPER
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from toy_figure4 import parse, settings_line  # noqa: E402
-from toy_table1 import CPU, PAPER, markdown  # noqa: E402
-
-from pythia_probe.builtin_corpus import FUNCTION_WORDS, PLANTED  # noqa: E402
-from pythia_probe.toy.train import TrainConfig, load_run, run  # noqa: E402
+from pythia_probe.builtin_corpus import FUNCTION_WORDS, PLANTED
+from pythia_probe.cli import run_main
+from pythia_probe.fileio import write_text
+from pythia_probe.toy.repro import markdown, parse_flags, save_figure, settings_line
+from pythia_probe.toy.train import TrainConfig, load_run, run
 
 K = 5
 #: (theory matrix, query word, the paper's top tokens, planted group that scores it)
@@ -70,7 +69,8 @@ def figure_rows(model, stats, vocab: list[str]) -> list[dict]:
 
 
 def save_png(table: pd.DataFrame, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(12, 0.5 + 0.4 * len(table)))
+    fig = Figure(figsize=(12, 0.5 + 0.4 * len(table)))
+    ax = fig.subplots()
     ax.axis("off")
     cells = table[["matrix", "row", "source", "top", "paper (TinyStories)"]].values.tolist()
     t = ax.table(cellText=cells, colLabels=["matrix", "row", "source", f"top {K} (ours)",
@@ -78,12 +78,11 @@ def save_png(table: pd.DataFrame, path: Path) -> None:
     t.auto_set_font_size(False)
     t.set_fontsize(8)
     t.auto_set_column_width(list(range(5)))
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse(argv, "table1")
+    (a,) = parse_flags(argv, "table1", "python analyses/toy_figure5.py", __doc__)
     cfg = TrainConfig(**(PAPER if a.paper else CPU), out=a.run_dir)
     run(cfg)
     cfg, model, stats, data = load_run(a.run_dir)
@@ -92,14 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print(table.to_string(index=False))
     out, tag = Path(a.results), "figure5" + ("_paper" if a.paper else "")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{tag}.md").write_text(f"# Figure 5: top associated tokens\n\n{head}\n\n"
-                                   f"Phibar rows skip builtin_corpus.FUNCTION_WORDS.\n\n"
-                                   f"{markdown(table)}\n")
+    write_text(out / f"{tag}.md", f"# Figure 5: top associated tokens\n\n{head}\n\n"
+               f"Phibar rows skip builtin_corpus.FUNCTION_WORDS.\n\n{markdown(table)}\n")
     save_png(table, out / f"{tag}.png")
     print(f"wrote {out / tag}.md/.png")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/toy_figure5.py"))

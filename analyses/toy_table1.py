@@ -1,91 +1,72 @@
 """Table 1 of the leading-terms paper: the minimum over training (epochs and layers) of the
-Frobenius cosine between each weight and its leading term, lr 0.005.
+Frobenius cosine between each weight and its leading term, lr 0.005; beside it the run's noise
+floor (each first-batch leading term against the same term over the whole training set: how far
+the batch the theory uses is from what the model learns) and the paper's number.
 
-Default: CPU scale on the built-in corpus (|V| = 509, T = 64, 512 sequences, batch 128, 100
-SGD steps; lr 0.03, a tenth of the CPU Figure 4 lr, as the paper's 0.005 is a tenth of its
-0.05). ``--paper``: the paper's settings (TinyStories,
-|V| = 3000, T = 200, 65,536 sequences, batch 2048, 100 epochs; needs a GPU).
+Default: CPU scale on the built-in corpus (|V| = 509, T = 64, 512 sequences, batch 128, 200
+SGD steps at lr 0.08: lr x steps = 16, the paper's 0.005 x 3,200, so that the loss moves).
+``--paper``: the paper's settings (TinyStories, |V| = 3000, T = 200, 65,536 sequences, batch
+2048, 100 epochs; needs a GPU).
 
     python analyses/toy_table1.py             # writes results/toy/table1.{md,csv,png}
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
-from toy_figure4 import curves_by_epoch, parse, plot, settings_line
+from toy_figure4 import curves_by_epoch, plot
 
 from pythia_probe import theory
-from pythia_probe.results import read_results
+from pythia_probe.cli import run_main
+from pythia_probe.fileio import write_text
+from pythia_probe.results import read_manifest, read_results
+from pythia_probe.toy import paper
+from pythia_probe.toy.repro import markdown, parse_flags, settings_line, write_csv
 from pythia_probe.toy.train import TrainConfig, make_schedule, run
 
 CPU = dict(dataset="builtin", stories=800, tokenizer="word:3000", seq_len=64, n_seqs=512,
-           batch_size=128, epochs=25, lr=0.03, layers=3, log_every=4)
-PAPER = dict(dataset="roneneldan/TinyStories", tokenizer="word:3000", seq_len=200, n_seqs=65536,
-             batch_size=2048, micro_batch=512, epochs=100, lr=0.005, layers=3)
-#: row label -> (metric, the paper's Table 1 value or None where the paper has none)
-ROWS = {"attention (W vs Qbar)": ("cos_W_Qbar", 0.999496),
-        "value (V vs Phibar^T Bbar^T)": ("cos_V_PhiBT", 0.999169),
-        "output (W_O vs Bbar)": ("cos_W_O_Bbar", 0.998486),
-        "positional (P vs Delta)": ("cos_P_Delta", None)}
-
-
-def min_cosines(df: pd.DataFrame, rows: dict = ROWS) -> pd.DataFrame:
-    """Ours (min over logged steps and layers) beside the paper's number, one row per weight."""
-    out = []
-    for label, (metric, paper) in rows.items():
-        sel = df[df["metric"] == metric]
-        worst = sel.loc[sel["value"].idxmin()]
-        out.append({"weight": label, "ours_min_cosine": float(worst["value"]),
-                    "at_step": int(worst["step"]),
-                    "at_layer": None if pd.isna(worst["layer"]) else int(worst["layer"]) + 1,
-                    "paper": paper})
-    return pd.DataFrame(out).astype({"at_layer": "Int64"})
-
-
-def markdown(table: pd.DataFrame) -> str:
-    """A GitHub markdown table (floats to 6 decimals; missing values as "-")."""
-    def fmt(v) -> str:
-        if v is None or v is pd.NA or (isinstance(v, float) and pd.isna(v)):
-            return "-"
-        return f"{v:.6f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |"
-              for row in table.itertuples(index=False)]
-    return "\n".join(lines)
+           batch_size=128, epochs=50, lr=0.08, layers=3, log_every=4)
+PAPER = paper.TABLE1_RUN
+min_cosines = paper.min_cosines
 
 
 def report(table: pd.DataFrame, cfg: TrainConfig, run_dir: str, out: Path, tag: str,
-           title: str) -> None:
-    """Print the table with settings; write it as .md and .csv and the curves as .png."""
+           title: str, name: str, values: dict, paper_run: dict) -> None:
+    """Print the table with settings, noise floors and the loss; write .md, .csv and .png."""
     df = read_results(run_dir)
+    d_vocab = int(read_manifest(run_dir)["config"]["d_vocab"])
     sched = make_schedule(cfg, cfg.n_seqs)
     window = theory.theorem_window(cfg.lr, cfg.seq_len, cfg.layers)
-    head = (f"{settings_line(cfg, run_dir)}\nTheorem 4.1 covers s <= {window:.1f} steps at this "
-            f"lr, T and L; the run took {sched.total_steps} steps (agreement beyond the window "
-            "is empirical)")
-    print(head)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.6f}"))
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"{tag}.csv", index=False)
-    (out / f"{tag}.md").write_text(f"# {title}\n\n{head}\n\n"
-                                   f"{markdown(table)}\n")
+    first, last, step = paper.loss_moved(df)
+    head = (f"{settings_line(cfg, run_dir)}\nTheorem 4.1 covers s <= {window:.2f} steps at this "
+            f"lr, T and L; the run took {sched.total_steps} steps, lr x steps = "
+            f"{cfg.lr * sched.total_steps:g} (agreement beyond the window is empirical); "
+            f"training loss {first:.4f} -> {last:.4f} by step {step} (log |V| = "
+            f"{math.log(d_vocab):.4f}).\nnoise_floor: cosine of the first-batch leading "
+            "term with the whole training set's; layers 1-based as in the paper.\nsettings that "
+            f"differ from the paper's: {paper.settings_diff(cfg, paper_run, d_vocab)}")
+    print(settings_line(cfg, run_dir))
+    print("\n".join(paper.comparison_lines(df, cfg, d_vocab, values, paper_run, name)))
+    write_csv(out / f"{tag}.csv", table)
+    write_text(out / f"{tag}.md", f"# {title}\n\n{head}\n\n{markdown(table)}\n")
     plot(curves_by_epoch(df, sched.steps_per_epoch), out / f"{tag}.png", f"{tag}: lr {cfg.lr}")
-    print(f"wrote {out / tag}.md/.csv/.png (layers 1-indexed as in the paper)")
+    print(f"wrote {out / tag}.md/.csv/.png")
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse(argv, "table1")
+    (a,) = parse_flags(argv, "table1", "python analyses/toy_table1.py", __doc__)
     cfg = TrainConfig(**(PAPER if a.paper else CPU), out=a.run_dir)
     run(cfg)
-    table = min_cosines(read_results(a.run_dir))
+    table = min_cosines(read_results(a.run_dir), paper.TABLE1)
     tag = "table1" + ("_paper" if a.paper else "")
     report(table, cfg, a.run_dir, Path(a.results), tag,
-           "Table 1: min-over-training cosine with the leading term")
+           "Table 1: min-over-training cosine with the leading term", "Table 1", paper.TABLE1,
+           paper.TABLE1_RUN)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/toy_table1.py"))

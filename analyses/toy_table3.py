@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from toy_figure4 import CPU, PAPER, parse, settings_line
-from toy_table1 import markdown
+from toy_figure4 import CPU, PAPER
 
 from pythia_probe import theory
+from pythia_probe.cli import run_main
+from pythia_probe.fileio import write_text
 from pythia_probe.toy.model import AttnOnlyTransformer
+from pythia_probe.toy.repro import markdown, parse_flags, settings_line, write_csv
 from pythia_probe.toy.train import TrainConfig, load_run, run
 
 #: the paper's Table 3 losses (train loss after ablation, lr 0.05, 100 epochs)
@@ -54,7 +56,7 @@ def ablation_losses(model: AttnOnlyTransformer, seqs: torch.Tensor,
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse(argv, "figure4")
+    (a,) = parse_flags(argv, "figure4", "python analyses/toy_table3.py", __doc__)
     cfg = TrainConfig(**(PAPER if a.paper else CPU), out=a.run_dir)
     run(cfg)
     cfg, model, stats, data = load_run(a.run_dir)
@@ -72,13 +74,12 @@ def main(argv: list[str] | None = None) -> int:
           + " > ".join(f"{k} {v:+.4f}" for k, v in sorted(worst.items(), key=lambda kv: -kv[1]))
           + "   (paper: output > value > attention)")
     out, tag = Path(a.results), "table3" + ("_paper" if a.paper else "")
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"{tag}.csv", index=False)
-    (out / f"{tag}.md").write_text(f"# Table 3: causal ablation of the leading terms\n\n{head}\n\n"
-                                   f"{markdown(table)}\n")
+    write_csv(out / f"{tag}.csv", table)
+    write_text(out / f"{tag}.md", f"# Table 3: causal ablation of the leading terms\n\n{head}\n\n"
+               f"{markdown(table)}\n")
     print(f"wrote {out / tag}.md/.csv")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python analyses/toy_table3.py"))

@@ -3,20 +3,24 @@
 Both implement Def. 3.1 with the same weights; the dense baseline multiplies dense one-hot
 matrices in every layer (the way the equations are written). Prints training tokens/s of each,
 their ratio, the fast model's achieved matmul FLOP/s, and that as a fraction of this machine's
-dense float32 matmul FLOP/s (2048^2 x 2048^2) measured in the same run. Calls are interleaved
-and the fastest of --reps rounds is kept, so load from other processes biases neither side.
+dense float32 matmul FLOP/s (2048^2 x 2048^2) measured in the same run. Then the trainer's
+subnormal flush: a step from the zero-initialised model after 3 SGD steps at lr 0.03 (where
+the weights' tiny products are subnormal floats), with and without flushing them to zero. Calls
+are interleaved and the fastest of --reps rounds is kept, so load from other processes biases
+neither side.
 
     python benchmarks/bench_toy.py --vocab 509 --seq-len 64 --layers 3 --batch 128
 """
 
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from pythia_probe.cli import parse_config, run_main
 from pythia_probe.toy.model import (
     AttnOnlyTransformer,
     ToyConfig,
@@ -66,15 +70,54 @@ def random_weights(model: AttnOnlyTransformer) -> None:
             p.normal_(0, 0.05)
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """Model shape and timing rounds."""
+
+    vocab: int = 509
+    """|V|."""
+    seq_len: int = 64
+    """T."""
+    layers: int = 3
+    """L."""
+    batch: int = 128
+    """Sequences per step."""
+    reps: int = 5
+    """Interleaved rounds; the minimum time is kept."""
+    threads: int = 0
+    """torch threads (0 = torch's default)."""
+
+
+def subnormal_ratio(a: BenchConfig) -> tuple[float, float]:
+    """Seconds of one SGD step (lr 0.03) after 3 from zero, without and with the flush."""
+    from pythia_probe.toy.train import sgd_step, subnormals_flushed
+
+    cfg = ToyConfig(a.vocab, a.seq_len, a.layers)
+    seqs = torch.randint(0, a.vocab, (a.batch, a.seq_len + 1),
+                         generator=torch.Generator().manual_seed(1))
+    model = AttnOnlyTransformer(cfg)
+    params = list(model.parameters())
+    for _ in range(3):
+        sgd_step(model, params, seqs, 0.03)
+    saved = [p.detach().clone() for p in params]
+
+    def step(flush: bool) -> None:
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+        if flush:
+            with subnormals_flushed(torch.device("cpu")):
+                sgd_step(model, params, seqs, 0.03)
+        else:
+            sgd_step(model, params, seqs, 0.03)
+
+    best = best_seconds({"plain": lambda: step(False), "flushed": lambda: step(True)},
+                        max(1, a.reps // 2))
+    return best["plain"], best["flushed"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--vocab", type=int, default=509)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--reps", type=int, default=5, help="interleaved rounds; min time is kept")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    a = p.parse_args(argv)
+    a = parse_config(BenchConfig, argv, "python benchmarks/bench_toy.py")
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -108,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             line += (f"  {flops / tokens / 1e6:6.1f} MFLOP/token  {flops / t / 1e9:6.1f} GFLOP/s"
                      f" = {flops / t / peak:.1%} of matmul")
         print(line)
+    plain, flushed = subnormal_ratio(a)
+    print(f"SGD step after 3 steps at lr 0.03: {plain:.3f} s with subnormal floats, "
+          f"{flushed:.3f} s flushed to zero = {plain / flushed:.1f}x (the trainer flushes on CPU)")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python benchmarks/bench_toy.py"))

@@ -126,14 +126,16 @@ def test_pretraining_examples_are_fresh_and_shaped_like_attention():
     assert not torch.equal(tok, tok2)
     single, two = w[:, 2] == 0, w[:, 2] > 0
     assert int(two.sum()) == 300 and torch.allclose(w.sum(1), torch.ones(400, dtype=w.dtype))
-    s, a = tok[two][:, 0::2], tok[two][:, 1::2] - kb.cfg.n_subjects
+    assert (w[:, 4:] == 0).all()  # rows = 0: no mass on s3 or '?'
+    s, a = tok[two][:, 0:4:2], tok[two][:, 1:4:2] - kb.cfg.n_subjects
     cons = consistent(kb, s, a)
     assert bool((cons.all(1).sum(-1) == 1).all()) and bool(cons.all(1)[
         torch.arange(300), y[two]].all())  # Assumption 1, and the label is that relation
     assert bool((kb.f[tok[single][:, 0], y[single]] == tok[single][:, 1] - kb.cfg.n_subjects)
                 .all())
-    at, ay = answer_examples(kb, 50, seed=3)
-    assert bool((kb.f[at[:, 0], at[:, 1] - kb.cfg.n_subjects - kb.cfg.n_answers] == ay).all())
+    at, aw, ay = answer_examples(kb, 50, seed=3)
+    assert bool((kb.f[at[:, 4], at[:, 6] - kb.cfg.n_subjects - kb.cfg.n_answers] == ay).all())
+    assert (aw[:, 4] == 1).all() and (aw[:, 6] == 1).all() and aw.sum() == 100  # s3 + r*
 
 
 def test_beta_defaults_by_kind_and_scales_the_pretrained_logits():

@@ -66,19 +66,66 @@ def test_seeded_run_is_deterministic():
     assert not torch.equal(a.model.W_PP, c.model.W_PP)
 
 
-def test_pretrained_memory_learns_the_triples():
+@pytest.mark.parametrize("rows", [0.0, 0.5])
+def test_pretrained_memory_learns_the_triples(rows):
+    """Also when half its examples are attention-like rows (their loss stays higher: a row with
+    little mass on the pairs carries little of the relation)."""
     task = TaskConfig(n_subjects=20, n_relations=4, n_answers=20, rho=0.2)
     kb = make_kb(task)
     mem = PretrainedMemory(kb, MemoryConfig(kind="pretrained", d_model=64, d_hidden=256,
-                                            pretrain_epochs=150, pretrain_lr=1e-2, beta=1.0))
+                                            pretrain_epochs=150, pretrain_lr=1e-2, beta=1.0,
+                                            pretrain_rows=rows))
     losses = pretrain(mem, batch=64)
-    assert losses[-1] < 0.2 * losses[0]
+    assert losses[-1] < (0.2 if rows == 0 else 0.5) * losses[0]
     s, r = (t.flatten() for t in torch.meshgrid(torch.arange(20), torch.arange(4), indexing="ij"))
     ans = mem.answer_logits(torch.stack([s, kb.relation_token(r)], 1), torch.ones(2))
     assert (ans.argmax(-1) == kb.f[s, r]).float().mean() > 0.95
     rel = mem.relation_logits(torch.stack([s, kb.answer_token(kb.f[s, r])], 1), torch.ones(2))
     assert (rel.argmax(-1) == r).float().mean() > 0.8  # ambiguous pairs cannot all be right
     assert not any(p.requires_grad for p in mem.parameters())
+
+
+def test_pretraining_examples_reach_the_query_subject_and_separator():
+    """With pretrain_rows > 0 the memory also sees whole prompts read through random attention
+    rows (mass on s3 and '?', as in fine-tuning); with 0 it never does."""
+    from pythia_probe.toy.icrecall.pretrained import answer_examples, relation_examples
+
+    kb = make_kb(TaskConfig(n_subjects=20, n_relations=4, n_answers=20, rho=0.2))
+    for rows in (0.0, 0.5):
+        tok, w, y = relation_examples(kb, 400, mix=0.75, seed=1, rows=rows)
+        assert tok.shape == w.shape == (400, 6) and y.shape == (400,)
+        torch.testing.assert_close(w.sum(1), torch.ones(400))
+        off = w[:, 4:].sum(1) > 0
+        assert int(off.sum()) == round(rows * 400)  # only the attention-row examples
+        assert (tok[:, 5] == kb.sep_token).all() and (y == relation_of(kb, tok, y)).all()
+        atok, aw, ay = answer_examples(kb, 400, seed=2, rows=rows)
+        assert atok.shape == aw.shape == (400, 7)
+        torch.testing.assert_close(aw.sum(1), torch.full((400,), 2.0))  # row + residual r*
+        assert int((aw[:, :4].sum(1) > 0).sum()) == round(rows * 400)
+        assert (ay == kb.f[atok[:, 4], atok[:, 6] - kb.cfg.n_subjects - kb.cfg.n_answers]).all()
+
+
+def relation_of(kb, tok, y):
+    """The prompts' relation, checked against the knowledge base: f(s1, r) = a1."""
+    a1 = tok[:, 1] - kb.cfg.n_subjects
+    assert (kb.f[tok[:, 0], y] == a1).all()
+    return y
+
+
+def test_cli_prints_the_headline_numbers_beside_the_papers(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--n-subjects", "30", "--n-relations", "6", "--n-answers", "100", "--d-model",
+                 "128", "--steps", "40", "--n-test", "200", "--n-monitor", "0", "--out",
+                 str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    m = dict(zip(*(read_shard(out / "metrics.parquet")[c] for c in ("metric", "value")),
+                 strict=True))
+    line = next(x for x in printed.splitlines() if x.startswith("relation accuracy (sampled)"))
+    assert f"{m['relation_sampled']:.5f}" in line and line.endswith(">= 0.999")
+    assert "near-perfect" in printed and "v* = (a, a, 1/2-a, 1/2-a, 0, 0)" in printed
+    assert "often about 8" in printed
+    assert "settings: n = 180 triples (|S| 30, |R| 6, N_A 100" in printed
+    assert "40 steps on N = 8 prompts; 200 fresh test prompts" in printed
 
 
 def test_cli_writes_tidy_tables(tmp_path):

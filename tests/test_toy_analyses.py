@@ -26,16 +26,22 @@ def scripts():
         sys.path.remove(str(ANALYSES))
 
 
-def test_min_cosines_takes_min_over_steps_and_layers(scripts):
+def test_min_cosines_takes_min_over_steps_and_layers_beside_the_noise_floor(scripts):
+    """Layers are 1-based in the rows and the table (the paper's numbering)."""
+    from pythia_probe.toy.repro import markdown
+
     df = pd.DataFrame({"metric": ["cos_W_Qbar"] * 3 + ["cos_V_PhiBT", "cos_W_O_Bbar",
-                                                        "cos_P_Delta"],
-                       "step": [1, 2, 2, 1, 1, 1], "layer": [0, 0, 1, 0, None, 0],
-                       "value": [0.99, 0.98, 0.995, 0.9, 0.8, 0.7]})
+                                                        "cos_P_Delta", "noise_floor_W_O_Bbar"],
+                       "step": [1, 2, 2, 1, 1, 1, None], "layer": [1, 1, 2, 1, None, 1, None],
+                       "value": [0.99, 0.995, 0.98, 0.9, 0.8, 0.7, 0.81]})
     table = scripts["toy_table1"].min_cosines(df).set_index("weight")
     row = table.loc["attention (W vs Qbar)"]
-    assert row["ours_min_cosine"] == 0.98 and row["at_step"] == 2 and row["at_layer"] == 1
+    assert row["ours_min_cosine"] == 0.98 and row["at_step"] == 2 and row["at_layer"] == 2
     assert table.loc["attention (W vs Qbar)", "paper"] == pytest.approx(0.999496)
-    assert "| weight |" in scripts["toy_table1"].markdown(table.reset_index())
+    assert table.loc["output (W_O vs Bbar)", "noise_floor"] == pytest.approx(0.81)
+    assert math.isnan(table.loc["attention (W vs Qbar)", "noise_floor"])  # none in this run
+    assert math.isnan(table.loc["positional (P vs Delta)", "paper"])
+    assert "| weight |" in markdown(table.reset_index())
 
 
 def test_ablation_of_pure_leading_terms_gives_uniform_loss(scripts):

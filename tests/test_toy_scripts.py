@@ -27,7 +27,8 @@ def scripts():
 
 def test_table2_min_cosines_beside_paper(scripts, tmp_path, monkeypatch, capsys):
     t2 = scripts["toy_table2"]
-    monkeypatch.setattr(t2, "CPU", {**t2.CPU, **TINY, "tokenizer": "bpe:300", "epochs": 2})
+    monkeypatch.setattr(t2, "CPU", {**t2.CPU, **TINY, "tokenizer": "bpe:300", "epochs": 2,
+                                    "log_every": 1})
     run_dir, out = tmp_path / "run", tmp_path / "out"
     assert t2.main(["--run-dir", str(run_dir), "--results", str(out)]) == 0
     df = read_results(run_dir)  # validates every shard
@@ -43,8 +44,18 @@ def test_table2_min_cosines_beside_paper(scripts, tmp_path, monkeypatch, capsys)
     assert pd.isna(table.loc["positional (P vs Delta)", "paper"])
     md = (out / "table2.md").read_text()
     assert md.startswith("# Table 2 (BPE tokenizer)") and "| 0.999914 |" in md
+    floor = df[df["analysis"] == "toy_noise_floor"].set_index("metric")["value"]
+    out_row = table.loc["output (W_O vs Bbar)"]
+    assert out_row["noise_floor"] == pytest.approx(floor["noise_floor_W_O_Bbar"])
+    assert 0 < out_row["noise_floor"] < 1  # the first batch is not the whole training set
     printed = capsys.readouterr().out
     assert "tokenizer=bpe" in printed and "0.999914" in printed
+    first, last = map(float, re.search(r"training loss \(interval means\): (\d+\.\d+) -> "
+                                       r"(\d+\.\d+)", printed).groups())
+    loss = df[df["metric"] == "loss"].sort_values("step")["value"]
+    assert first == pytest.approx(loss.iloc[0], abs=1e-4) and last < first
+    assert "noise_floor: cosine of the first-batch" in md
+    assert "tokenizer bpe:300 (paper bpe:10000)" in printed
     assert (out / "table2.png").stat().st_size > 0
 
 

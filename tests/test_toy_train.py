@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
+from pythia_probe import theory
+from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.results import read_manifest, read_results, validate
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.toy import train as tt
@@ -58,7 +61,7 @@ def test_rows_are_tidy_and_cover_every_layer(tmp_path):
     assert sorted(df["step"].unique()) == [2, 4, 6, 8]
     last = df[df["step"] == 8]
     for metric in ("cos_W_Qbar", "cos_V_PhiBT", "cos_P_Delta", "relerr_W_Qbar"):
-        assert sorted(last.loc[last["metric"] == metric, "layer"]) == [0, 1]
+        assert sorted(last.loc[last["metric"] == metric, "layer"]) == [1, 2]  # 1-based
     w_o = last[last["metric"] == "cos_W_O_Bbar"]
     assert len(w_o) == 1 and w_o["layer"].isna().all()
     assert (df["model"] == tt.MODEL_NAME).all() and df["value"].map(math.isfinite).all()
@@ -117,7 +120,7 @@ def cli_args(out: Path, epochs: int, *extra: str) -> list[str]:
             "--log-every", "2", "--out", str(out), *extra]
 
 
-def test_cli_end_to_end_and_resume(tmp_path):
+def test_cli_end_to_end_and_resume(tmp_path, capsys):
     assert tt.main(cli_args(tmp_path / "full", 3)) == 0
     assert tt.main(cli_args(tmp_path / "cut", 1)) == 0
     first_id = read_manifest(tmp_path / "cut")["run_id"]
@@ -133,10 +136,23 @@ def test_cli_end_to_end_and_resume(tmp_path):
     for name, p in full.state_dict().items():
         assert torch.equal(p, resumed.state_dict()[name]), name
     df = read_results(tmp_path / "full")
-    assert sorted(df["step"].unique()) == [2, 4, 6]
+    assert sorted(df.loc[df["analysis"] == tt.ANALYSIS, "step"].unique()) == [2, 4, 6]
     assert df["stats_id"].notna().all()
-    torch.testing.assert_close(stats["Bbar"], reference_stats(data.tokens[
-        tt.make_schedule(cfg, 16).batch_indices(0)], data.d_vocab)["Bbar"])
+    first = reference_stats(data.tokens[tt.make_schedule(cfg, 16).batch_indices(0)],
+                            data.d_vocab)
+    torch.testing.assert_close(stats["Bbar"], first["Bbar"])
+    # the noise floor: each first-batch leading term against the whole training set's
+    floor = df[df["analysis"] == "toy_noise_floor"].set_index("metric")["value"]
+    whole = reference_stats(data.tokens, data.d_vocab)
+    assert len(floor) == 4
+    for w, suffix in tt.PAIRS.items():
+        term = theory.LEADING_TERM[w]
+        want = frobenius_cosine(first[term], whole[term])
+        assert floor[f"noise_floor_{suffix}"] == pytest.approx(want, abs=1e-5), w
+        assert want < 1 - 1e-4  # 8 of 16 sequences: the batch differs from the whole set
+    printed = capsys.readouterr().out
+    assert "noise floor" in printed and "0.999496" in printed and "lr 0.3 (paper 0.005)" in printed
+    assert f"{floor['noise_floor_W_O_Bbar']:.6f}" in printed
 
 
 def test_cli_refuses_to_resume_with_other_settings(tmp_path):
@@ -145,19 +161,27 @@ def test_cli_refuses_to_resume_with_other_settings(tmp_path):
         tt.main([*cli_args(tmp_path, 2), "--lr", "0.1"])
 
 
+LAUNCHERS = {
+    "accelerate": ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "--main_process_port", "0", "-m", "pythia_probe.toy.train"],
+    "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                 "-m", "pythia_probe.toy.train"],
+}
+
+
 @pytest.mark.slow
-def test_accelerate_data_parallel_matches_single_process(tmp_path):
-    """Two CPU processes (gloo) under `accelerate launch` give the single-process weights."""
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_data_parallel_matches_single_process(tmp_path, launcher):
+    """Two CPU processes (gloo) under `accelerate launch` or `torchrun` give the single-process
+    weights: ranks come from the Ranks built at the entry point, one share of each batch each."""
     import subprocess
     import sys
 
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes",
-              "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", "0",
-              "-m", "pythia_probe.toy.train"]
-    done = subprocess.run([*launch, *cli_args(tmp_path / "ddp", 2)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, *LAUNCHERS[launcher], *cli_args(tmp_path / "ddp", 2)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("Table 1: min over logged steps") == 1  # rank 0 alone reports
     assert tt.main(cli_args(tmp_path / "one", 2)) == 0
     _, ddp, _, _ = tt.load_run(tmp_path / "ddp")
     _, one, _, _ = tt.load_run(tmp_path / "one")
@@ -197,3 +221,77 @@ def test_runs_saved_under_the_old_field_names_still_load():
                                                                    None)
     assert cfg.data_config().tokenizer == "bpe" and cfg.data_config().d_vocab == 1000
     assert tt.saved_config({"tokenizer": "word:50", "dataset": "x"})["tokenizer"] == "word:50"
+
+
+def test_training_flushes_subnormals_without_changing_the_weights(tmp_path):
+    """train() flushes subnormal floats on CPU (speed); the weights equal plain SGD steps taken
+    without flushing, to float32 rounding."""
+    cfg = config(tmp_path, epochs=2, lr=0.03)
+    flushed = run_train(cfg)
+    plain = AttnOnlyTransformer(ToyConfig(D_VOCAB, T, cfg.layers))
+    seqs, sched = corpus(), tt.make_schedule(cfg, N)
+    for step in range(sched.total_steps):
+        tt.sgd_step(plain, list(plain.parameters()), seqs[sched.batch_indices(step)], cfg.lr)
+    assert float(flushed.W.detach().abs().max()) > 0
+    for name, p in plain.state_dict().items():
+        torch.testing.assert_close(flushed.state_dict()[name], p, rtol=1e-5, atol=1e-30, msg=name)
+    assert torch.tensor(1e-40).item() != 0  # the flush ended with training
+
+
+def test_disk_full_while_a_checkpoint_serialises_is_one_line(tmp_path, monkeypatch, capsys):
+    """safetensors reports a full disk in its own exception type: one line naming the file."""
+    from safetensors import SafetensorError
+
+    from pythia_probe import fileio
+    from pythia_probe.cli import run_main
+    from pythia_probe.toy import resume
+
+    def full(tensors, path, metadata=None):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                              "StorageFull, message: \"No space left on device\" })")
+    monkeypatch.setattr(resume, "save_file", full)
+    monkeypatch.setattr(fileio, "free_bytes", lambda path: 512)
+    assert run_main(lambda: tt.main(cli_args(tmp_path / "run", 1)), "toy") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert "disk full writing" in err[0] and "theory.safetensors" in err[0], err
+    assert "512 bytes free" in err[0]
+    assert not list((tmp_path / "run").glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("manifest", ['[1, 2]', '{"config": 5}', '{"run_id": "x"}',
+                                      '{"config": {}, "earlier_run_ids": "x"}'])
+def test_a_resume_manifest_of_the_wrong_shape_is_one_line(tmp_path, capsys, manifest):
+    from pythia_probe.cli import run_main
+
+    out = tmp_path / "run"
+    assert tt.main(cli_args(out, 1)) == 0
+    (out / "manifest.json").write_text(manifest)
+    capsys.readouterr()
+    assert run_main(lambda: tt.main(cli_args(out, 2)), "toy") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # the shared reader (results.read_manifest) or the toy check (resume.run_manifest) refuses it
+    assert len(err) == 1 and re.search(
+        re.escape(f"{out / 'manifest.json'} is not a ") + "(toy )?run manifest", err[0]), err
+
+
+def test_default_output_folders_are_outside_the_committed_results():
+    """runs/ is git-ignored; results/ holds committed tables."""
+    from pythia_probe.toy.icrecall.__main__ import RunFlags
+
+    ignored = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()
+    assert "/runs/" in ignored
+    for out in (tt.TrainConfig().out, RunFlags().out):
+        assert Path(out).parts[0] == "runs", out
+
+
+def test_a_cosine_outside_its_range_is_refused_not_written(tmp_path, monkeypatch):
+    from pythia_probe.errors import OutOfRangeError
+
+    a = torch.ones(3, 3)
+    assert tt.checked_cosine(a, a, "x") == pytest.approx(1.0)
+    assert math.isnan(tt.checked_cosine(a, torch.zeros(3, 3), "x"))  # no direction: no row
+    monkeypatch.setattr(tt, "frobenius_cosine", lambda a, b: 2.5e54)  # e.g. corrupt statistics
+    with pytest.raises(OutOfRangeError, match="cosine of W_O layer None is 2.5e"):
+        run_train(config(tmp_path, epochs=1))
+    assert not (tmp_path / "rows").exists()

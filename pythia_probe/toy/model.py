@@ -52,13 +52,13 @@ def pair_gather(M: Tensor, x: Tensor) -> Tensor:
 def check_tokens(tokens: Tensor, cfg: ToyConfig) -> None:
     """Raise a clear error for token tensors the model cannot take."""
     if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"tokens must be an integer tensor [batch, T], got {tuple(tokens.shape)} "
-                         f"{tokens.dtype}")
+        raise BadInputError(f"tokens must be an integer tensor [batch, T], got "
+                            f"{tuple(tokens.shape)} {tokens.dtype}")
     if tokens.shape[1] > cfg.n_ctx or tokens.shape[1] < 1:
-        raise ValueError(f"sequence length {tokens.shape[1]} not in 1..n_ctx={cfg.n_ctx}")
+        raise BadInputError(f"sequence length {tokens.shape[1]} not in 1..n_ctx={cfg.n_ctx}")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= cfg.d_vocab):
-        raise ValueError(f"token ids must lie in 0..{cfg.d_vocab - 1}, got "
-                         f"{int(tokens.min())}..{int(tokens.max())}")
+        raise BadInputError(f"token ids must lie in 0..{cfg.d_vocab - 1}, got "
+                            f"{int(tokens.min())}..{int(tokens.max())}")
 
 
 class AttnOnlyTransformer(nn.Module):
@@ -74,7 +74,7 @@ class AttnOnlyTransformer(nn.Module):
                  device: torch.device | str | None = None, mode: str = "auto") -> None:
         super().__init__()
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise BadInputError(f"mode must be one of {MODES}, got {mode!r}")
         self.cfg = cfg
         L, V, T = cfg.n_layers, cfg.d_vocab, cfg.n_ctx
         kw = {"dtype": dtype, "device": device}

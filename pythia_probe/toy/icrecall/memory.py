@@ -37,8 +37,9 @@ class MemoryConfig:
     beta: inverse temperature applied to memory logits (None: the kind's default, BETA_DEFAULT:
     400 for the constructed votes; 2 for the pre-trained MLP, i.e. twice its logits as trained,
     sharp enough that sampling from the ideal row is near-certain). Pre-trained MLP: d_hidden,
-    pretrain_epochs, pretrain_lr, pretrain_mix (fraction of relation examples that are two-pair
-    prompts; see pretrained.py)."""
+    pretrain_epochs, pretrain_lr, pretrain_mix (fraction of the pair examples that are two-pair
+    prompts), pretrain_rows (fraction of all relation and answer examples that are whole prompts,
+    s3 and '?' included, read through a random attention row; see pretrained.py)."""
 
     kind: str = "constructed"
     embedding: str = "random"
@@ -52,6 +53,7 @@ class MemoryConfig:
     pretrain_epochs: int = 150
     pretrain_lr: float = 1e-2
     pretrain_mix: float = 0.75
+    pretrain_rows: float = 0.5
     seed: int = field(default=0, metadata={"flag": "memory_seed"})
 
     def __post_init__(self) -> None:
@@ -72,8 +74,9 @@ class MemoryConfig:
             raise BadInputError("beta and power must be > 0 and threshold, smooth >= 0, got "
                              f"beta={self.beta}, power={self.power}, threshold={self.threshold}, "
                              f"smooth={self.smooth}")
-        if not 0.0 <= self.pretrain_mix <= 1.0:
-            raise BadInputError(f"pretrain_mix must be in [0, 1], got {self.pretrain_mix}")
+        for name in ("pretrain_mix", "pretrain_rows"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise BadInputError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
     @property
     def inverse_temperature(self) -> float:

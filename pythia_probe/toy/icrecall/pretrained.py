@@ -4,19 +4,20 @@ MLP d -> d_hidden -> d_vocab with ReLU and biases, over fixed random embeddings,
 attention output h = sum_j w_j e_{x_j} (plus the residual where the model adds one). Trained by
 Adam (cosine-decayed learning rate) with cross-entropy, each softmax restricted to its token type,
 on examples drawn afresh every epoch (a memory that sees the same few mixtures every epoch learns
-them, not the rule):
-- relation, single pair: h = (e_s + e_a) / 2 -> r for a uniform stored triple (s, r, a); an
-  ambiguous pair's label is whichever consistent relation was drawn, so the memory learns to
-  split its vote;
-- relation, two pairs (a fraction ``pretrain_mix``): h = (e_s1 + e_a1 + e_s2 + e_a2) / 4 from a
-  fresh prompt drawn like the fine-tuning prompts (Assumption 1, confusing prompts at their
-  natural rate) -> r;
-- answer: h = e_s + e_r -> a for a uniform stored triple (the answer step's input: attention on
-  the query subject plus the residual relation token).
-The weights are those of the attention pattern the memory will be read with (1/2 per token of a
-single pair, 1/4 for two pairs), so the biases see the scale they meet in fine-tuning.
-Frozen afterwards; fine-tuning uses the trained logits times ``inverse_temperature`` (1 by
-default: the memory's own temperature).
+them, not the rule). Every example is a whole prompt s1 a1 s2 a2 s3 ? r* read through a weight
+row, as the fine-tuned model reads it:
+- relation, single pair: weights 1/2 on s1 and a1 -> r; an ambiguous pair's label is whichever
+  consistent relation the prompt was drawn with, so the memory learns to split its vote;
+- relation, two pairs (a fraction ``pretrain_mix`` of the pair examples): 1/4 on each of s1, a1,
+  s2, a2 -> r;
+- answer: 1 on s3 plus the residual r* -> f(s3, r) (the answer step's ideal input);
+- attention-like rows (a fraction ``pretrain_rows`` of the relation and of the answer
+  examples): a random row w ~ Dirichlet(1, ..., 1) over s1 a1 s2 a2 s3 ? (relation -> r) or over
+  the seven positions plus the residual r* (answer -> f(s3, r)): the inputs the memory meets
+  while the attention moves, s3 and '?' included, so that it learns what mass off the pairs
+  costs instead of never having seen it.
+Prompts are drawn like the fine-tuning prompts (Assumption 1, confusing prompts at their natural
+rate). Frozen afterwards; fine-tuning uses the trained logits times ``inverse_temperature``.
 """
 
 from __future__ import annotations
@@ -73,32 +74,44 @@ class PretrainedMemory(torch.nn.Module):
         return self.cfg.inverse_temperature * self.raw_answer_logits(tokens, weights)
 
 
-def relation_examples(kb: KnowledgeBase, n: int, mix: float, seed: int):
-    """Fresh relation examples: tokens (n, 4), weights (n, 4), targets (n,) (module doc)."""
-    g = torch.Generator().manual_seed(seed)
-    n_mix = int(round(mix * n))
-    n_one = n - n_mix
-    c = kb.cfg
-    s = torch.randint(c.n_subjects, (n_one,), generator=g)
-    r = torch.randint(c.n_relations, (n_one,), generator=g)
-    a = kb.answer_token(kb.f[s, r])
-    tok = [torch.stack([s, a, s, a], 1)]
-    w = [torch.tensor([0.5, 0.5, 0.0, 0.0]).expand(n_one, 4)]
-    target = [r]
-    if n_mix:
-        p = sample_prompts(kb, n_mix, seed=seed + 1, k=2)
-        tok.append(p.tokens(kb)[:, :4])
-        w.append(torch.full((n_mix, 4), 0.25))
-        target.append(p.relation)
-    return torch.cat(tok), torch.cat(w), torch.cat(target)
+def dirichlet_rows(n: int, m: int, g: torch.Generator) -> torch.Tensor:
+    """(n, m) rows uniform on the simplex (Dirichlet(1, ..., 1): normalised exponentials)."""
+    e = -torch.log(torch.rand(n, m, generator=g, dtype=torch.float64).clamp_min(1e-300))
+    return (e / e.sum(1, keepdim=True)).float()
 
 
-def answer_examples(kb: KnowledgeBase, n: int, seed: int):
-    """Fresh answer examples: tokens (n, 2) = (s, r), targets (n,) = f(s, r)."""
-    g = torch.Generator().manual_seed(seed)
-    s = torch.randint(kb.cfg.n_subjects, (n,), generator=g)
-    r = torch.randint(kb.cfg.n_relations, (n,), generator=g)
-    return torch.stack([s, kb.relation_token(r)], 1), kb.f[s, r]
+def _counts(n: int, rows: float, mix: float) -> tuple[int, int, int]:
+    """(single-pair, two-pair, attention-row) example counts out of n."""
+    n_rows = int(round(rows * n))
+    n_mix = int(round(mix * (n - n_rows)))
+    return n - n_rows - n_mix, n_mix, n_rows
+
+
+def relation_examples(kb: KnowledgeBase, n: int, mix: float, seed: int, rows: float = 0.0):
+    """Fresh relation examples: tokens (n, 6) = s1 a1 s2 a2 s3 ?, weights (n, 6), targets (n,)
+    (module doc)."""
+    n_one, n_mix, n_rows = _counts(n, rows, mix)
+    p = sample_prompts(kb, n, seed=seed + 1, k=2)
+    tok = p.tokens(kb)[:, :6]
+    w = torch.zeros(n, 6)
+    w[:n_one, :2] = 0.5
+    w[n_one:n_one + n_mix, :4] = 0.25
+    if n_rows:
+        w[n - n_rows:] = dirichlet_rows(n_rows, 6, torch.Generator().manual_seed(seed))
+    return tok, w, p.relation
+
+
+def answer_examples(kb: KnowledgeBase, n: int, seed: int, rows: float = 0.0):
+    """Fresh answer examples: tokens (n, 7) = s1 a1 s2 a2 s3 ? r*, weights (n, 7) (attention
+    plus the residual on r*), targets (n,) = f(s3, r)."""
+    n_rows = int(round(rows * n))
+    p = sample_prompts(kb, n, seed=seed + 1, k=2)
+    w = torch.zeros(n, 7)
+    w[:, 4] = 1.0
+    if n_rows:
+        w[n - n_rows:] = dirichlet_rows(n_rows, 7, torch.Generator().manual_seed(seed))
+    w[:, 6] += 1.0
+    return p.tokens(kb), w, p.answers[:, -1]
 
 
 def pretrain(mem: PretrainedMemory, batch: int = 128, progress: bool = False) -> list[float]:
@@ -112,18 +125,18 @@ def pretrain(mem: PretrainedMemory, batch: int = 128, progress: bool = False) ->
     total = cfg.pretrain_epochs * nb
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda t: 0.5 * (1 + math.cos(math.pi * min(t, total) / total)))
-    ones = torch.ones(2)
     losses = []
     for epoch in tqdm(range(cfg.pretrain_epochs), disable=not progress, desc="pretrain memory"):
         seed = (cfg.seed + 1) * 1_000_003 + epoch * 2
-        rel_tok, rel_w, rel_y = relation_examples(kb, n, cfg.pretrain_mix, seed)
-        ans_tok, ans_y = answer_examples(kb, n, seed + 1)
+        rel_tok, rel_w, rel_y = relation_examples(kb, n, cfg.pretrain_mix, seed,
+                                                  cfg.pretrain_rows)
+        ans_tok, ans_w, ans_y = answer_examples(kb, n, seed + 1, cfg.pretrain_rows)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         running = 0.0
         for b in range(nb):
             i = perm[b * batch:(b + 1) * batch]
             loss = (F.cross_entropy(mem.raw_relation_logits(rel_tok[i], rel_w[i]), rel_y[i])
-                    + F.cross_entropy(mem.raw_answer_logits(ans_tok[i], ones), ans_y[i]))
+                    + F.cross_entropy(mem.raw_answer_logits(ans_tok[i], ans_w[i]), ans_y[i]))
             opt.zero_grad()
             loss.backward()
             opt.step()

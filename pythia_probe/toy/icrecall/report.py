@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from pythia_probe.results import write_shard
 from pythia_probe.toy.icrecall.experiment import Outcome, metric_rows
+from pythia_probe.toy.repro import save_figure, write_csv  # noqa: F401 - write_csv re-exported
 
 OUT = Path("results/icrecall")
 
@@ -76,8 +77,6 @@ def subplots(nrows: int = 1, ncols: int = 1, **kw):
 
 
 def savefig(fig, name: str, out_dir: Path = OUT) -> Path:
-    path = Path(out_dir) / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``out_dir/name.png`` through the one atomic writer."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, Path(out_dir) / f"{name}.png", dpi=110)

@@ -91,9 +91,11 @@ def gd_step(model: ICRecallModel, train: Prompts, lr: float, aw: float) -> dict[
 
 
 def train(model: ICRecallModel, train_prompts: Prompts, cfg: TrainConfig,
-          monitor=None, progress: bool = False) -> TrainResult:
+          monitor=None, progress: bool = False, stop=None) -> TrainResult:
     """Fine-tune ``model.W_PP`` in place from zero. ``monitor(model) -> dict`` is called every
-    log_every steps (e.g. accuracy on fresh prompts) and merged into the history."""
+    log_every steps (e.g. accuracy on fresh prompts) and merged into the history;
+    ``stop(history) -> bool``, called after each record, ends training early when True
+    (cfg.steps is then the most steps run)."""
     res = TrainResult()
     g = torch.Generator().manual_seed(cfg.seed + 104729)
     with torch.no_grad():
@@ -109,6 +111,8 @@ def train(model: ICRecallModel, train_prompts: Prompts, cfg: TrainConfig,
             res.snapshots["after_perturbation"] = model.attention_row(model.q_rel).detach().clone()
         if t % cfg.log_every == 0 or t == cfg.steps - 1:
             res.history.append(_record(model, t, losses, monitor))
+            if stop is not None and stop(res.history):
+                break
     res.snapshots["end"] = model.attention_row(model.q_rel).detach().clone()
     return res
 
