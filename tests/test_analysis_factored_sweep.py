@@ -214,3 +214,11 @@ def test_no_groups_or_intervals_off_give_no_scale(step, tmp_path):
     grouped = Grouped(_corpus(V, N=12), 4, lambda t: batch_stats(t, V))
     assert prepare_scale(Lazy(grouped, tmp_path / "s"), ["Qbar"], tc, "memory",
                          replace(sc, intervals=False)) is None
+
+
+def test_no_intervals_flag_reaches_the_scoring():
+    from pythia_probe import sweep
+
+    on = sweep.SweepConfig(model="m", steps="0", stats="s", out="o").split().scoring
+    off = sweep.SweepConfig(model="m", steps="0", stats="s", out="o", intervals=False).split()
+    assert on.intervals and not off.scoring.intervals

@@ -245,6 +245,9 @@ class SweepConfig:
     below this (fewer reads, more memory); 0: one layer per pass."""
     dry_run: bool = False
     """Print the plan (steps, downloads, disk, memory, vocabulary, targets) and stop."""
+    intervals: bool = True
+    """ceiling, ci_low, ci_high on every row where the statistics keep document groups (G + 1
+    scorings per step; --no-intervals: value and chance only)."""
     progress: bool = True
     """Show the progress display."""
     plots: bool = True
@@ -289,7 +292,8 @@ class SweepConfig:
             SourceConfig(self.model, self.cache_dir, self.prefetch, self.max_disk_gb),
             self._statistics(),
             ScoringConfig(tuple(self.analyses), device or self.device, self.dtype, self.heads,
-                          self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows),
+                          self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows,
+                          self.intervals),
             TargetsConfig(self.targets, self.targets_cache),
             PlanConfig(self.steps, self.retries, self.dry_run),
             OutputConfig(str(self.out), self.progress, self.plots))
