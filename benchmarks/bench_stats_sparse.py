@@ -1,18 +1,22 @@
-"""Sparse vs dense statistics engines: peak memory and throughput, measured in the same run.
+"""The sparse engine at the full vocabulary vs the top-5,000 setting, and vs the dense engine:
+peak memory, throughput and file size, measured in the same run.
 
-(a) The paper's Pythia setting: d_vocab 50,277, T = 128, top-k K = 5,000 (the authors'
-    find_top_tokens default), a synthetic Zipf token stream of --docs documents x 129 tokens
-    (default 100,000: the paper's recipe). Exponent 1.08: 787 such documents hold ~15,300
-    distinct ids, as the issue's 787 OpenWebText documents hold 15,281. The sparse engine runs
-    end to end (target: peak host memory <= 12 GB); the dense engine's plan is printed (it
-    cannot run on this machine).
-(b) At the largest vocabulary where the dense engine fits this machine (plan.dense_peak within
-    the --engine auto budget, in multiples of 1,024; or --dense-vocab), both engines over the
-    same Zipf stream (--docs-b documents), same K: tokens/s end to end and per phase, the
-    ratio sparse / dense (target >= 1), and the two results compared (Bbar and Phibar bit for
-    bit, the rest relative to each statistic's largest entry).
-(c) Full vocabulary (no top-k): what the sparse engine's plan needs at 50,277 and at (b)'s
-    vocabulary (it runs where that fits: tests/test_stats_sparse.py runs it small).
+(a) The paper's Pythia setting: d_vocab 50,277, T = 128, a synthetic Zipf token stream of
+    --docs documents x 129 tokens (default 100,000: the paper's recipe; exponent 1.08: 787 such
+    documents hold ~15,300 distinct ids, as 787 OpenWebText documents hold 15,281). The sparse
+    engine end to end at the full vocabulary (factored statistics: targets peak host memory
+    <= 12 GB, time <= the top-5,000 run's, the file a small fraction of the 3 V x V float64
+    outputs, 61 GB, that dense statistics take) and at top-K = 5,000 (the authors'
+    find_top_tokens default, and the baseline). The dense engine's plan is printed (it cannot
+    run on this machine).
+(c) With --driver instead of (a): the full vocabulary as ``stats compute`` runs it: 20 shards of
+    ids through the driver, with token caches and pass-1 / pass-2 checkpoints in a work folder;
+    --groups G keeps G document groups (``CorpusStats.subset``; 0, the default here: none).
+(b) With --dense: at the largest vocabulary where the dense engine fits this machine
+    (plan.dense_peak within the --engine auto budget, in multiples of 1,024; or --dense-vocab),
+    both engines over the same Zipf stream (--docs-b documents), same K: tokens/s end to end
+    and per phase, the ratio sparse / dense (target >= 1), and the two results compared (Bbar
+    and Phibar bit for bit, the rest relative to each statistic's largest entry).
 
 Each measurement runs in its own child process; its peak resident memory is the kernel's
 high-water mark VmHWM (/proc/self/status; ru_maxrss is inherited across fork and exec on
@@ -23,7 +27,8 @@ guest has not used lately costs ~1-2 s/GB (freed pages go back to the host after
 later touches ~0.08 s/GB. Both engines pay that in proportion to the memory they touch; the
 parent first touches --warm-gb and frees it, which spares mostly the first child.
 
-  nice -n 10 python benchmarks/bench_stats_sparse.py [--docs 100000] [--docs-b 100000]
+  nice -n 10 python benchmarks/bench_stats_sparse.py [--docs 100000] [--dense]
+  nice -n 10 python benchmarks/bench_stats_sparse.py --driver --groups 10 [--docs N]
   python benchmarks/bench_stats_sparse.py --quick      # 5,000 documents, small (b)
 """
 
@@ -43,8 +48,9 @@ import torch
 
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import CorpusStats, SequencePolicy, plan, top_k_ids
-from pythia_probe.stats.driver import ENGINES, RunSpec
+from pythia_probe.stats.driver import ENGINES, RunSpec, compute_stats
 from pythia_probe.stats.pass1 import Windows
+from pythia_probe.testing.shards import IdShard, encode_ids
 
 PYTHIA_VOCAB, T, K, ZIPF, BATCH = 50277, 128, 5000, 1.08, 256
 GB = 1e9
@@ -91,11 +97,26 @@ def run_engine(name: str, tokens: torch.Tensor, d_vocab: int, k: int | None,
     fp = eng.first_pass(acc, spec, d)
     ids = None if k is None else top_k_ids(fp.token_counts, k)
     clock.lap("first pass" + (" (V^3 compositions)" if name == "dense" else ""))
-    Q, D = eng.second_pass(fp, Windows.of_batch(tokens, None), ids, spec, d)
+    Q, D, _ = eng.second_pass(fp, Windows.of_batch(tokens, None), ids, spec, d)
     clock.lap("pass 2" + (" (Gbar tiles)" if name == "sparse" else ""))
     stats = eng.assemble(fp, Q, D, {"T": T, "policy": {"kind": "bench"}}, ids, spec)
     clock.lap("outputs")
     return stats, info
+
+
+def run_driver(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock,
+               work: str, groups: int = 0) -> tuple:
+    """The command's path: id shards (20 of them) through compute_stats with a work folder
+    (token caches, pass-1 and pass-2 checkpoints), the sparse engine."""
+    texts = [" ".join(map(str, row)) for row in tokens.tolist()]
+    step = -(-len(texts) // 20)
+    shards = [IdShard(f"zipf{i}", tuple(texts[i * step:(i + 1) * step])) for i in range(20)]
+    clock.lap("shards")
+    spec = RunSpec(d_vocab, SequencePolicy(T), encode_ids, {"bench": 1}, Path(work), top_k=k,
+                   batch_size=BATCH, progress=False, engine="sparse", groups=groups)
+    stats = compute_stats(shards, spec, {})
+    clock.lap("compute_stats (both passes, checkpoints)")
+    return stats, {"context_pairs": 0, "bigrams": 0}
 
 
 def child(spec: dict) -> None:
@@ -103,10 +124,17 @@ def child(spec: dict) -> None:
     torch.set_num_threads(spec["threads"])
     tokens = zipf_tokens(spec["docs"], spec["d_vocab"], spec["seed"])
     clock = Clock()
-    stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock)
-    rss = peak_rss()
+    if spec.get("work"):
+        stats, info = run_driver(tokens, spec["d_vocab"], spec["k"], clock, spec["work"],
+                                 spec.get("groups", 0))
+    else:
+        stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock)
     if spec.get("out"):
-        stats.save(spec["out"], derived=True)
+        stats.save(spec["out"])
+        clock.lap("save")
+        info["file_bytes"] = Path(spec["out"]).stat().st_size
+    info["qbar_pairs"] = getattr(stats.store, "qbar", None) and stats.store.qbar.nnz
+    rss = peak_rss()
     print(json.dumps({"phases": clock.phases, "rss": rss, "tokens": tokens.numel(), **info}))
 
 
@@ -180,6 +208,11 @@ def warm(gb: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=100_000, help="(a): Zipf documents")
+    ap.add_argument("--dense", action="store_true", help="also run (b), sparse vs dense")
+    ap.add_argument("--driver", action="store_true",
+                    help="(c): the full vocabulary through the driver (shards, work folder)")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="(c): document groups kept (CorpusStats.subset)")
     ap.add_argument("--docs-b", type=int, default=None, help="(b): documents (default --docs)")
     ap.add_argument("--dense-vocab", type=int, default=None, help="(b): vocabulary")
     ap.add_argument("--threads", type=int, default=2)
@@ -196,19 +229,64 @@ def main(argv: list[str] | None = None) -> int:
         a.docs, a.docs_b, a.dense_vocab = 5000, 5000, a.dense_vocab or 4096
     budget, how = plan.memory_budget("cpu")
     warm(budget / GB if a.warm_gb is None else a.warm_gb)
-    common = {"threads": a.threads, "seed": 0, "k": K}
+    common = {"threads": a.threads, "seed": 0}
+    if a.driver:
+        through_driver(a, common)
+    else:
+        full_vocab(a, budget, how, common)
+    if a.dense:
+        dense_vs_sparse(a, budget, common)
+    return 0
 
-    need = plan.dense_peak(PYTHIA_VOCAB, K)
-    print(f"(a) d_vocab {PYTHIA_VOCAB:,}, T {T}, K {K:,}, {a.docs:,} Zipf({ZIPF}) documents; "
-          f"auto budget {budget / GB:.1f} GB ({how})")
-    print(f"    dense plan: {need / GB:.1f} GB peak (pass 1 alone "
-          f"{3 * 8 * PYTHIA_VOCAB**2 / GB:.1f} GB): does not fit")
-    r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, **common)
-    print("    " + describe("sparse", r))
-    print(f"    distinct (target, context) pairs {r['context_pairs']:,}, bigrams "
-          f"{r['bigrams']:,}, pass-1 state {r['pass1_bytes'] / GB:.2f} GB, tile width "
-          f"{r['tile_width']}; peak RSS / 12 GB target = {r['rss'] / 12e9:.2f}")
 
+def full_vocab(a, budget: float, how: str, common: dict) -> None:
+    """(a): full vocabulary and top-K with the sparse engine, side by side."""
+    dense_out = 3 * 8 * PYTHIA_VOCAB ** 2
+    print(f"(a) d_vocab {PYTHIA_VOCAB:,}, T {T}, {a.docs:,} Zipf({ZIPF}) documents; auto "
+          f"budget {budget / GB:.1f} GB ({how}); dense plan "
+          f"{plan.dense_peak(PYTHIA_VOCAB, None) / GB:.1f} GB peak: does not fit")
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, k in (("full vocabulary", None), (f"top-{K:,}", K)):
+            out = Path(tmp) / f"{k}.safetensors"
+            res[name] = r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=k,
+                                    out=str(out), **common)
+            print("    " + describe(f"sparse, {name}", r))
+            print(f"      file {r['file_bytes'] / GB:.2f} GB ({r['file_bytes'] / dense_out:.1%} "
+                  f"of the {dense_out / GB:.1f} GB of 3 V x V float64 outputs); Qbar pairs "
+                  f"{r['qbar_pairs']:,}; distinct (target, context) pairs "
+                  f"{r['context_pairs']:,}, bigrams {r['bigrams']:,}; peak RSS / 12 GB target "
+                  f"= {r['rss'] / 12e9:.2f}")
+    (fw, fc), (tw, tc) = rates(res["full vocabulary"]), rates(res[f"top-{K:,}"])
+    print(f"    full vocabulary / top-{K:,} tokens/s: {fw / tw:.2f}x wall, {fc / tc:.2f}x CPU "
+          "(target >= 1)")
+
+
+def through_driver(a, common: dict) -> None:
+    """(c): the full vocabulary as the command runs it (shards, token caches, checkpoints);
+    with --groups G also without groups, the baseline, in the same run."""
+    res = {}
+    for G in sorted({0, a.groups}):
+        with tempfile.TemporaryDirectory() as tmp:
+            res[G] = r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=None,
+                                 out=str(Path(tmp) / "full.safetensors"),
+                                 work=str(Path(tmp) / "work"), groups=G, **common)
+        share = r["file_bytes"] / (3 * 8 * PYTHIA_VOCAB ** 2)
+        print(f"(c) {a.docs:,} documents, {G} document groups; "
+              + describe("the driver, full vocabulary", r))
+        print(f"    file {r['file_bytes'] / GB:.2f} GB ({share:.1%} of the 3 V x V float64 "
+              f"outputs); Qbar pairs {r['qbar_pairs']:,}; peak RSS / 12 GB target = "
+              f"{r['rss'] / 12e9:.2f}")
+    if a.groups:
+        g, n = res[a.groups], res[0]
+        (w0, c0), (wg, cg) = rates(n), rates(g)
+        print(f"    {a.groups} groups / none: peak RSS {g['rss'] / n['rss']:.2f}x, file "
+              f"{g['file_bytes'] / n['file_bytes']:.2f}x, time {w0 / wg:.2f}x wall, "
+              f"{c0 / cg:.2f}x CPU")
+
+
+def dense_vs_sparse(a, budget: float, common: dict) -> None:
+    """(b): both engines at the largest vocabulary where the dense one fits."""
     V = a.dense_vocab or largest_dense_vocab(budget, K)
     docs_b = a.docs_b or a.docs
     print(f"(b) largest vocabulary where the dense engine fits: {V:,} (dense plan "
@@ -223,12 +301,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    sparse / dense tokens/s: {sw / dw:.2f}x wall, {sc / dc:.2f}x CPU "
               "(target >= 1)")
         print("    " + compare(out["sparse"], out["dense"]))
-
-    for vocab in (PYTHIA_VOCAB, V):
-        p = plan.sparse_plan(vocab, T, None, docs=a.docs)
-        print(f"(c) full vocabulary at {vocab:,}: {plan.describe_sparse(p)}; "
-              f"{'fits' if p['fixed_bytes'] <= budget else 'does not fit'} the budget")
-    return 0
 
 
 if __name__ == "__main__":

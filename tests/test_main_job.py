@@ -60,7 +60,7 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
         assert m["statistics"]["recipe"] == {"dataset": "Skylion007/openwebtext", "docs": 100000,
                                              "min_chars": 512, "seq_len": 128, "top_k": K,
                                              "split": "train", "text_field": "text",
-                                             "data_dir": None}
+                                             "data_dir": None, "groups": 0}
         assert "vocabulary: the 300 most frequent tokens" in first  # the plan came first
         assert first.index("download") < first.index("rank 0: 154 steps done")
         assert first.index("rank 0: 154 steps done") < first.index("peak step")  # the summary

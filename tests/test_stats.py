@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -291,17 +292,30 @@ def test_tiled_compositions_and_offload_equal_direct():
         close(x, y, 1e-14)
 
 
-def test_save_without_derived_recomposes_lazily(tmp_path):
+def test_a_first_format_file_still_loads(tmp_path):
+    """A file written before the factored format (dense tensors, format 1) loads and reads the
+    same; one of an unknown format is refused in one line saying to rebuild it."""
     tokens = torch.randint(0, 9, (4, 11), generator=torch.Generator().manual_seed(6))
     s = batch_stats(tokens, 9)
-    path = s.save(tmp_path / "p.safetensors", derived=False)
+    dense = {k: s[k] for k in ("Bbar", "Phibar", "Qbar", "Delta")}
+    old = CorpusStats(dict(dense, token_counts=s.token_counts), dict(s.meta))
+    path = old.save(tmp_path / "old.safetensors")
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
         assert set(f.keys()) == {"Bbar", "Phibar", "Qbar", "Delta", "token_counts"}
+        assert json.loads(f.metadata()["pythia_probe"])["format"] == "pythia_probe.stats/1"
     loaded = CorpusStats.load(path)
-    for name in ("SigmaB", "PhiBT", "Gbar"):
+    for name in NAMES:
         close(loaded[name], s[name], 1e-14)
+    meta = json.loads(safe_open(str(path), "pt").metadata()["pythia_probe"])
+    meta["format"] = "pythia_probe.stats/0"
+    from safetensors.torch import save_file
+
+    save_file(dense, str(tmp_path / "older.safetensors"), {"pythia_probe": json.dumps(meta)})
+    with pytest.raises(CorruptFileError, match="rebuild it with `python -m pythia_probe.stats "
+                                               "compute"):
+        CorpusStats.load(tmp_path / "older.safetensors")
 
 
 def test_gather_path_used_on_gpus_equals_reference(monkeypatch):
@@ -319,16 +333,26 @@ def test_gather_path_used_on_gpus_equals_reference(monkeypatch):
     close(top.Qbar, ref["Qbar"][top.token_ids][:, top.token_ids], scale=scale_of(ref, "Qbar"))
 
 
-def test_streaming_update_finalize_api_equals_batch_stats():
+def test_streaming_update_api_equals_batch_stats():
+    """The accumulators driven by hand through the engine interface (first pass, then
+    QAccumulator.update batch by batch, then assemble) give batch_stats' statistics."""
+    from pythia_probe.ranks import Ranks
+    from pythia_probe.stats.driver import RunSpec
+    from pythia_probe.stats.factors import SparseQ
+    from pythia_probe.stats.sequences import SequencePolicy
+
     tokens = torch.randint(0, 10, (6, 8), generator=torch.Generator().manual_seed(8))
     acc = CountAccumulator(10, 7)
     for i in range(0, 6, 2):
         assert acc.update(tokens[i:i + 2]) is acc
-    first = first_pass(acc)
+    engine = DenseEngine()
+    spec = RunSpec(10, SequencePolicy(7), None, {}, None, progress=False)
+    first = engine.first_pass(acc, spec, Ranks())
     q = QAccumulator(first.Gbar, 7)
     for i in range(0, 6, 3):
         assert q.update(tokens[i:i + 3]) is q
-    stats = DenseEngine().assemble(first, q.qbar_sum(), q.Delta, {"T": 7}, None, None)
+    stats = engine.assemble(first, SparseQ.from_dense(q.qbar_sum()), q.Delta, {"T": 7}, None,
+                            spec)
     ref = batch_stats(tokens, 10)
     for name in NAMES:
         close(stats[name], ref[name], 1e-13)

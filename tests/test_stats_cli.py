@@ -90,6 +90,9 @@ def test_cli_top_k_and_bad_config(tmp_path):
     counts = s.token_counts
     assert bool((counts[:-1] >= counts[1:]).all())  # most frequent first
     assert torch.isfinite(s.Gbar).all()
+    assert StatsConfig(top_k="full").top_k is None and StatsConfig(top_k="50").top_k == 50
+    with pytest.raises(ValueError, match="--top-k must be 'full' or an integer >= 1"):
+        StatsConfig(top_k="many")
     with pytest.raises(ValueError, match="--seq-len must be >= 1"):
         StatsConfig(seq_len=0)
     with pytest.raises(ValueError, match="word:K needs an integer"):

@@ -203,9 +203,13 @@ def test_compiled_kernels_equal_their_numpy_twins():
                                    atol=1e-14)
         ones = sparsecount.spmm(ip, col, A.data, X, threads, False, None, v)
         np.testing.assert_allclose(ones, want - v[None, :], rtol=1e-14, atol=1e-14)
-    for n, block in ((7, 3), (9, 9), (10, 4)):
-        a = g.standard_normal((n, n))
-        np.testing.assert_array_equal(second.transpose_inplace(a.copy(), block), a.T)
+    for size in (0, 7, 8, 9, 1000):  # the tile compaction: numpy's flatnonzero, one pass
+        block, touched = g.standard_normal(size), (g.random(size) < 0.2).astype(np.uint8)
+        want = np.flatnonzero(touched)
+        vals = block[want]
+        flat, got = sparsecount.compact(block, touched)
+        assert np.array_equal(flat, want) and np.array_equal(got, vals)
+        assert not touched.any() and not block[want].any()
     tokens = torch.randint(0, 11, (9, 8), generator=torch.Generator().manual_seed(2))
     lengths = torch.tensor([8, 2, 5, 8, 3, 8, 7, 6, 4])
     for head in (0, 4, 11):
@@ -221,18 +225,21 @@ def test_compiled_kernels_equal_their_numpy_twins():
 
 @pytest.mark.parametrize("top_k", [None, 5])
 def test_c_pass2_equals_its_numpy_specification(top_k, monkeypatch):
-    """sc_sweep and sc_centre against tests/sparse_pass2_oracle.py (in small vectorised steps
-    too), through the whole second pass: Qbar and Delta to float64 rounding."""
+    """sc_sweep, sc_centre_tile and sc_centre against tests/sparse_pass2_oracle.py (in small
+    vectorised steps too), through the whole second pass: Qbar on the same pairs, Qbar and
+    Delta to float64 rounding."""
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, 13, (6, 12), generator=g)
     lengths = torch.tensor([12, 2, 7, 12, 5, 9])
     c = sparse_stats(tokens, 13, lengths=lengths, top_k=top_k, width=4)
     for pairs in (oracle.OCC_PAIRS, 3):
         monkeypatch.setattr(oracle, "OCC_PAIRS", pairs)
-        monkeypatch.setattr(second, "sweep", oracle.sweep)
-        monkeypatch.setattr(second, "centre", oracle.centre)
+        for name in ("sweep", "centre_tile", "centre"):
+            monkeypatch.setattr(sparsecount, name, getattr(oracle, name))
         ref = sparse_stats(tokens, 13, lengths=lengths, top_k=top_k, width=4)
         monkeypatch.undo()
+        assert np.array_equal(c.store.qbar.indptr, ref.store.qbar.indptr)
+        assert np.array_equal(c.store.qbar.rows, ref.store.qbar.rows)
         for name in ("Qbar", "Delta"):
             torch.testing.assert_close(c[name], ref[name], rtol=0,
                                        atol=1e-13 * float(ref[name].abs().max()))
@@ -249,8 +256,14 @@ def test_kernels_refuse_bad_input():
         sparsecount.pairs(bad, np.array([4]), 9, 3, out[:2])
     with pytest.raises(KernelError, match="S: need"):
         sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
-                         np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
-                         np.zeros(1), np.zeros(3), np.zeros(3), np.zeros(81))
+                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
+                          np.zeros(1), np.zeros(3), np.zeros(3), np.zeros(9),
+                          np.zeros(9, dtype=np.uint8))
+    with pytest.raises(KernelError, match="touched: need"):
+        sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
+                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
+                          np.zeros(3), np.zeros(3), np.zeros(3), np.zeros(9),
+                          np.zeros(9))
 
 
 # -- the automatic choice --------------------------------------------------------------------
@@ -262,8 +275,11 @@ def test_auto_choice_dense_when_it_fits_else_sparse():
     assert pythia.plan["dense_peak_bytes"] == 5 * 8 * 50277**2 + (1 << 30)
     plan.check_sparse_fits(pythia, 50277, 5000)  # top-5000 outputs: 1.6 GB
     full = plan.choose_engine("auto", 50277, 128, None, budget=(25.3e9, "test"))
+    plan.check_sparse_fits(full, 50277, None)  # factored: no V x V output at any vocabulary
+    assert full.plan["sparse"]["fixed_bytes"] < 3e9
+    tiny = plan.choose_engine("sparse", 50277, 128, None, budget=(1e9, "test"))
     with pytest.raises(ResourceError, match="full-vocabulary statistics at d_vocab 50,277"):
-        plan.check_sparse_fits(full, 50277, None)
+        plan.check_sparse_fits(tiny, 50277, None)
     resumed = plan.choose_engine("auto", 3000, 128, None, budget=(1e12, "test"),
                                  checkpoint_kind="sparse_count")
     assert resumed.resolved == "sparse" and "resuming" in resumed.reason
@@ -318,7 +334,7 @@ def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
     broken[2] = Shard(shards[2].name, shards[2].texts, fail=True)
     with pytest.raises(KeyboardInterrupt):  # killed in pass 1
         run.compute_stats(broken, spec(tmp_path / "r", "sparse", **kw), {})
-    real, calls = second.sweep, []
+    real, calls = second.Sweep.first, []
 
     def dying(*a, **k):
         calls.append(1)
@@ -326,10 +342,10 @@ def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
             raise KeyboardInterrupt("killed in pass 2")
         return real(*a, **k)
 
-    monkeypatch.setattr(second, "sweep", dying)
+    monkeypatch.setattr(second.Sweep, "first", dying)
     with pytest.raises(KeyboardInterrupt):
         run.compute_stats(shards, spec(tmp_path / "r", "auto", **kw), {})  # auto resumes sparse
-    monkeypatch.setattr(second, "sweep", real)
+    monkeypatch.setattr(second.Sweep, "first", real)
     resumed = run.compute_stats(shards, spec(tmp_path / "r", "auto", **kw), {})
     assert resumed.meta["engine"]["resolved"] == "sparse"
     assert "resuming" in resumed.meta["engine"]["reason"]

@@ -1,11 +1,13 @@
 """Corpus statistics of the leading-terms paper (section 2): streaming, exact, any device.
 
-Public API: ``CorpusStats`` (the frozen result: ``block(name, rows, cols)``, save/load),
+Public API: ``CorpusStats`` (the frozen result, factored at any vocabulary:
+``block(name, rows, cols)``, ``mul`` / ``tmul`` products, ``parts()``, save/load),
 ``batch_stats`` (both passes over one batch), ``compute_stats`` (the shard driver behind
 ``python -m pythia_probe.stats``), ``SequencePolicy``, and the accumulators of both engines
 (``CountAccumulator`` / ``QAccumulator`` of ``stats/dense/``, ``SparseCountAccumulator`` of
 ``stats/sparse/``; ``update -> self``). Layout: ``stats/engine.py`` (the interface),
-``driver.py``, ``pass1.py``, ``plan.py``, ``result.py``, ``dense/``, ``sparse/``, ``native/``.
+``driver.py``, ``pass1.py``, ``plan.py``, ``result.py`` + ``stores.py`` + ``factors.py``,
+``dense/``, ``sparse/``, ``native/``.
 Memory plans: ``stats/MEMORY.md``.
 """
 

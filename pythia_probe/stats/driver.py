@@ -24,6 +24,7 @@ from pythia_probe.ranks import Ranks
 from pythia_probe.stats import plan
 from pythia_probe.stats.dense.engine import DenseEngine
 from pythia_probe.stats.engine import Engine, top_k_ids
+from pythia_probe.stats.groups import check_groups, count_groups, docs_per_group
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.pass1 import (
     RunSpec,
@@ -58,26 +59,44 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
     dev = torch.device(d.device if engine.name == "dense" else "cpu")
     quotas = plan_quotas(shards, spec) if d.world > 1 else None
     mine = [(i, s) for i, s in enumerate(shards) if i % d.world == d.rank]
-    acc = engine.reduce_counts(d, count_pass(mine, spec, d, engine, dev, quotas))
+    acc = engine.reduce_counts(d, count_pass(mine, spec, d, engine, dev, quotas, shards))
     check_counted(acc, spec)
     ledger = list(acc.ledger)
+    windows = Windows.of_shards(spec, ledger, mine)
+    parts = count_groups(engine, windows, spec, d, dev) if spec.groups else None
     fp = engine.first_pass(acc, spec, d)
     ids = None if spec.top_k is None else top_k_ids(fp.token_counts, spec.top_k)
-    Q, D = engine.second_pass(fp, Windows.of_shards(spec, ledger, mine), ids, spec, d)
+    Q, D, sums = engine.second_pass(fp, windows, ids, spec, d)
     if d.rank != 0:
         d.barrier()
         return None
-    stats = engine.assemble(fp, Q, D, run_meta(meta, spec, ledger), ids, spec)
+    meta = with_groups(run_meta(meta, spec, ledger), parts, sums, ledger)
+    stats = engine.assemble(fp, Q, D, meta, ids, spec, parts)
     d.barrier()
     return stats
+
+
+def with_groups(meta: dict[str, Any], parts: list | None, sums: list | None,
+                ledger: list[dict[str, Any]]) -> dict[str, Any]:
+    """``meta`` with the groups recorded (G, the rule, each group's counts), and each group's
+    pass-2 sums attached to its counts."""
+    if not parts:
+        return meta
+    for part, (q, delta) in zip(parts, sums, strict=True):
+        part.qbar, part.delta = q, delta.double()
+    docs = docs_per_group(ledger, len(parts))
+    return dict(meta, groups={"G": len(parts), "rule": "document ordinal mod G",
+                              "counts": [dict(p.counts(), docs=n)
+                                         for p, n in zip(parts, docs, strict=True)]})
 
 
 def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
                 top_k: int | None = None, device: str | torch.device | None = None,
                 tokenizer: dict[str, Any] | None = None, engine: str = "dense",
-                budget_bytes: int | None = None) -> CorpusStats:
+                budget_bytes: int | None = None, groups: int = 0) -> CorpusStats:
     """Both passes, exactly, over one batch [N, T+1] in memory (padding beyond ``lengths``
-    ignored), with the dense (default) or the sparse engine."""
+    ignored), with the dense (default) or the sparse engine; ``groups`` G: row i (a document)
+    in group i mod G."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         raise BadInputError("tokens must be a LongTensor [N, T+1]")
     if engine not in ENGINES:
@@ -90,14 +109,19 @@ def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
     acc.ledger = [{"shard": "batch", "sequences": tokens.shape[0],
                    "sha256": _batch_digest(tokens, lengths)}]
     spec = RunSpec(d_vocab, SequencePolicy(T, short="keep"), None, {}, None, top_k=top_k,
-                   device=str(dev), budget_bytes=budget_bytes, progress=False, engine=engine)
+                   device=str(dev), budget_bytes=budget_bytes, progress=False, engine=engine,
+                   groups=check_groups(groups))
     d = Ranks(device=str(dev))
+    grp = torch.arange(tokens.shape[0]) % groups if groups else None
+    windows = Windows.of_batch(tokens, lengths, grp)
+    parts = count_groups(eng, windows, spec, d, dev) if groups else None
     fp = eng.first_pass(acc, spec, d)
     ids = None if top_k is None else top_k_ids(fp.token_counts, top_k)
-    Q, D = eng.second_pass(fp, Windows.of_batch(tokens, lengths), ids, spec, d)
+    Q, D, sums = eng.second_pass(fp, windows, ids, spec, d)
     meta = {"T": T, "tokenizer": tokenizer, "ledger": acc.ledger, "policy": {"kind": "batch"},
             "engine": {"requested": engine, "resolved": engine, "reason": "batch_stats"}}
-    return eng.assemble(fp, Q, D, meta, ids, spec)
+    ledger = [{"docs": tokens.shape[0], "doc_offset": 0}]
+    return eng.assemble(fp, Q, D, with_groups(meta, parts, sums, ledger), ids, spec, parts)
 
 
 def _batch_digest(tokens: Tensor, lengths: Tensor | None) -> str:
@@ -112,7 +136,7 @@ def resolve(spec: RunSpec, d: Ranks) -> plan.EngineChoice:
     choice = plan.choose_engine(spec.engine, spec.d_vocab, spec.policy.seq_len, spec.top_k,
                                 spec.device, checkpoint_kind=checkpoint_kind(pass1_path(spec, d)),
                                 tile_budget=spec.budget_bytes, docs=spec.max_docs,
-                                sparse_built=sparsecount.available())
+                                sparse_built=sparsecount.available(), groups=spec.groups)
     choice = d.gather(choice)[0]
     if choice.resolved == "sparse":
         plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)

@@ -9,9 +9,11 @@ numbers are held:
   -> self``, exact ``merge``, ``state()`` for checkpoints, ``checksum()`` for ``stats_id``;
 - ``reduce_counts`` (reduce): the exact sum of every rank's counts, on every rank;
 - ``first_pass``: the final pass-1 statistics (Bbar, Phibar and what pass 2 needs of Gbar);
-- ``second_pass``: Qbar and Delta sums over the windows again (reduced over the ranks),
-  resuming from a checkpoint written with the driver's one checkpoint writer;
-- ``assemble``: the frozen :class:`~pythia_probe.stats.result.CorpusStats`.
+- ``second_pass``: Qbar (its non-zero sums, a ``factors.SparseQ``) and Delta sums over the
+  windows again (reduced over the ranks), resuming from a checkpoint written with the driver's
+  one checkpoint writer; with document groups, each group's sums too (the same Gbar);
+- ``assemble``: the frozen :class:`~pythia_probe.stats.result.CorpusStats`, factored (the
+  non-zero pass-1 counts, Qbar's non-zeros and Delta: the same file from both engines).
 
 ``stats/dense/`` keeps V x V tensors (any device, torch kernels); ``stats/sparse/`` keeps
 counts where the corpus has them and composes Gbar by column tiles (CPU, C kernels). Both give
@@ -28,6 +30,7 @@ from torch import Tensor
 
 from pythia_probe.errors import BadInputError, MismatchError
 from pythia_probe.ranks import Ranks
+from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.result import CorpusStats
 
 
@@ -57,13 +60,16 @@ class Engine(ABC):
 
     @abstractmethod
     def second_pass(self, fp: Any, windows: Any, ids: Tensor | None, spec: Any,
-                    d: Ranks) -> tuple[Tensor, Tensor]:
-        """(Qbar sum [k, k], Delta sum [T]) over every rank's windows, on rank 0 at least."""
+                    d: Ranks) -> tuple[SparseQ, Tensor, list | None]:
+        """(Qbar sums on the pairs that occur, Delta sum [T], and with ``spec.groups`` each
+        group's (Qbar, Delta) sums with this same Gbar, else None) over every rank's windows,
+        on rank 0 at least."""
 
     @abstractmethod
-    def assemble(self, fp: Any, Q: Tensor, D: Tensor, meta: dict[str, Any],
-                 ids: Tensor | None, spec: Any) -> CorpusStats:
-        """The frozen statistics (divided by the positions; restricted to ``ids``)."""
+    def assemble(self, fp: Any, Q: SparseQ, D: Tensor, meta: dict[str, Any],
+                 ids: Tensor | None, spec: Any, groups: list | None = None) -> CorpusStats:
+        """The frozen statistics (divided by the positions; restricted to ``ids``; with the
+        groups' counts and sums, ``stats/groups.py``)."""
 
 
 def check_mergeable(a: Any, b: Any) -> None:

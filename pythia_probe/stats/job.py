@@ -15,6 +15,7 @@ from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import driver as run
 from pythia_probe.stats import plan
+from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
 from pythia_probe.stats.result import CorpusStats
 from pythia_probe.stats.sequences import MODES, SequencePolicy
 
@@ -54,8 +55,13 @@ class StatsConfig:
     """Token prepended to every document (None: nothing; Pythia adds none)."""
     eos: str | None = None
     """Token appended to every document (e.g. '<|endoftext|>' for packed windows)."""
-    top_k: int | None = None
-    """Restrict to the K most frequent tokens (composed at full vocabulary, then sliced)."""
+    groups: int = DEFAULT_GROUPS
+    """G: documents in G groups (document ordinal mod G), each group's statistics kept for
+    CorpusStats.subset / leave_out / halves (jackknife intervals, a ceiling from two halves:
+    groups 0..G/2-1 and G/2..G-1); default 10; 0: none."""
+    top_k: str | int | None = None
+    """'full' (the default: every id of the tokenizer) or K: restrict to the K most frequent
+    tokens (composed at full vocabulary, then sliced)."""
     device: str = "cpu"
     """torch device for counting and compositions ('cuda' uses this rank's GPU)."""
     batch_size: int = 256
@@ -96,8 +102,8 @@ class StatsConfig:
         if self.doc_split not in corpus.DOC_SPLITS:
             raise BadInputError(f"--doc-split {self.doc_split!r}; valid: "
                                 f"{', '.join(corpus.DOC_SPLITS)}")
-        if self.top_k is not None and self.top_k < 1:
-            raise BadInputError(f"--top-k must be >= 1, got {self.top_k}")
+        object.__setattr__(self, "top_k", parse_top_k(self.top_k))
+        check_groups(self.groups)
         if self.budget_gb is not None and not self.budget_gb > 0:
             raise BadInputError(f"--budget-gb must be > 0 (GiB for matmul tiles), got "
                                 f"{self.budget_gb}")
@@ -108,6 +114,16 @@ class StatsConfig:
             raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(plan.ENGINES)}")
         if not self.out.endswith(".safetensors"):
             raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
+
+
+def parse_top_k(value: str | int | None) -> int | None:
+    """``--top-k``: None or 'full' for the full vocabulary, else an integer K >= 1."""
+    if value is None or value == "full":
+        return None
+    text = str(value).strip()
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise BadInputError(f"--top-k must be 'full' or an integer >= 1, got {value!r}")
+    return int(text)
 
 
 def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
@@ -139,12 +155,13 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     ident = run.spec_identity(dataset=cfg.dataset, tokenizer=_canonical(fp), policy=policy,
                               min_chars=cfg.min_chars, docs=cfg.docs, split=cfg.split,
                               text_field=cfg.text_field, doc_split=cfg.doc_split,
-                              shards=[s.fingerprint() for s in shards])
+                              shards=[s.fingerprint() for s in shards], groups=cfg.groups)
     spec = run.RunSpec(V, policy, lambda docs: tokenizer.encode_documents(tok, docs), ident,
                        work, cfg.min_chars, cfg.docs, cfg.batch_size, cfg.checkpoint_every,
                        cfg.device, cfg.top_k,
                        None if cfg.budget_gb is None else int(cfg.budget_gb * 2**30),
-                       progress if progress is not None else cfg.progress, engine=cfg.engine)
+                       progress if progress is not None else cfg.progress, engine=cfg.engine,
+                       groups=cfg.groups)
     meta = {"tokenizer": fp, "dataset": cfg.dataset, "config": _jsonable(cfg)}
     if cfg.tokenizer.startswith("word:"):
         meta["tokenizer_file"] = Path(cfg.out).name + ".tokenizer.json"

@@ -52,6 +52,9 @@ class RunSpec:
     budget_bytes: int | None = None
     progress: bool | JobProgress = True
     engine: str = "auto"
+    groups: int = 0
+    """G: documents in G groups by their ordinal in the corpus stream (ordinal mod G), each
+    group's statistics kept beside the totals (0: none)."""
 
 
 def doc_counts(ledger: list[dict]) -> dict[str, int]:
@@ -90,20 +93,23 @@ def pass1_path(spec: RunSpec, d: Ranks) -> Path:
 
 
 def count_pass(mine: list, spec: RunSpec, d: Ranks, engine, dev: torch.device,
-               quotas: dict[str, int] | None):
+               quotas: dict[str, int] | None, shards: list | None = None):
     """Pass 1 over this rank's shards with ``engine``'s accumulator, resuming from its
-    checkpoint."""
+    checkpoint. With groups, each shard's first document has ordinal ``offset``: the documents
+    of the shards before it (one process counts them in order; several scan ``shards``)."""
     path = pass1_path(spec, d)
     acc = _resume_counts(path, spec, engine, dev)
     done = {e["shard"] for e in acc.ledger}
     used = sum(e["docs"] for e in acc.ledger)
+    offsets = offsets_of(shards, spec, quotas) if spec.groups and d.world > 1 else None
     shown = bar(spec, "statistics pass 1", d)
     since = 0
     for index, shard in mine:
         quota = _quota(shard.name, quotas, spec.max_docs, used)
         if shard.name in done or quota == 0:
             continue
-        entry = count_shard(index, shard, acc, spec, quota, shown)
+        offset = used if offsets is None else offsets[index]
+        entry = count_shard(index, shard, acc, spec, quota, shown, offset)
         used += entry["docs"]
         since += 1
         if since >= spec.checkpoint_every:
@@ -115,12 +121,13 @@ def count_pass(mine: list, spec: RunSpec, d: Ranks, engine, dev: torch.device,
 
 
 def count_shard(index: int, shard, acc, spec: RunSpec, quota: int | None,
-                shown) -> dict[str, Any]:
+                shown, offset: int = 0) -> dict[str, Any]:
     """Count one shard, cache its windows, append its ledger entry (with the shard's content
     digest and the cache's sha256, which pass 2 checks the cache against)."""
     content = content_digest(shard.fingerprint())
     seq, docs, cache = read_windows(shard, spec, quota, lambda t, n: (acc.update(t, n),
-                                                                      shown.update(int(n.sum()))))
+                                                                      shown.update(int(n.sum()))),
+                                    offset)
     digest = cache_digest(cache)
     _save_cache(spec, shard.name, cache, content, digest)
     entry = {"shard": shard.name, "index": index, "content": content, "cache_sha256": digest,
@@ -128,16 +135,20 @@ def count_shard(index: int, shard, acc, spec: RunSpec, quota: int | None,
              "sequences": int(cache["lengths"].numel()),
              "positions": int((cache["lengths"] - 1).clamp(min=0).sum()),
              "skipped": dict(seq.skipped, docs_under_min_chars=docs.read - docs.kept)}
+    if spec.groups:
+        entry["doc_offset"] = offset
     if int(cache["lengths"].numel()) == 0:
         entry["skipped"]["empty_shard"] = 1
     acc.ledger.append(entry)
     return entry
 
 
-def read_windows(shard, spec: RunSpec, quota: int | None, each=None):
+def read_windows(shard, spec: RunSpec, quota: int | None, each=None, offset: int = 0):
     """(sequencer, document filter, cache) of one shard. The cache holds only the tokens of
     its windows, without padding (``ids``: int32, concatenated; ``lengths``: int64), so its
-    size follows the tokens kept, whatever T is. ``each(tokens, lengths)`` sees every batch."""
+    size follows the tokens kept, whatever T is; with groups also each window's group
+    (``groups``: int64, (offset + its document's place in the shard) mod G). ``each(tokens,
+    lengths)`` sees every batch."""
     seq = Sequencer(spec.policy, spec.d_vocab)
     docs = _DocFilter(shard.documents(), spec.min_chars, quota)
     ids, lens = [torch.zeros(0, dtype=torch.int32)], [torch.zeros(0, dtype=torch.int64)]
@@ -148,7 +159,10 @@ def read_windows(shard, spec: RunSpec, quota: int | None, each=None):
         valid = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
         ids.append(tokens[valid].to(torch.int32))
         lens.append(lengths)
-    return seq, docs, {"ids": torch.cat(ids), "lengths": torch.cat(lens)}
+    cache = {"ids": torch.cat(ids), "lengths": torch.cat(lens)}
+    if spec.groups:
+        cache["groups"] = (offset + torch.tensor(seq.origins, dtype=torch.int64)) % spec.groups
+    return seq, docs, cache
 
 
 def padded(cache: dict[str, torch.Tensor], T: int) -> dict[str, torch.Tensor]:
@@ -156,13 +170,18 @@ def padded(cache: dict[str, torch.Tensor], T: int) -> dict[str, torch.Tensor]:
     lengths = cache["lengths"]
     tokens = torch.zeros(lengths.numel(), T + 1, dtype=torch.int32)
     tokens[torch.arange(T + 1)[None, :] < lengths[:, None]] = cache["ids"]
-    return {"tokens": tokens, "lengths": lengths}
+    out = {"tokens": tokens, "lengths": lengths}
+    if "groups" in cache:
+        out["groups"] = cache["groups"]
+    return out
 
 
 def cache_digest(cache: dict[str, torch.Tensor]) -> str:
-    """sha256 of a token cache (the windows' tokens and lengths)."""
+    """sha256 of a token cache (the windows' tokens and lengths, and groups when kept)."""
     h = hashlib.sha256(cache["ids"].to(torch.int32).contiguous().numpy().tobytes())
     h.update(cache["lengths"].to(torch.int64).contiguous().numpy().tobytes())
+    if "groups" in cache:
+        h.update(cache["groups"].to(torch.int64).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -191,7 +210,7 @@ def cached_windows(spec: RunSpec, entry: dict[str, Any], shard) -> dict[str, tor
     log.warning("token cache %s of shard %s %s: reading the shard again", path, entry["shard"],
                 why)
     quota = None if spec.max_docs is None else entry["docs"]
-    cache = read_windows(shard, spec, quota)[2]
+    cache = read_windows(shard, spec, quota, offset=entry.get("doc_offset", 0))[2]
     if content_digest(shard.fingerprint()) != entry["content"] or \
             cache_digest(cache) != entry["cache_sha256"]:
         raise MismatchError(f"shard {entry['shard']} changed since pass 1 counted it, and its "
@@ -229,6 +248,18 @@ def plan_quotas(shards: list, spec: RunSpec) -> dict[str, int] | None:
             n = sum(1 for doc in s.documents() if len(doc) >= spec.min_chars)
         out[s.name] = min(n, left)
         left -= out[s.name]
+    return out
+
+
+def offsets_of(shards: list, spec: RunSpec, quotas: dict[str, int] | None) -> list[int]:
+    """The ordinal of each shard's first document in the corpus stream: the documents (with
+    >= min_chars characters, within --docs) of the shards before it (a scan)."""
+    counts = quotas if quotas is not None else {
+        s.name: sum(1 for doc in s.documents() if len(doc) >= spec.min_chars) for s in shards}
+    out, at = [], 0
+    for s in shards:
+        out.append(at)
+        at += counts.get(s.name, 0)
     return out
 
 
@@ -296,12 +327,15 @@ class Windows:
         return cls(units, lambda e: cached_windows(spec, e, by_name[e["shard"]]))
 
     @classmethod
-    def of_batch(cls, tokens: torch.Tensor, lengths: torch.Tensor | None) -> Windows:
+    def of_batch(cls, tokens: torch.Tensor, lengths: torch.Tensor | None,
+                 groups: torch.Tensor | None = None) -> Windows:
         L = tokens.shape[1]
         n = torch.full((tokens.shape[0],), L) if lengths is None else lengths.to(torch.int64)
         n = n.to(tokens.device)
         pad = torch.arange(L, device=tokens.device)[None, :] >= n[:, None]
         batch = {"tokens": tokens.masked_fill(pad, 0).to(torch.int32).cpu(), "lengths": n.cpu()}
+        if groups is not None:
+            batch["groups"] = groups.to(torch.int64).cpu()
         return cls([{"shard": "batch", "index": 0}], lambda e: batch)
 
     def load(self, unit: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -2,16 +2,17 @@
 
 dense (``stats/dense/``): V x V tensors of 8 B, "1 VV" = 8 V^2 bytes (20.2 GB at
 V = 50,277). Pass 1 holds 3 VV (bigram counts and two fixed-point limbs); on the host the peak
-is 5 VV (Bbar, Phibar, SigmaB, Gbar and pass 2's centred Gc), 7 VV at full vocabulary up to
-result.DERIVED_LIMIT ids (Qbar twice and PhiBT), plus the matmul tiles. Its pass 2 runs the
-torch kernels on every device: a batch needs their per-pair workspace (B x T(T+1)/2 pairs).
+is 5 VV (Bbar, Phibar, SigmaB, Gbar; pass 2's centred Gc and Qbar), plus the matmul tiles. Its
+pass 2 runs the torch kernels on every device: a batch needs their per-pair workspace
+(B x T(T+1)/2 pairs). Its statistics are factored like the sparse engine's.
 
 sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^2:
   24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
   padded to T+1 slots), the pair buffer (16 B x max(sparse.BUFFER, one window's pairs)),
-  column tiles (4 arrays of V x width float64, width from the tile budget), the head block
-  (8 B x sparse.HEAD^2) and the outputs.
+  column tiles (4 arrays of V x width float64, width from the tile budget), one tile's Qbar
+  block (9 B x width x V), the head block (8 B x sparse.HEAD^2) and Qbar on the (query, key)
+  pairs that occur (12 B each). No V x V array at any vocabulary.
 
 ``choose_engine``: "auto" follows the plan: dense when its peak fits the device's budget (free
 CUDA memory x 0.9, or the host's available RAM x 0.8) and is below the sparse engine's (its
@@ -31,13 +32,14 @@ from pythia_probe.errors import BadInputError, KernelError, MismatchError, Resou
 from pythia_probe.resources import memory_budget
 from pythia_probe.stats.dense import compose
 from pythia_probe.stats.native import fastcount
-from pythia_probe.stats.result import DERIVED_LIMIT as EAGER_LIMIT
 from pythia_probe.stats.sparse import count as sparse
 from pythia_probe.stats.sparse import tables as sparse_tables
 
 GB = 1e9
 ENGINES = ("auto", "dense", "sparse")
 PAIR_BYTES = 24
+QBAR_PAIR_BYTES = 12  # a (query, key) pair of Qbar: int32 query + float64 value (+ its tile place)
+QBAR_BLOCK_BYTES = 9  # a tile's dense Qbar block: float64 + a touched byte per (key, query)
 BIGRAM_BYTES = 64
 POSITION_BYTES = 28
 TOKEN_BYTES = 4
@@ -60,18 +62,23 @@ class EngineChoice:
         return f"engine: {self.requested} -> {self.resolved} ({self.reason})"
 
 
-def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu") -> int:
+def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int = 0) -> int:
     """Peak bytes of the dense engine on the memory that decides whether it fits.
 
-    CPU: the host peak (5 VV, or 7 VV at full vocabulary up to EAGER_LIMIT) + matmul tiles
-    (the tile budget, or two V x V tiles when the whole matrix is smaller).
-    CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less).
+    CPU: the host peak, 5 VV (pass 1's 3 VV and the factors taken from them; then Bbar,
+    Phibar, SigmaB, Gbar; pass 2's centred Gc and Qbar) + matmul tiles (the tile budget, or
+    two V x V tiles when the whole matrix is smaller). With G document groups: pass 2 holds G
+    Qbar sums instead of one, and the groups are counted one at a time beside the total's
+    3 VV (6 VV).
+    CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less;
+    with groups 6 VV while they are counted, G Qbar sums in pass 2).
     """
     VV = 8 * d_vocab * d_vocab
+    side = d_vocab if top_k is None else top_k + 1
+    extra = max(groups - 1, 0) * 8 * side * side
     if device.startswith("cuda"):
-        return 3 * VV + (1 << 30)
-    factor = 7 if top_k is None and d_vocab <= EAGER_LIMIT else 5
-    return factor * VV + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
+        return max(3 * VV, 6 * VV if groups else 0, 2 * VV + extra) + (1 << 30)
+    return max(5 * VV + extra, 6 * VV if groups else 0) + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
 
 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
@@ -83,37 +90,43 @@ def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
 
 
 def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | None = None,
-                docs: int | None = None) -> dict[str, Any]:
+                docs: int | None = None, groups: int = 0) -> dict[str, Any]:
     """Bytes the sparse engine needs that do not depend on the corpus, and its per-item costs.
-
-    ``docs`` (when known) bounds the distinct context pairs by docs x T (T + 1) / 2.
+    The statistics are factored at any vocabulary: no V x V output (Qbar is kept on the
+    (query, key) pairs that occur). ``docs`` (when known) bounds the distinct pairs by
+    docs x T (T + 1) / 2. With G document groups each group's pairs are kept too (at most as
+    many again as the occurrences: ``group_factor`` 2 on every per-pair cost) and one group's
+    pass-1 buffers are held beside the total's while the groups are counted.
     """
-    VV = 8 * d_vocab * d_vocab
-    if top_k is None:
-        outputs = (6 if d_vocab <= EAGER_LIMIT else 3) * VV
-    else:
-        outputs = 8 * 8 * top_k * top_k
     width = tile_width(d_vocab, budget_bytes)
+    side = d_vocab if top_k is None else top_k + 1
     buffer = max(sparse.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
-    fixed = {"outputs": outputs, "tiles": TILE_ARRAYS * 8 * d_vocab * width,
-             "pair_buffer": 16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2,
+    fixed = {"tiles": TILE_ARRAYS * 8 * d_vocab * width,
+             "qbar_block": QBAR_BLOCK_BYTES * width * side,
+             "pair_buffer": (16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2)
+             * (2 if groups else 1),
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
             "tile_width": width, "bytes_per_context_pair": PAIR_BYTES,
-            "bytes_per_bigram": BIGRAM_BYTES, "bytes_per_position": POSITION_BYTES,
-            "bytes_per_token": TOKEN_BYTES}
+            "bytes_per_qbar_pair": QBAR_PAIR_BYTES, "bytes_per_bigram": BIGRAM_BYTES,
+            "bytes_per_position": POSITION_BYTES, "bytes_per_token": TOKEN_BYTES,
+            "groups": groups, "group_factor": 2 if groups else 1}
     if docs is not None:
-        plan["max_context_pairs"] = min(d_vocab * d_vocab, docs * T * (T + 1) // 2)
+        pairs = docs * T * (T + 1) // 2
+        plan["max_context_pairs"] = min(d_vocab * d_vocab, pairs)
+        plan["max_qbar_pairs"] = min((side - (top_k is not None)) ** 2, pairs)
     return plan
 
 
 def describe_sparse(plan: dict[str, Any]) -> str:
     """One line: fixed bytes and what grows with the corpus."""
-    s = (f"sparse needs {plan['fixed_bytes'] / GB:.2f} GB fixed (outputs "
-         f"{plan['outputs_bytes'] / GB:.2f}, tiles {plan['tiles_bytes'] / GB:.2f}, buffers "
-         f"{plan['pair_buffer_bytes'] / GB:.2f}) + {PAIR_BYTES} B per distinct (target, "
-         f"context) pair + {BIGRAM_BYTES} B per distinct bigram + {POSITION_BYTES} B per "
-         "position")
+    s = (f"sparse needs {plan['fixed_bytes'] / GB:.2f} GB fixed (Gbar tiles "
+         f"{plan['tiles_bytes'] / GB:.2f}, Qbar block {plan['qbar_block_bytes'] / GB:.2f}, "
+         f"buffers {plan['pair_buffer_bytes'] / GB:.2f}) + {PAIR_BYTES} B per distinct "
+         f"(target, context) pair + {QBAR_PAIR_BYTES} B per distinct (query, key) pair + "
+         f"{BIGRAM_BYTES} B per distinct bigram + {POSITION_BYTES} B per position")
+    if plan.get("groups"):
+        s += f", per-pair costs x2 for {plan['groups']} document groups"
     if "max_context_pairs" in plan:
         s += f" (at most {plan['max_context_pairs']:,} pairs)"
     return s
@@ -122,13 +135,14 @@ def describe_sparse(plan: dict[str, Any]) -> str:
 def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
                   device: str = "cpu", budget: tuple[float | None, str] | None = None,
                   checkpoint_kind: str | None = None, tile_budget: int | None = None,
-                  docs: int | None = None, sparse_built: bool = True) -> EngineChoice:
+                  docs: int | None = None, sparse_built: bool = True,
+                  groups: int = 0) -> EngineChoice:
     """Resolve ``--engine``: auto -> dense when its peak fits ``budget`` and is below the
     sparse engine's, else sparse (which needs its C kernels: ``sparse_built``)."""
     if requested not in ENGINES:
         raise BadInputError(f"--engine {requested!r}; valid: {', '.join(ENGINES)}")
     choice = _choose(requested, d_vocab, T, top_k, device, budget, checkpoint_kind,
-                     tile_budget, docs)
+                     tile_budget, docs, groups)
     if choice.resolved == "sparse" and not sparse_built:
         if requested == "auto" and choice.plan["budget_bytes"] is not None and \
                 choice.plan["dense_peak_bytes"] <= choice.plan["budget_bytes"]:
@@ -142,9 +156,9 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
 
 def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str,
             budget: tuple[float | None, str] | None, checkpoint_kind: str | None,
-            tile_budget: int | None, docs: int | None) -> EngineChoice:
-    splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs)
-    need = dense_peak(d_vocab, top_k, device)
+            tile_budget: int | None, docs: int | None, groups: int = 0) -> EngineChoice:
+    splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs, groups)
+    need = dense_peak(d_vocab, top_k, device, groups)
     limit, how = budget if budget is not None else memory_budget(device)
     plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan}
     if requested == "dense" and checkpoint_kind == sparse.SparseCountAccumulator.kind:
@@ -164,7 +178,7 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
         kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
     sparse_need = (splan["fixed_bytes"] if docs is None
-                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget))
+                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget, groups))
     if limit is not None and need <= limit and need <= sparse_need:
         return EngineChoice(requested, "dense", f"dense peak {need / GB:.2f} GB fits budget "
                             f"{limit / GB:.2f} GB ({how}) and is below the sparse engine's "
@@ -176,35 +190,45 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
 
 
 def check_sparse_fits(choice: EngineChoice, d_vocab: int, top_k: int | None) -> None:
-    """Refuse up front when the sparse engine's fixed needs (outputs, tiles, buffers) exceed
-    the budget, saying what they are (full vocabulary at a large d_vocab)."""
+    """Refuse up front when the sparse engine's fixed needs (tiles, Qbar block, buffers)
+    exceed the budget, saying what they are."""
     limit = choice.plan.get("budget_bytes")
     splan = choice.plan["sparse"]
     if limit is None or splan["fixed_bytes"] <= limit:
         return
     what = "full-vocabulary" if top_k is None else f"top-{top_k}"
     raise ResourceError(f"{what} statistics at d_vocab {d_vocab:,} with the sparse engine "
-                        f"need {splan['fixed_bytes'] / GB:.1f} GB before any counting "
-                        f"(outputs {splan['outputs_bytes'] / GB:.1f} GB), more than the budget "
-                        f"{limit / GB:.1f} GB; use --top-k or a machine with more memory")
+                        f"need {splan['fixed_bytes'] / GB:.1f} GB before any counting (Gbar "
+                        f"tiles {splan['tiles_bytes'] / GB:.1f} GB, pair buffer "
+                        f"{splan['pair_buffer_bytes'] / GB:.1f} GB), more than the budget "
+                        f"{limit / GB:.1f} GB; lower --budget-gb (narrower tiles) or --seq-len")
 
 
 def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
-                 budget_bytes: int | None = None) -> int:
+                 budget_bytes: int | None = None, groups: int = 0) -> int:
     """Upper bound of the sparse engine's peak for ``docs`` windows of T+1 tokens: every
-    (target, context) pair and bigram distinct, up to the d_vocab^2 that can exist."""
-    p = sparse_plan(d_vocab, T, top_k, budget_bytes, docs)
+    (target, context) pair, (query, key) pair and bigram distinct, up to the d_vocab^2 that
+    can exist (each kept once more per group part with G groups)."""
+    p = sparse_plan(d_vocab, T, top_k, budget_bytes, docs, groups)
     positions = docs * T
     bigrams = min(positions, d_vocab * d_vocab)
-    return (p["fixed_bytes"] + p["max_context_pairs"] * PAIR_BYTES + bigrams * BIGRAM_BYTES
-            + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
+    return (p["fixed_bytes"] + p["group_factor"] * (
+        p["max_context_pairs"] * PAIR_BYTES + p["max_qbar_pairs"] * QBAR_PAIR_BYTES
+        + bigrams * BIGRAM_BYTES) + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
 
 
-def file_bytes(rows: int, top_k: int | None) -> int:
-    """Expected size of a statistics file of ``rows`` rows before it is built: 7 V x V float64
-    matrices, 4 at full vocabulary above EAGER_LIMIT (the derived ones are composed on load)."""
-    lazy = top_k is None and rows > EAGER_LIMIT
-    return (4 if lazy else 7) * 8 * rows * rows
+def file_bytes(rows: int, top_k: int | None, docs: int | None = None, T: int | None = None,
+               groups: int = 0, d_vocab: int | None = None) -> int:
+    """Upper bound of a statistics file's size (and of its memory once loaded) before it is
+    built. The file is factored: 24 B per distinct (target, context) pair, 16 B per distinct
+    bigram, 12 B per Qbar pair, 8 B per id, each pair kept once more with groups; with
+    ``docs`` and T the pairs are bounded by the occurrences (docs x T(T+1)/2), else by V^2
+    (``d_vocab``: the full vocabulary a top-k file is counted over; default ``rows``)."""
+    V = d_vocab or rows
+    pairs = V * V if docs is None or T is None else min(V * V, docs * T * (T + 1) // 2)
+    bigrams = V * V if docs is None or T is None else min(V * V, docs * T)
+    qbar = min(rows * rows, pairs)
+    return (2 if groups else 1) * (24 * pairs + 16 * bigrams + 12 * qbar) + 8 * V
 
 
 def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:

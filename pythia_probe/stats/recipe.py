@@ -47,6 +47,9 @@ class Recipe:
     split: str = "train"
     text_field: str = "text"
     data_dir: str | None = None  # a hub dataset's folder (its shards are in the key anyway)
+    groups: int = 0
+    """G document groups kept (``stats compute --groups``; ``CorpusStats.subset``): 0 here,
+    so a recipe asks for them explicitly (the sweep's intervals and ceiling: 10)."""
 
 
 PAPER = Recipe()
@@ -58,7 +61,8 @@ RECIPES = {"openwebtext": PAPER, "fineweb": FINEWEB}
 def recipe_key(recipe: Recipe, fingerprint: dict, shards: list) -> str:
     """16 hex digits naming ``recipe`` over the content of ``shards`` (each a corpus Shard)
     with the tokenizer of ``fingerprint``."""
-    fields = {k: v for k, v in asdict(recipe).items() if k not in ("dataset", "data_dir")}
+    fields = {k: v for k, v in asdict(recipe).items()
+              if k not in ("dataset", "data_dir") and not (k == "groups" and v == 0)}
     ident = {"format": FORMAT, **fields,
              "tokenizer": {k: fingerprint.get(k) for k in ("sha256", "d_vocab", "scheme")},
              "shards": [content_digest(s.fingerprint()) for s in shards]}
@@ -76,6 +80,7 @@ def cache_path(recipe: Recipe, fingerprint: dict, root: str | Path | None = None
     """The statistics file of ``recipe`` in the tool's cache (or ``root``), named by the
     content key (``shards``: the recipe's shards when already listed)."""
     vocab = "full" if recipe.top_k is None else f"top{recipe.top_k}"
+    vocab += f"-G{recipe.groups}" if recipe.groups else ""
     key = recipe_key(recipe, fingerprint, recipe_shards(recipe) if shards is None else shards)
     name = f"{Path(recipe.dataset).name}-T{recipe.seq_len}-{vocab}-{key}.safetensors"
     return Path(root or tool_cache("stats")) / name
@@ -87,7 +92,8 @@ def stats_config(recipe: Recipe, tokenizer: str, out: Path, device: str,
     return StatsConfig(dataset=recipe.dataset, out=str(out), tokenizer=tokenizer,
                        seq_len=recipe.seq_len, docs=recipe.docs, min_chars=recipe.min_chars,
                        mode="first", top_k=recipe.top_k, device=device,
-                       text_field=recipe.text_field, split=recipe.split, progress=progress)
+                       text_field=recipe.text_field, split=recipe.split, progress=progress,
+                       groups=recipe.groups)
 
 
 def ensure(recipe: Recipe, tok, fingerprint: dict, device: str, ranks: Ranks | None = None,

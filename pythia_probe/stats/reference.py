@@ -84,3 +84,21 @@ def reference_stats_ragged(seqs: list[Tensor], d_vocab: int) -> dict[str, Tensor
             Delta[r] += torch.diagonal(Q, offset=-r, dim1=1, dim2=2).sum()
     return {"Bbar": Bbar, "SigmaB": SigmaB, "Phibar": Phibar, "PhiBT": Phibar.T @ Bbar.T,
             "Gbar": Gbar, "Qbar": Qbar / P, "Delta": Delta / P, "positions": P}
+
+
+def reference_q_given(seqs: list[Tensor], d_vocab: int, Gbar: Tensor) -> dict[str, Tensor]:
+    """Literal Qbar and Delta of sequences (each >= 2 tokens) with a GIVEN Gbar (e.g. the full
+    corpus's, for a part of it: ``CorpusStats.subset``), divided by their own positions."""
+    P = sum(int(s.numel()) - 1 for s in seqs)
+    Tmax = max(int(s.numel()) - 1 for s in seqs)
+    Qbar = torch.zeros(d_vocab, d_vocab, dtype=torch.float64)
+    Delta = torch.zeros(Tmax, dtype=torch.float64)
+    for s in seqs:
+        X, Y = one_hot_xy(s[None, :], d_vocab)
+        T = X.shape[1]
+        M = torch.einsum("ntv,vw,nsw->nts", Y - 1.0 / d_vocab, Gbar, X)
+        Q = torch.einsum("tjk,ntk->ntj", softmax_jacobian_uniform(T), M)
+        Qbar += torch.einsum("ntv,nts,nsw->vw", X, Q, X)
+        for r in range(T):
+            Delta[r] += torch.diagonal(Q, offset=-r, dim1=1, dim2=2).sum()
+    return {"Qbar": Qbar / P, "Delta": Delta / P, "positions": P}

@@ -4,11 +4,16 @@ Every statistic is read one way, ``st.block(name, rows, cols)``: the dense float
 Bbar, Phibar, SigmaB, PhiBT, Gbar or Qbar at any index tensors (positions 0..d_vocab-1 of
 these statistics; ``token_ids`` maps them to tokenizer ids when the vocabulary is restricted),
 ``st.block("Delta")`` the Delta vector. The properties (``st.Bbar`` ...) and ``st[name]`` are
-the whole matrix, ``block(name)``. What is kept and what is composed on first use is decided
-here once (:func:`stores_derived`).
+the whole matrix, ``block(name)``: fine at small vocabularies, V x V at the full one. Products
+with a dense X [d_vocab, d] never form a V x V matrix: ``st.mul(name, X)`` = B X and
+``st.tmul(name, X)`` = X^T B; ``st.parts()`` exposes the sparse parts and vectors.
 
-The statistics file is safetensors with the JSON metadata (and a sha256 per tensor) in its
-header; ``meta["stats_id"]`` (:func:`stats_id`) names what decided the numbers.
+Storage is factored (leading-terms section 6, ``stats/factors.py``): the bigram counts C and
+the context weights W where the corpus has them (exact integers), the token counts, Qbar on the
+(query, key) pairs that occur, and Delta; Bbar, Phibar, SigmaB, PhiBT and Gbar are composed from
+them when read (Bbar and Phibar bit-identical to the dense engine, the rest to float64
+rounding). A file of the first format (dense tensors) still loads; ``meta["stats_id"]``
+(:func:`stats_id`) names what decided the numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,54 +32,57 @@ from torch import Tensor
 from pythia_probe import __version__ as CODE_VERSION
 from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.stats import checkpoint
-from pythia_probe.stats.dense import compose
+from pythia_probe.stats.stores import DenseStore, FactoredStore
 
-FORMAT = "pythia_probe.stats/1"
+FORMAT = "pythia_probe.stats/2"
+DENSE_FORMAT = "pythia_probe.stats/1"
+"""The first format (dense V x V tensors), still read."""
 MATRICES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
-PRIMARY = ("Bbar", "Phibar", "Qbar", "Delta")
+PRODUCTS = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar")
 DERIVED = ("SigmaB", "PhiBT", "Gbar")
+"""Never stored: composed from the factors when read (the one stored-or-recomposed policy)."""
 DERIVED_LIMIT = 16384
-"""Up to this d_vocab (or restricted to a top-k) SigmaB, PhiBT and Gbar are composed when the
-statistics are assembled and stored; above, they are composed on first use (20 GB each at
-50,304 ids)."""
+"""The d_vocab up to which a first-format (dense) file stored the derived matrices too."""
 VERIFY_LIMIT = 4 << 30
-
-
-def stores_derived(d_vocab: int, restricted: bool) -> bool:
-    """The one stored-or-recomputed policy: store SigmaB, PhiBT and Gbar with the primary
-    statistics when restricted (a top-k slice cannot be recomposed from its slices) or small."""
-    return restricted or d_vocab <= DERIVED_LIMIT
 
 
 class CorpusStats:
     """Frozen statistics. Rows/columns index ``token_ids`` (all ids unless top-k restricted)."""
 
-    compose_device: str | None = None
-    """Device for compositions on first use (None: CUDA when available, else the host)."""
-
-    def __init__(self, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-        missing = [k for k in PRIMARY if k not in tensors]
-        if missing:
-            raise ValueError(f"CorpusStats needs {missing}")
-        self._t = dict(tensors)
+    def __init__(self, data: FactoredStore | dict[str, Tensor], meta: dict[str, Any]) -> None:
         self.meta = meta
-        self.d_vocab = int(tensors["Bbar"].shape[0])
-        self.T = int(tensors["Delta"].shape[0])
+        restricted = bool(meta.get("vocab", {}).get("restricted", False))
+        self.store = data if isinstance(data, FactoredStore) else DenseStore(data, restricted)
+        self.d_vocab = self.store.d_vocab
+        self.T = int(self.store.delta.shape[0])
         meta.setdefault("d_vocab", self.d_vocab)
         meta.setdefault("T", self.T)
 
+    @property
+    def compose_device(self) -> str | None:
+        """Device for the compositions of a dense (first-format) file."""
+        return getattr(self.store, "compose_device", None)
+
+    @compose_device.setter
+    def compose_device(self, device: str | None) -> None:
+        if isinstance(self.store, DenseStore):
+            self.store.compose_device = device
+
     # -- reading --------------------------------------------------------------------------
     def block(self, name: str, rows=None, cols=None) -> Tensor:
-        """Dense float64 entries ``name[rows][:, cols]`` (None: every index); ``block("Delta")``
-        the Delta vector. Indices are positions 0..d_vocab-1 of these statistics."""
+        """Dense float64 entries ``name[rows][:, cols]`` (None: every index; any order,
+        repeats allowed); ``block("Delta")`` the Delta vector. Indices are positions
+        0..d_vocab-1 of these statistics."""
         if name not in MATRICES:
             raise BadInputError(f"unknown statistic {name!r}; valid: {', '.join(MATRICES)}")
         if name == "Delta":
-            return self._t["Delta"]
-        full = self._matrix(name)
+            return self.store.delta
         r, c = self.indices(rows, "row"), self.indices(cols, "column")
-        out = full if r is None else full.index_select(0, r.to(full.device))
-        return out if c is None else out.index_select(1, c.to(full.device))
+        (ru, ri), (cu, ci) = _unique(r), _unique(c)
+        out = self.store.block(name, ru, cu)
+        if ri is not None:
+            out = out.index_select(0, ri.to(out.device))
+        return out if ci is None else out.index_select(1, ci.to(out.device))
 
     def indices(self, idx, what: str = "row") -> Tensor | None:
         """``idx`` as a LongTensor of positions, checked against 0..d_vocab-1 (None: all)."""
@@ -82,28 +91,37 @@ class CorpusStats:
         t = torch.as_tensor(idx)
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
             raise BadInputError(f"block {what} indices must be integers, got {t.dtype}")
-        t = t.reshape(-1).to(torch.int64)
+        t = t.reshape(-1).to(torch.int64).cpu()
         if t.numel() and (int(t.min()) < 0 or int(t.max()) >= self.d_vocab):
             bad = int(t[(t < 0) | (t >= self.d_vocab)][0])
             raise BadInputError(f"block {what} index {bad} outside 0..{self.d_vocab - 1} (the "
                                 f"d_vocab of these statistics is {self.d_vocab})")
         return t
 
-    def _matrix(self, name: str) -> Tensor:
-        if name not in self._t:
-            if self.restricted:
-                raise CorruptFileError(f"{name} missing from a top-k restricted statistics "
-                                       "object; recompute the statistics")
-            self._t[name] = self._compose(name)
-        return self._t[name]
+    def mul(self, name: str, X: Tensor) -> Tensor:
+        """``name`` @ X for a dense X [d_vocab, d] (float64), never forming ``name``."""
+        return self.store.product(self._product_name(name, X), X, False)
 
-    def _compose(self, name: str) -> Tensor:
-        dev = self.compose_device or ("cuda" if torch.cuda.is_available() else None)
-        if name == "SigmaB":
-            return compose.sigma_b(self.Bbar, device=dev)
-        if name == "PhiBT":
-            return compose.phi_bt(self.Bbar, self.Phibar, device=dev)
-        return compose.g_bar(self.SigmaB, self.Phibar, device=dev)
+    def tmul(self, name: str, X: Tensor) -> Tensor:
+        """X^T ``name`` [d, d_vocab] for a dense X [d_vocab, d], never forming ``name``."""
+        return self.store.product(self._product_name(name, X), X, True).T
+
+    def _product_name(self, name: str, X: Tensor) -> str:
+        if name not in PRODUCTS:
+            raise BadInputError(f"no product with {name!r}; valid: {', '.join(PRODUCTS)}")
+        if X.ndim != 2 or X.shape[0] != self.d_vocab:
+            raise BadInputError(f"X must be [d_vocab, d] = [{self.d_vocab}, d], got "
+                                f"{tuple(X.shape)}")
+        return name
+
+    def parts(self) -> dict[str, Any]:
+        """The sparse parts and rank-one vectors (factored statistics only): C, W (scipy CSR,
+        token ids), n = C 1, w = 1^T W, the positions P, the full d_vocab, the restriction's
+        ids, Qbar (scipy CSC over positions, / P) and Delta."""
+        if not isinstance(self.store, FactoredStore):
+            raise BadInputError("these statistics are dense tensors (a first-format file): "
+                                "recompute them for the factored parts")
+        return self.store.parts()
 
     def __getitem__(self, name: str) -> Tensor:
         return self.block(name)
@@ -128,25 +146,68 @@ class CorpusStats:
 
     @property
     def token_counts(self) -> Tensor | None:
-        return self._t.get("token_counts")
+        return self.store.token_counts
 
     @property
     def stats_id(self) -> str:
         return str(self.meta["stats_id"])
 
-    def to(self, device: str | torch.device) -> CorpusStats:
-        return CorpusStats({k: v.to(device) for k, v in self._t.items()}, self.meta)
+    # -- parts of the corpus (stats/groups.py) ----------------------------------------------
+    @property
+    def groups(self) -> int:
+        """G: the document groups these statistics keep (0: none)."""
+        return int((self.meta.get("groups") or {}).get("G", 0))
+
+    def subset(self, groups: Sequence[int]) -> CorpusStats:
+        """The statistics of the documents in ``groups`` (document ordinal mod G): their
+        pass-1 counts summed exactly (Bbar, Phibar, SigmaB, PhiBT, Gbar as a build over those
+        documents alone would give), Qbar and Delta from the same build's pass 2, i.e.
+        conditioned on the FULL corpus's Gbar. N, T of that part; a stats_id of its own."""
+        which = self._group_list(groups)
+        store = self.store.subset(which)
+        info = self.meta["groups"]
+        counts = {k: sum(info["counts"][g][k] for g in which)
+                  for k in ("docs", "sequences", "positions", "tokens")}
+        meta = {k: v for k, v in self.meta.items() if k not in ("groups", "sha256")}
+        meta.update(counts=counts, subset={"of": self.stats_id, "groups": which,
+                                           "G": self.groups,
+                                           "qbar_delta": "conditioned on the full corpus's Gbar"})
+        blob = json.dumps({"of": self.stats_id, "groups": which, "G": self.groups})
+        meta["stats_id"] = hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return CorpusStats(store, meta)
+
+    def leave_out(self, g: int) -> CorpusStats:
+        """subset(every group but ``g``): the delete-a-group jackknife's replicate."""
+        self._group_list([g])
+        return self.subset([i for i in range(self.groups) if i != g])
+
+    def halves(self) -> tuple[CorpusStats, CorpusStats]:
+        """(groups 0 .. G/2 - 1, groups G/2 .. G - 1): two disjoint halves of the documents."""
+        self._group_list([0])
+        G = self.groups
+        return self.subset(range(G // 2)), self.subset(range(G // 2, G))
+
+    def _group_list(self, groups: Sequence[int]) -> list[int]:
+        G = self.groups
+        if not G or not isinstance(self.store, FactoredStore) or not self.store.groups:
+            raise BadInputError(
+                f"statistics {self.meta.get('stats_id', '?')} keep no document groups; rebuild "
+                "them with `python -m pythia_probe.stats compute ... --groups 10`")
+        out = sorted({int(g) for g in groups})
+        if not out or out[0] < 0 or out[-1] >= G:
+            raise BadInputError(f"groups {list(groups)!r}: need one or more of 0..{G - 1}")
+        return out
 
     # -- persistence ------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, derived: bool | None = None) -> Path:
-        """Write safetensors (atomically) with the JSON meta and per-tensor sha256 in the header.
-
-        derived: also store SigmaB, PhiBT, Gbar when computed (default: :func:`stores_derived`).
-        """
-        keep = stores_derived(self.d_vocab, self.restricted) if derived is None else derived
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self._t.items()
-                   if keep or k not in DERIVED}
-        meta = dict(self.meta, format=FORMAT, sha256={k: _sha(v) for k, v in tensors.items()})
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write safetensors (atomically) with the JSON meta and a sha256 per tensor in the
+        header: the factors (never a V x V array), or the tensors of a dense store."""
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.store.tensors().items()}
+        meta = dict(self.meta, sha256={k: _sha(v) for k, v in tensors.items()})
+        if isinstance(self.store, FactoredStore):
+            meta.update(format=FORMAT, layout=self.store.layout())
+        else:
+            meta["format"] = DENSE_FORMAT
         return checkpoint.write_atomic(Path(path), tensors, {"pythia_probe": json.dumps(meta)})
 
     @classmethod
@@ -161,7 +222,25 @@ class CorpusStats:
             check_tokenizer(meta, expect, path)
         if verify if verify is not None else Path(path).stat().st_size < VERIFY_LIMIT:
             _verify(tensors, meta.get("sha256", {}), path)
-        return cls(tensors, meta)
+        if meta["format"] == DENSE_FORMAT:
+            return cls(tensors, meta)
+        try:
+            store = FactoredStore.from_tensors(tensors, meta["layout"],
+                                               meta.get("vocab", {}).get("ids"))
+        except (KeyError, ValueError, IndexError) as e:
+            raise CorruptFileError(f"{path}: the factored statistics are incomplete ({e}); "
+                                   "recompute them with `python -m pythia_probe.stats "
+                                   "compute ...`") from e
+        return cls(store, meta)
+
+
+def _unique(idx: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """(sorted unique indices, where each asked index sits among them) or (idx, None) when
+    ``idx`` is already sorted and unique (None: all)."""
+    if idx is None or idx.numel() < 2 or bool((idx[1:] > idx[:-1]).all()):
+        return idx, None
+    u, inverse = torch.unique(idx, sorted=True, return_inverse=True)
+    return u, inverse
 
 
 # -- identity -----------------------------------------------------------------------------------
@@ -191,6 +270,8 @@ def stats_id(meta: dict[str, Any], checksum: list[int]) -> str:
              "ledger": [ledger_identity(e) for e in meta.get("ledger") or []],
              **{k: meta.get(k) for k in ("policy", "counts", "vocab", "T")},
              "format": FORMAT, "checksum": checksum}
+    if meta.get("groups"):  # G is part of the recipe (a file without groups keeps its id)
+        ident["groups"] = meta["groups"]
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -210,16 +291,20 @@ def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dic
     if not path.is_file():
         raise MissingFileError(f"statistics file {path} does not exist")
     try:
-        with safe_open(str(path), framework="pt", device=device) as f:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
             raw = (f.metadata() or {}).get("pythia_probe")
             meta = json.loads(raw) if raw else {}
-            if meta.get("format") != FORMAT:
-                raise CorruptFileError(f"{path} is not a pythia_probe statistics file "
-                                       f"(format {meta.get('format')!r}, expected {FORMAT!r})")
+            if meta.get("format") not in (FORMAT, DENSE_FORMAT):
+                raise CorruptFileError(
+                    f"{path} is not a statistics file this version reads (format "
+                    f"{meta.get('format')!r}; reads {FORMAT!r} and {DENSE_FORMAT!r}); rebuild "
+                    "it with `python -m pythia_probe.stats compute ...`")
             tensors = {} if header_only else {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, json.JSONDecodeError, OSError, RuntimeError) as e:
         raise CorruptFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
                                ) from e
+    if meta["format"] == DENSE_FORMAT and device != "cpu":
+        tensors = {k: v.to(device) for k, v in tensors.items()}
     return meta, tensors
 
 

@@ -61,21 +61,25 @@ class Sequencer:
     def __init__(self, policy: SequencePolicy, d_vocab: int) -> None:
         self.p, self.d_vocab = policy, d_vocab
         self.skipped: Counter[str] = Counter()
+        self.origins: list[int] = []
+        """The document (0, 1, ... in the order given) of each window yielded: its own in mode
+        'first', the document of its first token in mode 'packed'."""
         self._stream: list[int] = []
+        self._starts: list[tuple[int, int]] = []  # (stream offset, document) in the stream
 
     def windows(self, docs: Iterable[list[int]]) -> Iterator[list[int]]:
         """All windows (lists of 2..T+1 ids) of a shard's documents, in order."""
-        for ids in docs:
+        for doc, ids in enumerate(docs):
             ids = self._wrap(ids)
             if ids is None:
                 continue
             if self.p.mode == "first":
-                yield from self._keep_or_skip(ids[: self.p.seq_len + 1], "docs_short")
+                yield from self._keep_or_skip(ids[: self.p.seq_len + 1], "docs_short", doc)
             else:
-                yield from self._pack(ids)
+                yield from self._pack(ids, doc)
         if self.p.mode == "packed" and self._stream:
-            yield from self._keep_or_skip(self._stream, "packed_remainder")
-            self._stream = []
+            yield from self._keep_or_skip(self._stream, "packed_remainder", self._origin(0))
+            self._stream, self._starts = [], []
 
     def _wrap(self, ids: list[int]) -> list[int] | None:
         if not ids:
@@ -92,19 +96,28 @@ class Sequencer:
         tail = [self.p.eos] if self.p.eos is not None else []
         return head + list(ids) + tail
 
-    def _keep_or_skip(self, ids: list[int], reason: str) -> Iterator[list[int]]:
+    def _keep_or_skip(self, ids: list[int], reason: str, doc: int) -> Iterator[list[int]]:
         if len(ids) == self.p.seq_len + 1 or (self.p.short == "keep" and len(ids) >= 2):
+            self.origins.append(doc)
             yield ids
         else:
             self.skipped[reason] += 1
 
-    def _pack(self, ids: list[int]) -> Iterator[list[int]]:
+    def _origin(self, at: int) -> int:
+        """The document of stream offset ``at``."""
+        return next(d for start, d in reversed(self._starts) if start <= at)
+
+    def _pack(self, ids: list[int], doc: int) -> Iterator[list[int]]:
+        self._starts.append((len(self._stream), doc))
         self._stream.extend(ids)
         L = self.p.seq_len + 1
         n = len(self._stream) // L
         for i in range(n):
+            self.origins.append(self._origin(i * L))
             yield self._stream[i * L:(i + 1) * L]
         del self._stream[: n * L]
+        first = self._origin(n * L) if self._stream else doc
+        self._starts = [(max(s - n * L, 0), d) for s, d in self._starts if d >= first]
 
 
 def batches(windows: Iterable[list[int]], T: int, batch_size: int

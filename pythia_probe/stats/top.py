@@ -114,12 +114,13 @@ def row_indices(rows: tuple[str, ...], names: list, stats: CorpusStats, n: int) 
 
 def top_table(stats: CorpusStats, names: list[str], matrices: tuple[str, ...],
               rows: list[int], k: int, keep_self: bool = False) -> pd.DataFrame:
-    """One line per (matrix, row): the k largest entries of that row, as 'token (value)'."""
+    """One line per (matrix, row): the k largest entries of that row, as 'token (value)'.
+    Only the asked rows are read (``stats.block``): cheap at the full vocabulary too."""
     records = []
     for m in matrices:
-        M = stats[m]
-        for r in rows:
-            row = M[r].clone().double()
+        M = stats.block(m, rows)
+        for i, r in enumerate(rows):
+            row = M[i].clone().double()
             if not keep_self:
                 row[r] = -float("inf")
             vals, idx = torch.topk(row, min(k, row.numel() - (not keep_self)))

@@ -80,8 +80,12 @@ class StatsChoice:
         """The statistics file's size, or its expected size before it is built."""
         if self.path.is_file():
             return self.path.stat().st_size
-        return stats_plan.file_bytes(self.rows, None if self.recipe is None else
-                                     self.recipe.top_k)
+        r = self.recipe
+        return stats_plan.file_bytes(self.rows, None if r is None else r.top_k,
+                                     None if r is None else r.docs,
+                                     None if r is None else r.seq_len,
+                                     0 if r is None else r.groups,
+                                     max(self.rows, self.max_id + 1))
 
     def lines(self) -> list[str]:
         if self.recipe is None:

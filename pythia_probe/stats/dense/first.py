@@ -5,6 +5,7 @@ them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,6 +31,8 @@ class FirstPass:
     n_sequences: int
     n_tokens: int
     checksum: list[int]
+    factors: Any = None
+    """The pass-1 counts where they are non-zero (``stats/factors.py``): the statistics."""
 
 
 def bbar_phibar(acc: CountAccumulator, consume: bool = False) -> tuple[Tensor, Tensor]:

@@ -55,13 +55,19 @@ class QAccumulator:
     kind = "q"
 
     def __init__(self, Gbar: Tensor, T: int, ids: Tensor | None = None,
-                 device: str | torch.device | None = None) -> None:
+                 device: str | torch.device | None = None,
+                 shared: QAccumulator | None = None) -> None:
+        """``shared``: an accumulator (of other windows: another group) whose Gc this one
+        uses (one copy of Gbar in memory)."""
         self.device = torch.device(device) if device is not None else Gbar.device
         self.d_vocab, self.T = Gbar.shape[0], T
-        self.Gc = torch.empty(Gbar.numel(), dtype=torch.float64, device=self.device)
-        Gc = self.Gc.view(self.d_vocab, self.d_vocab)
-        Gc.copy_(Gbar)  # M_i[t, k] = Gbar[y_t, x_k] - colsum(Gbar)[x_k] / V, no extra copy
-        Gc -= Gc.sum(0, keepdim=True) / self.d_vocab
+        if shared is not None:
+            self.Gc = shared.Gc
+        else:
+            self.Gc = torch.empty(Gbar.numel(), dtype=torch.float64, device=self.device)
+            Gc = self.Gc.view(self.d_vocab, self.d_vocab)
+            Gc.copy_(Gbar)  # M_i[t, k] = Gbar[y_t, x_k] - colsum(Gbar)[x_k] / V, no extra copy
+            Gc -= Gc.sum(0, keepdim=True) / self.d_vocab
         self.k = self.d_vocab if ids is None else int(ids.numel())
         self.row_of = None
         side = self.k

@@ -1,7 +1,9 @@
-/* Kernels of the sparse / out-of-core statistics engine (stats/sparse.py, stats/outofcore.py).
+/* Kernels of the sparse statistics engine (pythia_probe/stats/sparse/).
  *
- * Plain C (no Python.h), loaded through ctypes by pythia_probe/stats/sparsefast.py; numpy,
- * scipy and torch code in those modules is the fallback and the specification (tests compare).
+ * Plain C (no Python.h), loaded through ctypes by pythia_probe/stats/native/sparsecount.py.
+ * Pass 1 and the products have numpy / scipy twins in stats/sparse/ and stats/factors.py (the
+ * fallback; tests compare); pass 2 exists only here (its numpy specification is the tests'
+ * oracle, tests/sparse_pass2_oracle.py).
  * A batch is tokens [n, L] with lengths[i] valid tokens per row (2 <= lengths[i] <= L);
  * position t (0-based) predicts y_t = x_{t+1} from x_0..x_t, for t < lengths[i] - 1.
  *
@@ -14,12 +16,18 @@
  * Compositions: sc_spmm, out = (A X - u v^T) * scale for a CSR matrix A and a dense row-major
  *   X (blocks of 32 columns packed, kept in registers; each output entry summed in the order
  *   of A's entries, then corrected: the sparse-minus-rank-one products in one pass).
- * Pass 2 by column tiles of Gbar (context tokens a of one tile, Gc^T [w, V] row-major):
- *   sc_sweep   for every context occurrence (s, k) of a tile token and every t >= k:
- *              M = Gc[y_t, x_k]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
- *              QAt[r(x_k), r(x_t)] += q (skipped when either is the dummy row);
- *   sc_centre  the centring term of Q: c_t = S[s, t] / (t+1)^2 subtracted from
- *              Qbar[r(x_t), r(x_j)] for j <= t and from Delta[r] for r <= t.
+ * Pass 2 by column tiles of Gbar (context tokens a of one tile, Gc^T [w, V] row-major); Qbar
+ * of a tile is a dense block B [w, side] (row = the key's place in the tile, column = the
+ * query's row r(x_t)), never a V x V array:
+ *   sc_sweep        for every context occurrence (s, k) of a tile token and every t >= k:
+ *                   M = Gc[y_t, x_k]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
+ *                   B[col(x_k), r(x_t)] += q and touched[...] = 1 (skipped when either is the
+ *                   dummy row of a restricted vocabulary);
+ *   sc_centre_tile  once S is complete, the centring term of Q on the same pairs:
+ *                   B[col(x_k), r(x_t)] -= c_t, c_t = S[s, t] / (t+1)^2;
+ *   sc_centre       its part in Delta: c_t subtracted from Delta[r] for every r <= t;
+ *   sc_touched, sc_compact  the entries a tile's pairs reached, taken out of the block (and
+ *                   the block cleared there) in place order.
  *
  * Delta is a small difference of the two large sums (M / (t+1) and S_t / (t+1)^2): both are
  * kept as compensated (Neumaier) sums, Delta[r] + Dc[r], so the split costs no accuracy.
@@ -200,11 +208,12 @@ static inline void kahan_add(double *sum, double *comp, double x) {
 static inline int64_t qrow(const int64_t *row_of, int64_t v) { return row_of ? row_of[v] : v; }
 
 /* Pass 2, one tile: occ are flat positions s * L + k (context occurrences of the tile's
- * tokens, k <= lengths[s] - 2); col_of maps a token to its row of GcT [w, V]. T = L - 1. */
+ * tokens, k <= lengths[s] - 2); col_of maps a token to its row of GcT [w, V] and of the tile's
+ * Qbar block B [w, side] (touched marks the entries a pair reached). T = L - 1. */
 int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
              const int64_t *occ, int64_t n_occ, const int64_t *col_of, const double *GcT,
              int64_t V, const int64_t *row_of, int64_t side, int64_t dummy, double *S,
-             double *Delta, double *Dc, double *QAt) {
+             double *Delta, double *Dc, double *B, uint8_t *touched) {
     const int64_t T = L - 1;
     for (int64_t o = 0; o < n_occ; ++o) {
         const int64_t s = occ[o] / L, k = occ[o] % L;
@@ -213,48 +222,69 @@ int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths
         const int64_t a = x[k];
         if (a < 0 || a >= V || col_of[a] < 0) return SC_BAD_TOKEN;
         const double *g = GcT + col_of[a] * V;
-        const int64_t ra = qrow(row_of, a);
-        double *Ss = S + s * T, *qa = ra == dummy ? NULL : QAt + ra * side;
+        const int keyed = qrow(row_of, a) != dummy;
+        double *Ss = S + s * T, *qa = B + col_of[a] * side;
+        uint8_t *ta = touched + col_of[a] * side;
         for (int64_t t = k; t < lengths[s] - 1; ++t) {
             const double M = g[x[t + 1]];
             Ss[t] += M;
             const double q = M * (1.0 / (double)(t + 1));
             kahan_add(Delta + (t - k), Dc + (t - k), q);
-            if (qa) {
+            if (keyed) {
                 const int64_t rt = qrow(row_of, x[t]);
-                if (rt != dummy) qa[rt] += q;
+                if (rt != dummy) {
+                    qa[rt] += q;
+                    ta[rt] = 1;
+                }
             }
         }
     }
     return SC_OK;
 }
 
-/* Pass 2, centring term for sequences s0 <= s < s1: c_t = S[s, t] / (t+1)^2 leaves
- * Qbar[r(x_t), r(x_j)] for every j <= t and Delta[r] for every r <= t. */
+/* Pass 2, centring term in one tile's Qbar block (S complete): B[col(x_k), r(x_t)] -= c_t,
+ * c_t = S[s, t] / (t+1)^2, for every occurrence (s, k) of a tile token and t >= k. */
+int sc_centre_tile(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
+                   const int64_t *occ, int64_t n_occ, const int64_t *col_of, int64_t V,
+                   const int64_t *row_of, int64_t side, int64_t dummy, const double *S,
+                   double *B) {
+    const int64_t T = L - 1;
+    for (int64_t o = 0; o < n_occ; ++o) {
+        const int64_t s = occ[o] / L, k = occ[o] % L;
+        if (s < 0 || s >= n || k > lengths[s] - 2) return SC_BAD_LENGTH;
+        const int32_t *x = tokens + s * L;
+        const int64_t a = x[k];
+        if (a < 0 || a >= V || col_of[a] < 0) return SC_BAD_TOKEN;
+        if (qrow(row_of, a) == dummy) continue;
+        const double *Ss = S + s * T;
+        double *qa = B + col_of[a] * side;
+        for (int64_t t = k; t < lengths[s] - 1; ++t) {
+            const int64_t rt = qrow(row_of, x[t]);
+            if (rt == dummy) continue;
+            const double inv = 1.0 / (double)(t + 1);
+            qa[rt] -= Ss[t] * (inv * inv);
+        }
+    }
+    return SC_OK;
+}
+
+/* Pass 2, centring term in Delta for sequences s0 <= s < s1: Delta[r] -= sum over positions
+ * t >= r of c_t = S[s, t] / (t+1)^2 (compensated). */
 int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
-              const int64_t *lengths, const double *S, const int64_t *row_of, int64_t side,
-              int64_t dummy, double *Delta, double *Dc, double *Qbar) {
+              const int64_t *lengths, const double *S, double *Delta, double *Dc) {
     const int64_t T = L - 1;
     double *csum = (double *)calloc((size_t)(2 * T + 1), sizeof(double));
     if (!csum) return SC_NO_MEMORY;
     double *ccomp = csum + T;
+    (void)tokens;
     for (int64_t s = s0; s < s1; ++s) {
-        const int32_t *x = tokens + s * L;
         if (lengths[s] < 2 || lengths[s] > L) {
             free(csum);
             return SC_BAD_LENGTH;
         }
         for (int64_t t = 0; t < lengths[s] - 1; ++t) {
             const double inv = 1.0 / (double)(t + 1);
-            const double c = S[s * T + t] * (inv * inv);
-            kahan_add(csum + t, ccomp + t, c);
-            const int64_t rt = qrow(row_of, x[t]);
-            if (rt == dummy) continue;
-            double *row = Qbar + rt * side;
-            for (int64_t j = 0; j <= t; ++j) {
-                const int64_t rj = qrow(row_of, x[j]);
-                if (rj != dummy) row[rj] -= c;
-            }
+            kahan_add(csum + t, ccomp + t, S[s * T + t] * (inv * inv));
         }
     }
     double run = 0.0, run_c = 0.0;
@@ -268,5 +298,43 @@ int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
     return SC_OK;
 }
 
+/* How many entries of a tile's block the pairs reached (touched[i] != 0). */
+int64_t sc_touched(const uint8_t *touched, int64_t n) {
+    int64_t c = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, touched + i, 8);
+        if (!w) continue;
+        for (int k = 0; k < 8; ++k) c += touched[i + k] != 0;
+    }
+    for (; i < n; ++i) c += touched[i] != 0;
+    return c;
+}
+
+/* The entries a tile's pairs reached, in place order: flat[c] = place, vals[c] = block value;
+ * both arrays are cleared there for the next tile. Returns the count. */
+int64_t sc_compact(double *block, uint8_t *touched, int64_t n, int32_t *flat, double *vals) {
+    int64_t c = 0, i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, touched + i, 8);
+            if (!w) {
+                i += 8;
+                continue;
+            }
+        }
+        const int64_t stop = i + 8 < n ? i + 8 : n;
+        for (; i < stop; ++i) {
+            if (!touched[i]) continue;
+            flat[c] = (int32_t)i;
+            vals[c++] = block[i];
+            block[i] = 0.0;
+            touched[i] = 0;
+        }
+    }
+    return c;
+}
+
 /* Version of this ABI (checked by the binding). */
-int64_t sc_abi_version(void) { return 4; }
+int64_t sc_abi_version(void) { return 6; }

@@ -3,9 +3,9 @@
 Pass 1 (pair codes, the head block, sorted reductions, exact merges) and the sparse products
 have numpy / scipy twins in ``stats/sparse/`` that run where the library is not built or
 ``PYTHIA_PROBE_KERNEL=torch`` (``use_c()``), with the same integers and the same products to
-float64 rounding. Pass 2 (``sweep``, ``centre``: Eq. 16, tile by tile) exists only here
-(``require()``): the sparse engine needs the library; the numpy specification of these two
-kernels is the tests' oracle (tests/sparse_pass2_oracle.py).
+float64 rounding. Pass 2 (``sweep``, ``centre_tile``, ``centre``: Eq. 16, tile by tile) exists
+only here (``require()``): the sparse engine needs the library; the numpy specification of
+these kernels is the tests' oracle (tests/sparse_pass2_oracle.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from pythia_probe.errors import KernelError
 from pythia_probe.stats import native
 
-ABI_VERSION = 4
+ABI_VERSION = 6
 STEM = "_sparsecount"
 
 
@@ -47,10 +47,17 @@ def _lib() -> ctypes.CDLL | None:
                             ptr, ctypes.c_double]
     lib.sc_spmm.restype = None
     lib.sc_sweep.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64,
-                             ptr, ptr, ptr, ptr]
+                             ptr, ptr, ptr, ptr, ptr]
     lib.sc_sweep.restype = ctypes.c_int
-    lib.sc_centre.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr]
+    lib.sc_centre_tile.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, ptr, i64, i64, ptr,
+                                   ptr]
+    lib.sc_centre_tile.restype = ctypes.c_int
+    lib.sc_centre.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.sc_centre.restype = ctypes.c_int
+    lib.sc_touched.argtypes = [ptr, i64]
+    lib.sc_touched.restype = i64
+    lib.sc_compact.argtypes = [ptr, ptr, i64, ptr, ptr]
+    lib.sc_compact.restype = i64
     return lib
 
 
@@ -198,37 +205,67 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
 
 def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
           GcT: np.ndarray, row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
-          Delta: np.ndarray, Dc: np.ndarray, QAt: np.ndarray) -> None:
-    """One tile of pass 2 (see ``_sparsecount.c``: sc_sweep); accumulates in place (Delta + Dc
-    a compensated sum)."""
+          Delta: np.ndarray, Dc: np.ndarray, block: np.ndarray, touched: np.ndarray) -> None:
+    """One tile of pass 2 (``_sparsecount.c``: sc_sweep): S, Delta (+ Dc, a compensated sum)
+    and the tile's Qbar block [width, side] (``touched`` marks the pairs), in place."""
     n, L = tokens.shape
-    V = GcT.shape[1]
-    for name, a, dt, size in (("tokens", tokens, np.int32, None), ("lengths", lengths, np.int64, n),
-                              ("occ", occ, np.int64, None), ("col_of", col_of, np.int64, V),
-                              ("GcT", GcT, np.float64, None), ("row_of", row_of, np.int64, V),
-                              ("S", S, np.float64, n * (L - 1)), ("Delta", Delta, np.float64,
-                                                                  L - 1),
-                              ("Dc", Dc, np.float64, L - 1),
-                              ("QAt", QAt, np.float64, side * side)):
+    V, w = GcT.shape[1], GcT.shape[0]
+    for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
+                              ("lengths", lengths, np.int64, n), ("occ", occ, np.int64, None),
+                              ("col_of", col_of, np.int64, V), ("GcT", GcT, np.float64, None),
+                              ("row_of", row_of, np.int64, V),
+                              ("S", S, np.float64, n * (L - 1)),
+                              ("Delta", Delta, np.float64, L - 1), ("Dc", Dc, np.float64, L - 1),
+                              ("block", block, np.float64, w * side),
+                              ("touched", touched, np.uint8, w * side)):
         _need(name, a, dt, size)
     _check(_lib().sc_sweep(_p(tokens), n, L, _p(lengths), _p(occ), occ.size, _p(col_of),
-                           _p(GcT), GcT.shape[1], _p(row_of), side, dummy, _p(S), _p(Delta),
-                           _p(Dc), _p(QAt)))
+                           _p(GcT), V, _p(row_of), side, dummy, _p(S), _p(Delta), _p(Dc),
+                           _p(block), _p(touched)))
 
 
-def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, row_of: np.ndarray | None,
-           side: int, dummy: int, Delta: np.ndarray, Dc: np.ndarray, Qbar: np.ndarray,
-           rows: tuple[int, int] | None = None) -> None:
-    """Subtract the centring term of Q for sequences ``rows`` (default all) in place."""
+def centre_tile(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
+                row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
+                block: np.ndarray) -> None:
+    """The centring term of Q subtracted in one tile's Qbar block (sc_centre_tile)."""
     n, L = tokens.shape
-    for name, a, dt, size in (("tokens", tokens, np.int32, None), ("lengths", lengths, np.int64, n),
-                              ("S", S, np.float64, n * (L - 1)), ("Delta", Delta, np.float64,
-                                                                  L - 1),
-                              ("Dc", Dc, np.float64, L - 1),
-                              ("Qbar", Qbar, np.float64, side * side)):
+    V = col_of.size
+    for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
+                              ("lengths", lengths, np.int64, n), ("occ", occ, np.int64, None),
+                              ("col_of", col_of, np.int64, V), ("row_of", row_of, np.int64, V),
+                              ("S", S, np.float64, n * (L - 1)),
+                              ("block", block, np.float64, None)):
         _need(name, a, dt, size)
-    if row_of is not None:
-        _need("row_of", row_of, np.int64)
+    width = int(col_of.max()) + 1 if col_of.size else 0
+    if block.size < width * side:
+        raise KernelError(f"block: need a contiguous float64 array of >= {width * side} "
+                          f"entries, got {block.size}")
+    _check(_lib().sc_centre_tile(_p(tokens), n, L, _p(lengths), _p(occ), occ.size, _p(col_of),
+                                 V, _p(row_of), side, dummy, _p(S), _p(block)))
+
+
+def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, Delta: np.ndarray,
+           Dc: np.ndarray, rows: tuple[int, int] | None = None) -> None:
+    """The centring term of Q subtracted from Delta for sequences ``rows`` (default all)."""
+    n, L = tokens.shape
+    for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
+                              ("lengths", lengths, np.int64, n),
+                              ("S", S, np.float64, n * (L - 1)),
+                              ("Delta", Delta, np.float64, L - 1), ("Dc", Dc, np.float64, L - 1)):
+        _need(name, a, dt, size)
     s0, s1 = rows if rows is not None else (0, n)
-    _check(_lib().sc_centre(_p(tokens), s0, s1, L, _p(lengths), _p(S), _p(row_of), side,
-                            dummy, _p(Delta), _p(Dc), _p(Qbar)))
+    _check(_lib().sc_centre(_p(tokens), s0, s1, L, _p(lengths), _p(S), _p(Delta), _p(Dc)))
+
+
+def compact(block: np.ndarray, touched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(places int32, values) of the block entries the pairs reached, ascending; the block
+    and ``touched`` are cleared there (one pass each, sc_touched + sc_compact)."""
+    _need("block", block, np.float64)
+    _need("touched", touched, np.uint8, block.size)
+    lib = _lib()
+    n = int(lib.sc_touched(_p(touched), block.size))
+    flat, vals = np.empty(n, dtype=np.int32), np.empty(n)
+    got = int(lib.sc_compact(_p(block), _p(touched), block.size, _p(flat), _p(vals)))
+    if got != n:
+        raise KernelError(f"sparse C kernel: compaction found {got} entries, counted {n}")
+    return flat, vals

@@ -5,10 +5,11 @@ Pass 1 is ``count.SparseCountAccumulator`` (the dense engine's integers, stored 
 Ranks exchange their sparse counts and merge them exactly. Pass 2 needs every position for
 every Gbar tile, so each rank loads the windows of its shards and all ranks share them (4 B per
 token); tile i is swept by rank i % world, the per-position sums S are added across ranks, each
-rank subtracts the centring term of its block of sequences, and Qbar and Delta are summed. A
-pass-2 checkpoint (S, the partial Qbar and Delta, the tiles done) is written every
-CHECKPOINT_SECONDS and after the last tile; a killed run resumes at the next tile with the same
-bits.
+rank subtracts the centring term in its own tiles and in Delta for its block of sequences,
+Delta is summed and the tiles' Qbar entries are gathered. A pass-2 checkpoint (S, the partial
+Delta, the pairs of every tile done) is written every CHECKPOINT_SECONDS and after the last
+tile; a killed run resumes at the next tile with the same bits. The result is factored (C, W,
+vectors, Qbar on the pairs that occur): never a V x V matrix.
 """
 
 from __future__ import annotations
@@ -19,19 +20,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import MismatchError
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import plan, reduce
 from pythia_probe.stats.checkpoint import Checkpoint
 from pythia_probe.stats.engine import Engine, check_positions
+from pythia_probe.stats.factors import SparseQ
+from pythia_probe.stats.groups import split_rows, sum_q
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.pass1 import bar
-from pythia_probe.stats.result import CorpusStats, stats_meta, stores_derived
+from pythia_probe.stats.result import CorpusStats, stats_meta
 from pythia_probe.stats.sparse import first, second
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
+from pythia_probe.stats.stores import FactoredStore
 
 CHECKPOINT_SECONDS = 300.0
 """A pass-2 checkpoint at most this often (and after the last tile)."""
-SUMS = ("S", "Delta", "Dc", "QAt")
+SUMS = ("S", "Delta", "Dc")
 
 
 class SparseEngine(Engine):
@@ -60,57 +65,74 @@ class SparseEngine(Engine):
         return first.first_pass(acc)
 
     def second_pass(self, fp: first.SparseFirstPass, windows, ids: Tensor | None, spec,
-                    d: Ranks) -> tuple[Tensor, Tensor]:
-        """Every rank's windows, tiles split over the ranks, resuming this rank's tiles."""
-        tokens, lengths = _gather_windows(d, windows, spec.policy.seq_len + 1)
+                    d: Ranks) -> tuple[SparseQ, Tensor, list | None]:
+        """Every rank's windows, tiles split over the ranks, resuming this rank's tiles:
+        (Qbar sums on the pairs that occur, Delta sum, and with groups each group's (Qbar,
+        Delta) sums: the totals are their sums) over every rank. Each tile's Gbar columns are
+        composed once for all the groups."""
+        tokens, lengths, groups = _gather_windows(d, windows, spec.policy.seq_len + 1)
         check_positions(int((lengths - 1).sum()), fp.n_positions)
         width = plan.tile_width(fp.d_vocab, spec.budget_bytes)
         rows = second.QRows.of(ids, fp.d_vocab)
-        n_tiles = len(second.tiles(fp.ctx_ids, width))
+        sweeps: list[second.Sweep] = []
+        for sel in split_rows(groups, spec.groups):
+            t, n = (tokens, lengths) if sel is None else (tokens[sel], lengths[sel])
+            sweeps.append(second.Sweep(fp, np.ascontiguousarray(t), np.ascontiguousarray(n),
+                                       rows, width, sweeps[0] if sweeps else None))
         ckpt = Checkpoint(_path(spec, d), _identity(spec, fp, width, ids),
                           seconds=CHECKPOINT_SECONDS)
-        sums = _resume(ckpt) or second.TileSums.zeros(tokens.shape[0], fp.T, rows.side)
-        todo = [i for i in range(n_tiles) if i % d.world == d.rank]
+        sums = _resume(ckpt, len(sweeps)) or [second.TileSums.zeros(s.tokens.shape[0], fp.T)
+                                              for s in sweeps]
+        tiles = sweeps[0].groups
+        todo = [i for i in range(len(tiles)) if i % d.world == d.rank]
         shown = bar(spec, "statistics pass 2", d, unit="tile", total=len(todo))
-        shown.update(len(set(todo) & set(sums.done)))
-        second.sweep_tiles(fp, tokens, lengths, rows, width, todo, sums,
+        shown.update(len(set(todo) & set(sums[0].parts)))
+        second.sweep_tiles(sweeps, todo, sums,
                            after_tile=lambda s: (shown.update(1), ckpt.tick(lambda: _state(s))))
         ckpt.save(*_state(sums))
         shown.close()
-        reduce.sum_(d, sums.S)  # complete S on every rank (after the last checkpoint)
-        n = tokens.shape[0]
-        Q, D = second.finish(tokens, lengths, rows, sums,
-                             (n * d.rank // d.world, n * (d.rank + 1) // d.world))
-        reduce.sum_(d, Q)
-        reduce.sum_(d, D)
-        return second.qbar_sum(Q, rows), torch.from_numpy(D)
+        out = []
+        for sweep, s in zip(sweeps, sums, strict=True):
+            reduce.sum_(d, s.S)  # complete S on every rank (after the last checkpoint)
+            n = sweep.tokens.shape[0]
+            parts, D = second.finish(sweep, s, (n * d.rank // d.world,
+                                                n * (d.rank + 1) // d.world))
+            reduce.sum_(d, D)
+            parts = {i: p for part in reduce.gather(d, parts) for i, p in part.items()}
+            out.append((second.qbar(parts, tiles, rows), torch.from_numpy(D)))
+        if not spec.groups:
+            return out[0][0], out[0][1], None
+        Q = sum_q([q for q, _ in out])
+        return Q, sum((D for _, D in out[1:]), out[0][1].clone()), out
 
-    def assemble(self, fp: first.SparseFirstPass, Q: Tensor, D: Tensor, meta: dict[str, Any],
-                 ids: Tensor | None, spec) -> CorpusStats:
-        """The same tensors as the dense engine's (restricted to ``ids``)."""
-        P, V = fp.n_positions, fp.d_vocab
-        width = plan.tile_width(V, getattr(spec, "budget_bytes", None))
-        t = {"Bbar": first.bbar_block(fp, ids, ids), "Phibar": first.phibar_block(fp, ids, ids),
-             "Qbar": Q.div_(P), "Delta": D / P,
-             "token_counts": fp.token_counts if ids is None else fp.token_counts[ids]}
-        if stores_derived(V, ids is not None):
-            t.update(first.compositions(fp, torch.arange(V) if ids is None else ids, width))
+    def assemble(self, fp: first.SparseFirstPass, Q: SparseQ, D: Tensor,
+                 meta: dict[str, Any], ids: Tensor | None, spec,
+                 groups: list | None = None) -> CorpusStats:
+        """The factors, Qbar's non-zeros and Delta, divided by the positions (and each group's
+        counts and sums, as they are)."""
+        P = fp.n_positions
+        Q.vals /= P
+        width = plan.tile_width(fp.d_vocab, getattr(spec, "budget_bytes", None))
         kernel = dict(sparsecount.info(), tile_width=width)
-        return CorpusStats(t, stats_meta(meta, ids, V, fp, kernel))
+        store = FactoredStore(fp.factors, Q, D / P, ids, groups)
+        return CorpusStats(store, stats_meta(meta, ids, fp.d_vocab, fp, kernel))
 
 
-def _gather_windows(d: Ranks, windows, L: int) -> tuple[np.ndarray, np.ndarray]:
+def _gather_windows(d: Ranks, windows, L: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every rank's windows, in rank order, on every rank (pass-2 layout: int32 tokens,
-    padding 0; int64 lengths): each Gbar tile sweeps them all."""
+    padding 0; int64 lengths; each window's group, -1 without groups): each Gbar tile sweeps
+    them all."""
     toks, lens = [np.zeros((0, L), dtype=np.int32)], [np.zeros(0, dtype=np.int64)]
+    grps = [np.zeros(0, dtype=np.int64)]
     for unit in windows.units:
         cache = windows.load(unit)
         x, n = second.pass2_tokens(cache["tokens"], cache["lengths"])
         toks.append(x)
         lens.append(n)
-    parts = reduce.gather(d, (np.concatenate(toks), np.concatenate(lens)))
-    return (np.ascontiguousarray(np.concatenate([p[0] for p in parts])),
-            np.ascontiguousarray(np.concatenate([p[1] for p in parts])))
+        g = cache.get("groups")
+        grps.append(np.full(n.size, -1, dtype=np.int64) if g is None else g.numpy())
+    parts = reduce.gather(d, (np.concatenate(toks), np.concatenate(lens), np.concatenate(grps)))
+    return tuple(np.ascontiguousarray(np.concatenate([p[i] for p in parts])) for i in range(3))
 
 
 def _path(spec, d: Ranks):
@@ -124,14 +146,31 @@ def _identity(spec, fp: first.SparseFirstPass, width: int, ids: Tensor | None) -
                 ids=None if ids is None else ids.tolist())
 
 
-def _state(sums: second.TileSums) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    tensors = {k: torch.from_numpy(getattr(sums, k)) for k in SUMS}
-    return tensors, {"kind": "sparse_q", "done": list(sums.done)}
+def _state(sums: list[second.TileSums]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A pass-2 checkpoint: per group (one without groups) S, Delta and the pairs of every
+    tile done (its places and sums, one tensor each: nothing is copied to write them)."""
+    tensors = {}
+    for g, s in enumerate(sums):
+        tensors.update({f"{k}.{g}": torch.from_numpy(getattr(s, k)) for k in SUMS})
+        for i, part in s.parts.items():
+            tensors[f"flat.{g}.{i}"] = torch.from_numpy(part.flat)
+            tensors[f"vals.{g}.{i}"] = torch.from_numpy(part.vals)
+    return tensors, {"kind": "sparse_q2g", "done": sums[0].done, "parts": len(sums)}
 
 
-def _resume(ckpt: Checkpoint) -> second.TileSums | None:
+def _resume(ckpt: Checkpoint, n_parts: int) -> list[second.TileSums] | None:
     found = ckpt.load()
     if found is None:
         return None
     tensors, state = found
-    return second.TileSums(*(tensors[k].numpy().copy() for k in SUMS), list(state["done"]))
+    if state.get("kind") != "sparse_q2g" or state.get("parts") != n_parts:
+        raise MismatchError(f"{ckpt.path} is a pass-2 checkpoint of an older version; delete "
+                            "it to run pass 2 again")
+    out = []
+    for g in range(n_parts):
+        sums = second.TileSums(*(tensors[f"{k}.{g}"].numpy() for k in SUMS))  # owned
+        for i in state["done"]:
+            sums.parts[i] = second.TilePart(tensors[f"flat.{g}.{i}"].numpy(),
+                                            tensors[f"vals.{g}.{i}"].numpy())
+        out.append(sums)
+    return out

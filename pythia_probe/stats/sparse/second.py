@@ -1,27 +1,32 @@
-"""Pass 2 of the sparse engine, tile by tile over the context tokens (never a V x V Gbar): this
-is where the sparse engine accumulates Qbar, in the C kernels ``sc_sweep`` and ``sc_centre``
-(``stats/native/_sparsecount.c``; their numpy specification is the tests' oracle).
+"""Pass 2 of the sparse engine, tile by tile over the context tokens: never a V x V matrix. This
+is where the sparse engine accumulates Qbar, in the C kernels ``sc_sweep``, ``sc_centre_tile``
+and ``sc_centre`` (``stats/native/_sparsecount.c``; their numpy specification is the tests'
+oracle).
 
-Every pair (t, k) of a sequence belongs to the tile of its context token x_k. For a tile,
-``first.gc_tile`` gives Gbar[:, tile] (= pass 2's Gc: Gbar's columns sum to 0, so the
-centring of M in Eq. 15 changes nothing) and ``sweep`` visits every context occurrence of the
-tile's tokens and every t >= k: M = Gc[y_t, x_k] is added to S_t, M / (t+1) to
-Qbar[x_t, x_k] (kept transposed: the tile's rows stay in cache) and to Delta[t - k].
-Q = M / (t+1) - S_t / (t+1)^2 (Eq. 16) needs S_t = sum_{k<=t} M[t, k] over every tile, so
-once all tiles are done ``centre`` subtracts S_t / (t+1)^2 from Qbar[x_t, x_j] (j <= t) and
+Every pair (t, k) of a sequence belongs to the tile of its key (context) token x_k. For a tile,
+``first.gc_tile`` gives Gbar[:, tile] (= pass 2's Gc: Gbar's columns sum to 0, so the centring
+of M in Eq. 15 changes nothing) and ``sweep`` visits every occurrence of the tile's tokens and
+every t >= k: M = Gc[y_t, x_k] is added to S_t, M / (t+1) to Delta[t - k] and to the tile's
+Qbar block B[x_k, x_t] (a dense [width, side] array, marked where a pair landed). The marked
+entries are kept (:class:`TilePart`: the pairs that occur, nothing else) and the block is
+cleared for the next tile. Q = M / (t+1) - S_t / (t+1)^2 (Eq. 16) needs S_t = sum_{k<=t}
+M[t, k] over every tile, so once all tiles are done the centring term S_t / (t+1)^2 is
+subtracted on the same pairs, tile by tile again (no Gbar needed: ``centre_tile``), and from
 Delta[r] (r <= t). Delta is a small difference of these two large sums: both are compensated
-(Neumaier) sums. One Gbar tile is alive at a time; the windows of the whole corpus are held
-(4 B per token, 28 B per position with S and the occurrence order).
+(Neumaier) sums. Memory: one Gbar tile and one block at a time, the pairs that occur
+(12 B each), the windows of the whole corpus (4 B per token, 28 B per position with S and the
+occurrence order).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.sparse.first import SparseFirstPass, gc_tile
 
@@ -48,29 +53,17 @@ class QRows:
         return x.astype(np.int64) if self.row_of is None else self.row_of[x]
 
 
-def occurrences(tokens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Context positions s * L + k (k <= length - 2) sorted by token, and their tokens."""
-    L = tokens.shape[1]
-    flat = np.flatnonzero(np.arange(L)[None, :] < (lengths[:, None] - 1))
-    toks = tokens.reshape(-1)[flat]
-    order = np.argsort(toks, kind="stable")
-    return flat[order], toks[order]
+FLAT = np.int32
+"""A pair's place in a tile's block (width x side < 2^31 at any vocabulary: 4096 x 50,277)."""
 
 
-def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
-          GcT: np.ndarray, rows: QRows, sums: TileSums) -> None:
-    """One tile: M = Gc[y_t, x_k] into S[s, t]; M / (t+1) into Delta[t - k] (compensated) and
-    QAt[r(x_k), r(x_t)] (Qbar transposed), for every occurrence (s, k) and t >= k."""
-    sparsecount.sweep(tokens, lengths, occ, col_of, GcT, rows.row_of, rows.side, rows.dummy,
-                      sums.S, sums.Delta, sums.Dc, sums.QAt)
+@dataclass
+class TilePart:
+    """The Qbar entries of one tile's keys on the pairs that occur: ``flat`` = place of the key
+    in the tile x side + the query's row (ascending), ``vals`` the sums so far (12 B a pair)."""
 
-
-def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, rows: QRows,
-           Delta: np.ndarray, Dc: np.ndarray, Qbar: np.ndarray, seqs: tuple[int, int]) -> None:
-    """Subtract c_t = S[s, t] / (t+1)^2 from Qbar[r(x_t), r(x_j)] (j <= t) and Delta[r]
-    (r <= t) for sequences seqs[0] <= s < seqs[1]: the centring term of Q (Eq. 16)."""
-    sparsecount.centre(tokens, lengths, S, rows.row_of, rows.side, rows.dummy, Delta, Dc, Qbar,
-                       seqs)
+    flat: np.ndarray
+    vals: np.ndarray
 
 
 @dataclass
@@ -82,13 +75,29 @@ class TileSums:
     Delta: np.ndarray
     Dc: np.ndarray
     """Compensation of the Delta sum (Delta + Dc is the sum)."""
-    QAt: np.ndarray
-    """Sum of M / (t+1) into Qbar transposed, [side * side]."""
-    done: list[int]
+    parts: dict[int, TilePart] = field(default_factory=dict)
+    """The tiles done, by tile number."""
+
+    @property
+    def done(self) -> list[int]:
+        return sorted(self.parts)
 
     @classmethod
-    def zeros(cls, n: int, T: int, side: int) -> TileSums:
-        return cls(np.zeros(n * T), np.zeros(T), np.zeros(T), np.zeros(side * side), [])
+    def zeros(cls, n: int, T: int) -> TileSums:
+        return cls(np.zeros(n * T), np.zeros(T), np.zeros(T))
+
+    @property
+    def nbytes(self) -> int:
+        return (self.S.nbytes + sum(p.flat.nbytes + p.vals.nbytes for p in self.parts.values()))
+
+
+def occurrences(tokens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Context positions s * L + k (k <= length - 2) sorted by token, and their tokens."""
+    L = tokens.shape[1]
+    flat = np.flatnonzero(np.arange(L)[None, :] < (lengths[:, None] - 1))
+    toks = tokens.reshape(-1)[flat]
+    order = np.argsort(toks, kind="stable")
+    return flat[order], toks[order]
 
 
 def tiles(ctx_ids: np.ndarray, width: int) -> list[np.ndarray]:
@@ -96,48 +105,104 @@ def tiles(ctx_ids: np.ndarray, width: int) -> list[np.ndarray]:
     return [ctx_ids[i:i + width] for i in range(0, ctx_ids.size, width)]
 
 
-def sweep_tiles(fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray, rows: QRows,
-                width: int, todo: list[int], sums: TileSums, after_tile=None) -> TileSums:
-    """Pass 2 over the tiles ``todo`` not yet in ``sums.done``; ``after_tile(sums)`` after each."""
-    occ, occ_tok = occurrences(tokens, lengths)
-    groups = tiles(fp.ctx_ids, width)
-    col_of = np.full(fp.d_vocab, -1, dtype=np.int64)
+class Sweep:
+    """The state shared by the tiles of one pass 2: the occurrences sorted by token, the
+    tiles, a token's place in the current tile and one reusable Qbar block."""
+
+    def __init__(self, fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
+                 rows: QRows, width: int, shared: Sweep | None = None) -> None:
+        """``shared``: another sweep (of other windows) whose tiles, block and scratch this
+        one reuses (the groups of one pass 2: one block in memory)."""
+        self.fp, self.tokens, self.lengths, self.rows = fp, tokens, lengths, rows
+        self.occ, self.occ_tok = occurrences(tokens, lengths)
+        if shared is not None:
+            self.groups, self.col_of = shared.groups, shared.col_of
+            self.block, self.touched = shared.block, shared.touched
+            return
+        self.groups = tiles(fp.ctx_ids, width)
+        self.col_of = np.full(fp.d_vocab, -1, dtype=np.int64)
+        self.block = np.zeros(width * rows.side)
+        self.touched = np.zeros(width * rows.side, dtype=np.uint8)
+
+    def occurrences_of(self, cols: np.ndarray) -> np.ndarray:
+        a = np.searchsorted(self.occ_tok, cols[0], side="left")
+        b = np.searchsorted(self.occ_tok, cols[-1], side="right")
+        return self.occ[a:b]
+
+    def first(self, i: int, sums: TileSums, GcT: np.ndarray | None = None) -> None:
+        """Tile i: S, Delta and its Qbar block from its Gbar columns (``GcT``: already
+        composed); keep the pairs."""
+        cols = self.groups[i]
+        GcT = gc_tile(self.fp, cols) if GcT is None else GcT
+        self.col_of[cols] = np.arange(cols.size)
+        sparsecount.sweep(self.tokens, self.lengths, self.occurrences_of(cols), self.col_of,
+                          GcT, self.rows.row_of, self.rows.side, self.rows.dummy, sums.S,
+                          sums.Delta, sums.Dc, self.block, self.touched)
+        self.col_of[cols] = -1
+        sums.parts[i] = TilePart(*sparsecount.compact(self.block, self.touched))
+
+    def centre(self, i: int, part: TilePart, S: np.ndarray) -> None:
+        """Tile i once S is complete: its centring term subtracted on its pairs."""
+        cols = self.groups[i]
+        self.col_of[cols] = np.arange(cols.size)
+        self.block[part.flat] = part.vals
+        sparsecount.centre_tile(self.tokens, self.lengths, self.occurrences_of(cols),
+                                self.col_of, self.rows.row_of, self.rows.side, self.rows.dummy,
+                                S, self.block)
+        self.col_of[cols] = -1
+        part.vals = self.block[part.flat]
+        self.block[part.flat] = 0.0
+
+
+def sweep_tiles(sweeps: list[Sweep], todo: list[int], sums: list[TileSums],
+                after_tile=None) -> list[TileSums]:
+    """The first sweep over the tiles ``todo`` not yet done, each tile's Gbar columns composed
+    once for every sweep (one per group); ``after_tile(sums)`` after each tile."""
     for i in todo:
-        if i in sums.done:
-            continue
-        cols = groups[i]
-        GcT = gc_tile(fp, cols)
-        col_of[cols] = np.arange(cols.size)
-        a = np.searchsorted(occ_tok, cols[0], side="left")
-        b = np.searchsorted(occ_tok, cols[-1], side="right")
-        sweep(tokens, lengths, occ[a:b], col_of, GcT, rows, sums)
-        col_of[cols] = -1
-        sums.done.append(i)
-        if after_tile is not None:
-            after_tile(sums)
+        if i not in sums[0].parts:
+            GcT = gc_tile(sweeps[0].fp, sweeps[0].groups[i])
+            for sweep, s in zip(sweeps, sums, strict=True):
+                sweep.first(i, s, GcT)
+            if after_tile is not None:
+                after_tile(sums)
     return sums
 
 
-def finish(tokens: np.ndarray, lengths: np.ndarray, rows: QRows, sums: TileSums,
-           seqs: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Qbar sum [side, side] (row-major) and Delta sum once S is complete: the A part minus
-    the centring term of sequences ``seqs``. Consumes ``sums`` (QAt is transposed in place)."""
-    Q = transpose_inplace(sums.QAt.reshape(rows.side, rows.side))
-    sums.QAt = None  # type: ignore[assignment]
-    centre(tokens, lengths, sums.S, rows, sums.Delta, sums.Dc, Q.reshape(-1), seqs)
-    return Q, sums.Delta + sums.Dc
+def finish(sweep: Sweep, sums: TileSums, seqs: tuple[int, int]) -> tuple[dict[int, TilePart],
+                                                                          np.ndarray]:
+    """Once S is complete: the centring term in every tile done here and in Delta for the
+    sequences ``seqs``; returns (the finished tiles, Delta sum)."""
+    for i, part in sums.parts.items():
+        sweep.centre(i, part, sums.S)
+    sparsecount.centre(sweep.tokens, sweep.lengths, sums.S, sums.Delta, sums.Dc, seqs)
+    return sums.parts, sums.Delta + sums.Dc
 
 
-def transpose_inplace(a: np.ndarray, block: int = 1024) -> np.ndarray:
-    """Transpose a square array in place by swapping blocks (no second V x V array)."""
-    n = a.shape[0]
-    for i in range(0, n, block):
-        a[i:i + block, i:i + block] = a[i:i + block, i:i + block].T.copy()
-        for j in range(i + block, n, block):
-            upper = a[i:i + block, j:j + block].copy()
-            a[i:i + block, j:j + block] = a[j:j + block, i:i + block].T
-            a[j:j + block, i:i + block] = upper.T
-    return a
+def qbar(parts: dict[int, TilePart], groups: list[np.ndarray], rows: QRows) -> SparseQ:
+    """The finished tiles as one Qbar by key: CSC over the statistics' k key positions. Each
+    tile's part is released once copied (``parts`` is emptied). At the full vocabulary the
+    tiles are consecutive ranges of key ids, so the entries are already in CSC order."""
+    side, k = rows.side, rows.k
+    nnz = sum(p.flat.size for p in parts.values())
+    per_key = np.zeros(k, dtype=np.int64)
+    key = None if rows.row_of is None else np.empty(nnz, dtype=np.int64)
+    query, val = np.empty(nnz, dtype=np.int32), np.empty(nnz)
+    at = 0
+    for i in sorted(parts):
+        p, cols = parts.pop(i), groups[i]
+        n = p.flat.size
+        pos = rows.of_tokens(cols)[p.flat // side]
+        per_key += np.bincount(pos, minlength=k)[:k]
+        if key is not None:
+            key[at:at + n] = pos
+        query[at:at + n] = p.flat % side
+        val[at:at + n] = p.vals
+        at += n
+    if key is not None:  # a top-k's positions are not in id order
+        order = np.lexsort((query, key))
+        query, val = query[order], val[order]
+    indptr = np.concatenate(([0], np.cumsum(per_key))).astype(np.int64)
+    return SparseQ(k, indptr, query, val)
 
 
 def pass2_tokens(tokens: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
@@ -148,19 +213,3 @@ def pass2_tokens(tokens: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np
     x = tokens.to(torch.int64).masked_fill(torch.arange(L)[None, :] >= lengths[:, None], 0)
     return (np.ascontiguousarray(x.numpy().astype(np.int32)),
             np.ascontiguousarray(lengths.to(torch.int64).numpy()))
-
-
-def second_pass(fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
-                ids: Tensor | None, width: int) -> tuple[Tensor, Tensor]:
-    """(Qbar sum [k, k], Delta sum [T]) of one process over every tile (no checkpoints)."""
-    rows = QRows.of(ids, fp.d_vocab)
-    sums = TileSums.zeros(tokens.shape[0], fp.T, rows.side)
-    todo = list(range(len(tiles(fp.ctx_ids, width))))
-    sweep_tiles(fp, tokens, lengths, rows, width, todo, sums)
-    Q, D = finish(tokens, lengths, rows, sums, (0, tokens.shape[0]))
-    return qbar_sum(Q, rows), torch.from_numpy(D)
-
-
-def qbar_sum(Q: np.ndarray, rows: QRows) -> Tensor:
-    """Q without the dummy row and column (no copy at full vocabulary)."""
-    return torch.from_numpy(Q if rows.k == rows.side else Q[: rows.k, : rows.k].copy())

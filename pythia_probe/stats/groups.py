@@ -1,0 +1,161 @@
+"""Statistics of parts of the corpus from one build: documents in G groups.
+
+A document's group is its ordinal in the corpus stream mod G (the documents with >= min_chars
+characters, within --docs, counted from 0 across the shards in order), so the assignment is the
+same whatever the shards, ranks, batch size or resume. A window belongs to the group of its
+document (mode 'packed': the document of its first token).
+
+Per group the file keeps the exact pass-1 counts in factored form (token counts, the bigram
+counts C and the fixed-point context weights W where the group has them: :class:`GroupCounts`)
+and the pass-2 sums of Qbar (on the group's pairs) and Delta, computed with the FULL corpus's
+Gbar: a part's Qbar and Delta are conditioned on the full-corpus Gbar (the exact ones would need
+another pass over the windows per part, each with its own Gbar). ``CorpusStats.subset`` sums the
+groups asked for (integers exactly; Qbar and Delta in float64) and divides by their positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse
+import torch
+from torch import Tensor
+
+from pythia_probe.errors import BadInputError
+from pythia_probe.stats.factors import Factors, SparseQ
+from pythia_probe.stats.sparse.tables import CountTable, FixedTable
+
+DEFAULT_GROUPS = 10
+
+
+@dataclass
+class GroupCounts:
+    """One group's exact pass-1 counts (sparse) and its pass-2 sums (Qbar's raw sums on the
+    group's pairs, Delta's; both None until pass 2 is done)."""
+
+    token_counts: Tensor
+    bigram_keys: np.ndarray
+    bigram_counts: np.ndarray
+    context: FixedTable
+    n_sequences: int
+    n_positions: int
+    n_tokens: int
+    qbar: SparseQ | None = None
+    delta: Tensor | None = None
+
+    def counts(self) -> dict[str, int]:
+        return {"sequences": self.n_sequences, "positions": self.n_positions,
+                "tokens": self.n_tokens}
+
+    def tensors(self, g: int) -> dict[str, Tensor]:
+        t = {"token_counts": self.token_counts, "bigram_keys": torch.from_numpy(self.bigram_keys),
+             "bigram_counts": torch.from_numpy(self.bigram_counts),
+             "qbar_indptr": torch.from_numpy(self.qbar.indptr),
+             "qbar_rows": torch.from_numpy(self.qbar.rows),
+             "qbar_vals": torch.from_numpy(self.qbar.vals), "Delta": self.delta}
+        for i, (k, h, lo) in enumerate(self.context.chunks):
+            t.update({f"context_keys.{i}": torch.from_numpy(k),
+                      f"context_hi.{i}": torch.from_numpy(h),
+                      f"context_lo.{i}": torch.from_numpy(lo)})
+        return {f"group.{g}.{k}": v for k, v in t.items()}
+
+    def layout(self) -> dict[str, Any]:
+        return dict(self.counts(), context_chunks=len(self.context.chunks))
+
+    @classmethod
+    def from_tensors(cls, t: dict[str, Tensor], g: int, layout: dict[str, Any], side: int
+                     ) -> GroupCounts:
+        p = f"group.{g}."
+        chunks = [tuple(t[f"{p}context_{q}.{i}"].numpy() for q in ("keys", "hi", "lo"))
+                  for i in range(layout["context_chunks"])]
+        q = SparseQ(side, t[p + "qbar_indptr"].numpy(), t[p + "qbar_rows"].numpy(),
+                    t[p + "qbar_vals"].numpy())
+        return cls(t[p + "token_counts"], t[p + "bigram_keys"].numpy(),
+                   t[p + "bigram_counts"].numpy(), FixedTable(chunks), layout["sequences"],
+                   layout["positions"], layout["tokens"], q, t[p + "Delta"].double())
+
+
+def tables_of(engine_name: str, acc) -> tuple[Tensor, np.ndarray, np.ndarray, FixedTable]:
+    """(token counts, bigram keys, bigram counts, W table) of either engine's accumulator."""
+    if engine_name == "sparse":
+        acc.flush()
+        return (torch.from_numpy(acc.token_counts.copy()), acc.bigram.keys, acc.bigram.counts,
+                acc.context)
+    acc.context.normalize()
+    f = Factors.from_dense(acc.d_vocab, max(acc.n_positions, 1), acc.token_counts, acc.bigram,
+                           acc.context.hi, acc.context.lo)
+    return f.token_counts, f.bigram_keys, f.bigram_counts, f.context
+
+
+def count_groups(engine, windows, spec, d, dev) -> list[GroupCounts]:
+    """Each group's pass-1 counts from the counted windows (the token caches), one group at a
+    time (one accumulator in memory), summed over the ranks exactly."""
+    units = [windows.load(u) for u in windows.units]
+    out = []
+    for g in range(spec.groups):
+        acc = engine.counter(spec.d_vocab, spec.policy.seq_len, dev)
+        for w in units:
+            rows = torch.nonzero(w["groups"] == g).view(-1)
+            for s in range(0, rows.numel(), spec.batch_size):
+                r = rows[s:s + spec.batch_size]
+                acc.update(w["tokens"][r].to(torch.int64), w["lengths"][r])
+        acc = engine.reduce_counts(d, acc)
+        out.append(GroupCounts(*tables_of(engine.name, acc), acc.n_sequences, acc.n_positions,
+                               acc.n_tokens))
+    return out
+
+
+def check_groups(G: int) -> int:
+    """G = 0 (no groups) or G >= 2."""
+    if not isinstance(G, int) or G < 0 or G == 1:
+        raise BadInputError(f"--groups must be 0 (none) or an integer >= 2, got {G!r}")
+    return G
+
+
+def split_rows(groups: Tensor | np.ndarray | None, G: int) -> list[np.ndarray | None]:
+    """The rows of each group (G = 0: one part, every row, as None)."""
+    if not G:
+        return [None]
+    g = np.asarray(groups)
+    return [np.flatnonzero(g == i) for i in range(G)]
+
+
+def sum_q(parts: list[SparseQ]) -> SparseQ:
+    """The entrywise sum of Qbar parts on the union of their pairs (float64, in part order)."""
+    if len(parts) == 1:
+        return parts[0]
+    total = parts[0].csc()
+    for p in parts[1:]:
+        total = total + p.csc()
+    total = scipy.sparse.csc_matrix(total)
+    total.sort_indices()
+    return SparseQ(parts[0].side, total.indptr.astype(np.int64), total.indices.astype(np.int32),
+                   total.data.astype(np.float64))
+
+
+def merged(parts: list[GroupCounts], V: int) -> Factors:
+    """The factors of the documents of ``parts`` (exact integer sums)."""
+    P = sum(p.n_positions for p in parts)
+    if P == 0:
+        raise BadInputError("these groups hold no counted positions (too few documents for "
+                            "--groups G: rebuild with a smaller G)")
+    tc = sum(p.token_counts for p in parts[1:]) + parts[0].token_counts
+    big, ctx = CountTable(), FixedTable()
+    for p in parts:
+        big.add(p.bigram_keys, p.bigram_counts)
+        for chunk in p.context.chunks:
+            ctx.add(*chunk)
+    return Factors(V, P, tc.clone(), big.keys, big.counts, ctx)
+
+
+def docs_per_group(ledger: list[dict[str, Any]], G: int) -> list[int]:
+    """Documents of each group: ordinals offset .. offset + docs - 1 of every ledger entry."""
+    out = [0] * G
+    for e in ledger:
+        a, n = int(e.get("doc_offset", 0)), int(e["docs"])
+        for g in range(G):
+            first = a + (g - a) % G  # the first ordinal >= a in group g
+            out[g] += max(0, -(-(a + n - first) // G))
+    return out

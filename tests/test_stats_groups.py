@@ -1,0 +1,184 @@
+"""Statistics of parts of the corpus (document groups, ``stats/groups.py``): a subset's pass-1
+statistics equal a fresh build over exactly its documents, bit for bit; its Qbar and Delta equal
+a literal float64 reference that uses the full corpus's Gbar; the assignment does not depend on
+ranks, shards or batch sizes; leave_out and halves partition the documents."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from pythia_probe import ranks
+from pythia_probe.errors import BadInputError
+from pythia_probe.stats import CorpusStats, batch_stats
+from pythia_probe.stats import driver as run
+from pythia_probe.stats.pass1 import Windows
+from pythia_probe.stats.reference import reference_q_given
+from pythia_probe.stats.sequences import SequencePolicy, Sequencer
+from pythia_probe.testing.shards import IdShard, encode_ids
+
+V, T, G = 11, 6, 4
+PASS1 = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar")
+
+
+def documents(n: int = 36, seed: int = 0) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        k = int(torch.randint(3, 14, (1,), generator=g))
+        out.append(" ".join(map(str, torch.randint(0, V, (k,), generator=g).tolist())))
+    return out
+
+
+def shards_of(docs: list[str], n: int, name: str = "s") -> list[IdShard]:
+    step = -(-len(docs) // n)
+    return [IdShard(f"{name}{i}", tuple(docs[i * step:(i + 1) * step])) for i in range(n)]
+
+
+def spec(work: Path, engine: str, groups: int = G, **kw) -> run.RunSpec:
+    kw.setdefault("batch_size", 3)
+    return run.RunSpec(V, SequencePolicy(T), encode_ids, {"test": 1}, work, progress=False,
+                       engine=engine, groups=groups, **kw)
+
+
+def windows(docs: list[str]) -> list[torch.Tensor]:
+    seq = Sequencer(SequencePolicy(T), V)
+    return [torch.tensor(w) for w in seq.windows(encode_ids(docs))]
+
+
+@pytest.mark.parametrize("engine", ["dense", "sparse"])
+@pytest.mark.parametrize("kill_at", [1, 7])
+def test_subset_equals_a_fresh_build_of_its_documents(tmp_path, monkeypatch, engine, kill_at):
+    """Five shards, killed after pass 1 (1: before the group counts; 7: in pass 2) and resumed;
+    each subset's pass-1 statistics are bit-identical to a build over only its documents (two
+    other shards), its Qbar / Delta equal the literal reference with the FULL corpus's Gbar."""
+    docs = documents()
+    real, calls = Windows.load, []
+
+    def dying(*a, **k):
+        calls.append(1)
+        if len(calls) == kill_at:
+            raise KeyboardInterrupt("killed between the passes")
+        return real(*a, **k)
+
+    monkeypatch.setattr(Windows, "load", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run.compute_stats(shards_of(docs, 5), spec(tmp_path / "w", engine), {})
+    monkeypatch.setattr(Windows, "load", real)
+    st = run.compute_stats(shards_of(docs, 5), spec(tmp_path / "w", engine), {})
+    st = CorpusStats.load(st.save(tmp_path / "g.safetensors"))  # through the file
+    assert st.groups == G
+    for which in ([0, 2], [3], [1, 2, 3]):
+        sub = st.subset(which)
+        mine = [d for i, d in enumerate(docs) if i % G in which]
+        fresh = run.compute_stats(shards_of(mine, 2, "f"), spec(tmp_path / f"f{which}", engine,
+                                                                groups=0), {})
+        for n in PASS1:
+            assert torch.equal(sub[n], fresh[n]), (which, n)
+        for k in ("docs", "sequences", "positions", "tokens"):
+            assert sub.meta["counts"][k] == fresh.meta["counts"][k], k
+        assert (sub.d_vocab, sub.T) == (V, T) and sub.groups == 0
+        ref = reference_q_given(windows(mine), V, st.Gbar)
+        for n in ("Qbar", "Delta"):
+            scale = float(ref[n].abs().max())
+            torch.testing.assert_close(sub[n], ref[n], rtol=0, atol=1e-12 * scale)
+        assert sub.stats_id not in (st.stats_id, fresh.stats_id)
+        assert st.subset(which).stats_id == sub.stats_id
+
+
+@pytest.mark.parametrize("engine", ["dense", "sparse"])
+def test_leave_out_and_halves_partition_the_documents(engine):
+    torch.manual_seed(1)
+    tok = torch.randint(0, V, (30, T + 1))
+    st = batch_stats(tok, V, engine=engine, groups=6, top_k=7)
+    total = st.meta["counts"]
+    a, b = st.halves()
+    assert a.meta["subset"]["groups"] == [0, 1, 2] and b.meta["subset"]["groups"] == [3, 4, 5]
+    for k in ("docs", "sequences", "positions", "tokens"):
+        assert a.meta["counts"][k] + b.meta["counts"][k] == total.get(k, 30)
+        for g in range(6):
+            out, one = st.leave_out(g).meta["counts"][k], st.subset([g]).meta["counts"][k]
+            assert out + one == total.get(k, 30)
+    whole = st.subset(range(6))
+    for n in PASS1:
+        assert torch.equal(whole[n], st[n]), n
+    for n in ("Qbar", "Delta"):  # the same sums, added in another order
+        torch.testing.assert_close(whole[n], st[n], rtol=1e-12, atol=1e-18)
+    ids = st.token_ids
+    ref = reference_q_given(list(tok[[i for i in range(30) if i % 6 != 4]]), V,
+                            batch_stats(tok, V)["Gbar"])
+    torch.testing.assert_close(st.leave_out(4)["Qbar"], ref["Qbar"][ids][:, ids], rtol=0,
+                               atol=1e-12 * float(ref["Qbar"].abs().max()))
+    with pytest.raises(BadInputError, match=r"need one or more of 0\.\.5"):
+        st.subset([6])
+    with pytest.raises(BadInputError, match=r"need one or more of 0\.\.5"):
+        st.subset([])
+
+
+def test_statistics_without_groups_are_refused_in_one_line(tmp_path):
+    st = batch_stats(torch.randint(0, V, (8, T + 1)), V)
+    assert st.groups == 0
+    for call in (lambda: st.subset([0]), lambda: st.leave_out(0), st.halves):
+        with pytest.raises(BadInputError, match="keep no document groups; rebuild .*--groups"):
+            call()
+    for bad in (1, -2):
+        with pytest.raises(BadInputError, match="--groups must be 0 .* >= 2"):
+            batch_stats(torch.randint(0, V, (8, T + 1)), V, groups=bad)
+
+
+def test_assignment_ignores_shards_batch_size_and_packing_origin(tmp_path):
+    docs = documents(40, seed=3)
+    runs = [run.compute_stats(shards_of(docs, n), spec(tmp_path / f"{n}-{bs}", "sparse",
+                                                       batch_size=bs), {})
+            for n, bs in ((1, 1), (3, 4), (7, 2))]
+    first = runs[0]
+    assert first.meta["groups"]["counts"][0]["docs"] == 10  # 40 documents, 4 groups
+    for other in runs[1:]:
+        assert other.meta["groups"] == first.meta["groups"]
+        for g in range(G):
+            for n in PASS1:
+                assert torch.equal(other.subset([g])[n], first.subset([g])[n])
+    seq = Sequencer(SequencePolicy(3, mode="packed"), V)  # a window: its first token's doc
+    out = list(seq.windows([[1, 2], [3, 4, 5, 6, 7], [8], [9, 1, 2]]))
+    assert out == [[1, 2, 3, 4], [5, 6, 7, 8]] and seq.origins == [0, 1]
+    seq = Sequencer(SequencePolicy(3, mode="packed", short="keep"), V)
+    list(seq.windows([[1, 2], [3, 4, 5, 6, 7], [8], [9, 1, 2]]))
+    assert seq.origins == [0, 1, 3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, work: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    stats = run.compute_stats(shards_of(documents(), 5), spec(Path(work), "sparse"), {},
+                              ranks.from_env("cpu"))
+    if stats is not None:
+        stats.save(out)
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_assign_the_same_groups(tmp_path):
+    """Rank 1 counts shards 1 and 3 without having read shards 0 and 2: the ordinals come from
+    a scan of the documents before them."""
+    single = run.compute_stats(shards_of(documents(), 5), spec(tmp_path / "one", "sparse"), {})
+    out = tmp_path / "two.safetensors"
+    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path / "two"),
+                                               str(out)), nprocs=2)
+    two = CorpusStats.load(out)
+    assert two.meta["groups"] == single.meta["groups"] and two.stats_id == single.stats_id
+    for g in range(G):
+        a, b = two.leave_out(g), single.leave_out(g)
+        for n in PASS1:
+            assert torch.equal(a[n], b[n]), n
+        for n in ("Qbar", "Delta"):
+            torch.testing.assert_close(a[n], b[n], rtol=1e-12, atol=1e-18)
