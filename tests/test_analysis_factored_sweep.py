@@ -222,3 +222,33 @@ def test_no_intervals_flag_reaches_the_scoring():
     on = sweep.SweepConfig(model="m", steps="0", stats="s", out="o").split().scoring
     off = sweep.SweepConfig(model="m", steps="0", stats="s", out="o", intervals=False).split()
     assert on.intervals and not off.scoring.intervals
+
+
+def test_a_grouped_statistics_file_gives_the_ceiling_and_intervals(step, tmp_path):
+    """Statistics built with document groups (batch_stats(..., groups=G), the stats package's
+    real leave_out/halves): PhiBT's halves are exact sub-corpora, so its ceiling equals the one
+    from separately built halves; every row then carries an interval holding its value."""
+    from pythia_probe.analysis.intervals import ceiling
+    from pythia_probe.stats import batch_stats, read_meta
+    from pythia_probe.sweep.config import TargetsConfig
+    from pythia_probe.sweep.statistics import LazyStats
+    from pythia_probe.sweep.targets import factored_targets, prepare_scale
+
+    _, _, weights = step
+    tokens, G = _corpus(V, N=12), 4
+    path = batch_stats(tokens, V, groups=G).save(tmp_path / "g.safetensors")
+    lazy = LazyStats(path, read_meta(path))
+    sc = ScoringConfig(("attention", "embedding"), dtype="float64")
+    tc = TargetsConfig(cache=str(tmp_path / "c"))
+    scale = prepare_scale(lazy, ["PhiBT", "Qbar"], tc, "factored", sc, progress=False)
+    assert len(scale.left_out) == G
+    halves = [torch.cat([tokens[g::G] for g in part]) for part in ((0, 1), (2, 3))]
+    A, B = (prepare_target("PhiBT", reference_stats(h, V)["PhiBT"], dtype=torch.float64)
+            for h in halves)
+    assert scale.ceilings["PhiBT"] == pytest.approx(ceiling(A, B), abs=1e-10)
+    analyses = get_analyses(["attention", "embedding"])
+    targets = factored_targets(lazy.load(), ["PhiBT", "Qbar"], tmp_path / "c", sc, False)
+    rows = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "g", {}, None,
+                  sc, scale).rows({}, weights)
+    assert rows and all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in rows)
+    assert {r["ceiling"] for r in rows} == set(scale.ceilings.values())
