@@ -1,6 +1,7 @@
 """Per-checkpoint analysis cost: streamed factored cosines vs the materialised computation.
 
     python benchmarks/bench_analysis.py                 # |V| = 8192, d = 512, 1 thread
+    python benchmarks/bench_analysis.py --pythia --layers 2 --threads 2   # Pythia-1.4B step
     python benchmarks/bench_analysis.py --vocab 16384   # ~4x memory, ~8x time for the baseline
 
 One "checkpoint" = one layer's attention mapping (A_tok = E_pre mean_h(W_Q^h W_K^h^T) E_pre^T vs
@@ -224,11 +225,25 @@ class BenchConfig:
     """Skip the resident (in-memory) factored path."""
     work: str | None = None
     """Folder for the caches (default: a temporary folder)."""
+    pythia: bool = False
+    """Instead: one sweep step at Pythia-1.4B shapes, full vocabulary (factored) vs top-5,000
+    (dense) vs a TransformerLens-style dense procedure (benchmarks/bench_step.py)."""
+    layers: int = 24
+    """--pythia: layers of the random Pythia-1.4B-shaped checkpoint (fewer on a shared CPU)."""
+    docs: int = 2000
+    """--pythia: Zipf documents the sparse parts are counted from."""
+    dense_full: bool = False
+    """--pythia: also run the dense procedure at the full vocabulary (10 GB per matrix)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     (fields,) = parse_configs([BenchConfig], argv, "python benchmarks/bench_analysis.py")
     a = BenchConfig(**fields)
+    if a.pythia:
+        from bench_step import run_pythia
+
+        run_pythia(a.layers, a.docs, a.threads, 4096, a.dense_full)
+        return 0
     V, d = a.vocab, a.d_model
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
         args = (V, d, a.n_heads, a.chunk, Path(tmp))
@@ -251,12 +266,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_pythia_plan() -> None:
     """The computed plan for full-vocabulary pythia-1.4b (config values of the model)."""
-    from pythia_probe.analysis.plan import memory_plan
+    from pythia_probe.analysis.plan import StepShape, memory_plan
 
     V, d, L, H, d_mlp, v_model = 50277, 2048, 24, 16, 8192, 50304
     n_params = 2 * v_model * d + L * (4 * d * d + 2 * d * d_mlp + 9 * d + d_mlp)
     for analyses in (["embedding", "attention"], ["embedding", "attention", "unembedding"]):
-        plan = memory_plan(V, d, L, H, n_params, analyses)
+        plan = memory_plan(StepShape(V, d, L, H, d_mlp, n_params), analyses, mode="streamed")
         print(f"pythia-1.4b, V={V}, float32 on the GPU, analyses {','.join(analyses)}:")
         print("\n".join("  " + line for line in plan.lines()))
 

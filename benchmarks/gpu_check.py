@@ -10,7 +10,10 @@ Three checks, each measured in this run:
    engine ``--engine auto`` picks: tokens/s and peak memory beside the engine's own plan;
 3. one sweep step at full vocabulary on a Pythia-1.4B-shaped random checkpoint (embedding,
    attention_lnfold and attention, every head, targets resident): seconds and peak memory
-   beside :func:`pythia_probe.analysis.plan.memory_plan`.
+   beside :func:`pythia_probe.analysis.plan.memory_plan`;
+4. the same step through factored targets (the sparse parts of a Zipf stream, nothing V x V):
+   seconds against the plan's expected seconds at rates measured in the run, peak memory against
+   the plan, and (small vocabularies) every value against the dense targets'.
 ``--out`` also writes the table as markdown (for the README). Flags: :class:`GpuCheckConfig`
 (the commands' config-dataclass idiom, ``--help`` lists them with their defaults).
 """
@@ -23,11 +26,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pythia_probe.analysis import combined_needs, get_analyses
 from pythia_probe.analysis.cosine import prepare_target
-from pythia_probe.analysis.plan import memory_plan
+from pythia_probe.analysis.factored import FactoredTarget, Parts, _columns, target_vectors
+from pythia_probe.analysis.plan import StepShape, memory_plan
+from pythia_probe.analysis.rates import measure
 from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import OutOfRangeError, check_device
@@ -66,11 +72,14 @@ class Sizes:
     stats_T: int = 128
     model: tuple = tuple(PYTHIA_1_4B.items())
     sweep_vocab: int = 50277
+    factored_docs: int = 2000  # Zipf documents of 129 tokens the factored step's parts count
+    dense_check_vocab: int = 4096  # the factored step checked against dense targets up to here
 
 
 SMALL = Sizes(kernel_vocab=300, kernel_seqs=24, kernel_T=16, stats_vocab=2000, stats_docs=200,
               stats_T=32, model=tuple(dict(d_vocab=320, d_model=32, n_layers=2, n_heads=4,
-                                           d_mlp=64, rotary_dim=4).items()), sweep_vocab=300)
+                                           d_mlp=64, rotary_dim=4).items()), sweep_vocab=300,
+              factored_docs=40)
 
 
 class Meter:
@@ -186,8 +195,8 @@ def check_sweep_step(s: Sizes, device: str) -> list[dict]:
     scorer = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "check", {},
                     None, ScoringConfig(ANALYSES, device=device))
     n_params = sum(t.numel() for t in weights.sd.values())
-    plan = memory_plan(V, cfg.d_model, cfg.n_layers, cfg.n_heads, n_params, ANALYSES,
-                       streamed=False)
+    plan = memory_plan(StepShape(V, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp,
+                                 n_params), ANALYSES, mode="memory")
     with Meter(device) as m:
         try:
             rows, ok = scorer.rows({}, weights), True  # every value range-checked on the way
@@ -204,6 +213,55 @@ def check_sweep_step(s: Sizes, device: str) -> list[dict]:
              "ok": not ratio > 1.25}]
 
 
+def check_factored_step(s: Sizes, device: str) -> list[dict]:
+    """One full-vocabulary sweep step through factored targets (the statistics' sparse parts
+    of a Zipf stream, bench_step.zipf_parts): its vectors once (host, float64), the step on
+    ``device`` (float32): seconds against the plan at rates measured now, peak memory against
+    the plan, and at a small vocabulary every value against the dense targets'."""
+    from bench_step import zipf_parts
+
+    cfg, V = NeoXConfig(**dict(s.model)), s.sweep_vocab
+    weights = random_weights(cfg, device)
+    parts = zipf_parts(s.factored_docs, V=V)
+    t0 = time.perf_counter()
+    vectors = {n: target_vectors(n, parts) for n in ("PhiBT", "Qbar")}
+    once = time.perf_counter() - t0
+    P = Parts(parts, torch.float32, device, set(vectors))
+    targets = {n: FactoredTarget(n, P, v) for n, v in vectors.items()}
+    analyses = get_analyses(list(ANALYSES))
+    scorer = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "check", {},
+                    None, ScoringConfig(ANALYSES, device=device))
+    nnz = {"C": parts["C"].nnz, "W": parts["W"].nnz, "Qbar": parts["Qbar"].nnz}
+    n_params = sum(t.numel() for t in weights.sd.values())
+    plan = memory_plan(StepShape(V, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp,
+                                 n_params), ANALYSES, mode="factored", nnz=nnz)
+    rates = measure(device, torch.float32)
+    with Meter(device) as m:
+        try:
+            rows, ok = scorer.rows({}, weights), True
+        except OutOfRangeError:
+            rows, ok = [], False
+    planned = plan.total - plan.weights
+    ratio = m.peak / planned if planned else float("nan")
+    out = [{"check": "factored step: rows, every value in [-1, 1]", "measured": str(len(rows)),
+            "reference": f"V {V:,}, nnz {nnz}", "ok": ok},
+           {"check": "factored step: seconds", "measured": f"{m.seconds:.1f} s",
+            "reference": f"planned {plan.seconds(rates):.1f} s; vectors once {once:.1f} s",
+            "ok": True},
+           {"check": "factored step: peak memory / planned", "measured": _gb(m.peak),
+            "reference": f"{_gb(planned)} (ratio {ratio:.2f})", "ok": not ratio > 1.25}]
+    if V <= s.dense_check_vocab and ok:
+        dense = {n: prepare_target(n, torch.from_numpy(_columns(n, parts, np.arange(V))),
+                                   dtype=torch.float32, device=device) for n in vectors}
+        ref = Scorer(analyses, combined_needs(analyses), dense, torch.arange(V), "check", {},
+                     None, ScoringConfig(ANALYSES, device=device)).rows({}, weights)
+        diff = max(abs(a["value"] - b["value"]) for a, b in zip(rows, ref, strict=True))
+        out.append({"check": "factored step vs dense targets: max abs. difference",
+                    "measured": f"{diff:.1e}", "reference": "<= 1e-4 (float32)",
+                    "ok": diff <= 1e-4})
+    return out
+
+
 def _gb(x: float) -> str:
     return "n/a (host)" if x != x else f"{x / 1e9:.2f} GB"
 
@@ -217,7 +275,7 @@ def table(rows: list[dict]) -> str:
 
 def run_checks(sizes: Sizes, device: str, work: Path) -> list[dict]:
     return (check_kernels(sizes, device) + check_statistics(sizes, device, work)
-            + check_sweep_step(sizes, device))
+            + check_sweep_step(sizes, device) + check_factored_step(sizes, device))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -346,6 +346,27 @@ def iter_single_token_residuals(
         yield sl, {k: torch.stack(v) for k, v in out.items()}
 
 
+def iter_single_token_layers(
+    weights: NeoXWeights, token_ids: Tensor, batch_size: int = 1024, dtype=torch.float32
+) -> Iterator[dict[str, Tensor]]:
+    """Each token fed alone, layer by layer: ``{"pre","attn","post": [n_tokens, d_model]}`` per
+    layer, so only one layer's streams are held (the same batches and operations as
+    :func:`iter_single_token_residuals`, so the same numbers)."""
+    c, token_ids = weights.cfg, torch.as_tensor(token_ids, dtype=torch.long)
+    x = weights.W_E[token_ids].to(dtype)
+    for i in range(c.n_layers):
+        L = weights.layer(i)
+        attn, post = torch.empty_like(x), torch.empty_like(x)
+        for start in range(0, len(token_ids), batch_size):
+            sl = slice(start, min(start + batch_size, len(token_ids)))
+            a = single_token_attn_out(x[sl], L, c.ln_eps)
+            mlp_in = x[sl] if c.parallel_residual else x[sl] + a
+            attn[sl] = x[sl] + a
+            post[sl] = x[sl] + a + _mlp(_ln(mlp_in, L.ln2_w, L.ln2_b, c.ln_eps), L, c.act_fn)
+        yield {"pre": x, "attn": attn, "post": post}
+        x = post
+
+
 def single_token_residuals(
     weights: NeoXWeights, token_ids: Tensor, batch_size: int = 1024, dtype=torch.float32
 ) -> dict[str, Tensor]:

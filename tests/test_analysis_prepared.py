@@ -93,16 +93,18 @@ class _Counting:
         return self.th.grams(F, edges, chunk)
 
 
-@pytest.mark.parametrize("max_rank,passes", [(0, 4), (12, 2), (100, 1)])
+@pytest.mark.parametrize("max_rank,passes", [(0, 4), (16, 2), (100, 1)])
 def test_packed_cosines_share_passes_and_keep_values(max_rank, passes):
+    """Each group: two bases of width 3 + 1 (a basis holds E's row-centred part and its row
+    means), so 8 columns per group."""
     T = _rand(23, 23, seed=8)
     th = prepare_target("T", T, chunk=4)
-    groups = [[tall(_rand(23, 3, seed=s)), tall(_rand(23, 3, seed=s + 50))] for s in range(4)]
+    Es = [[_rand(23, 3, seed=s), _rand(23, 3, seed=s + 50)] for s in range(4)]
     counting = _Counting(th)
-    got = list(packed_cosines(iter(groups), counting, 4, max_rank))
+    got = list(packed_cosines(iter([[tall(E) for E in g] for g in Es]), counting, 4, max_rank))
     assert counting.passes == passes
-    for g, vals in zip(groups, got, strict=True):
-        assert vals == pytest.approx([materialised_cosine(f.F, T) for f in g], rel=TOL)
+    for g, vals in zip(Es, got, strict=True):
+        assert vals == pytest.approx([materialised_cosine(E, T) for E in g], rel=TOL)
 
 
 def test_cache_reused_then_rebuilt_when_stats_id_changes(tmp_path):

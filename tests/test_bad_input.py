@@ -52,7 +52,7 @@ CASES = [
     ("sweep", ["--model", "{d}/org/tiny", "--stats", "{d}/stats.safetensors", "--steps", "3"],
      "nearest"),
     ("sweep", ["--heads", "x"], "--heads 'x'"),
-    ("sweep", ["--top-k", "0"], "--top-k '0': valid: auto, full, or an integer"),
+    ("sweep", ["--top-k", "0"], "--top-k '0': valid: full, or an integer"),
     ("sweep", ["--analyses", "embeding"], "unknown analysis"),
     ("toy", ["--layers", "0", "--out", "{d}/toy"], "--layers must be >= 1"),
     ("toy", ["--tokenizer", "word", "--out", "{d}/toy"], "word:K or bpe:K"),

@@ -23,7 +23,8 @@ def test_small_check_runs_on_cpu_and_writes_one_table(gpu_check, tmp_path, capsy
     assert gpu_check.main(["--small", "--device", "cpu", "--out", str(out)]) == 0
     text = out.read_text()
     assert text.strip() == capsys.readouterr().out.strip()
-    for check in ("kernels: Qbar", "statistics: d_vocab 2,000", "sweep step: seconds"):
+    for check in ("kernels: Qbar", "statistics: d_vocab 2,000", "sweep step: seconds",
+                  "factored step: seconds", "factored step vs dense targets"):
         assert check in text
     assert "| NO |" not in text
 

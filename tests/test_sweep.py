@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from pythia_probe import sweep
 from pythia_probe.analysis.cosine import materialised_cosine
+from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_manifest, read_results
 from pythia_probe.stats import batch_stats
 from pythia_probe.sweep import plan as sweep_plan
@@ -301,7 +302,7 @@ def test_streamed_target_cache_matches_resident_targets(setup, clean_run, tmp_pa
 
     root, repo, stats = setup
     cache = stats.with_name(stats.stem + ".targets")  # the default, built by clean_run
-    files = sorted(cache.glob("*.safetensors"))
+    files = sorted(cache.glob("*-float64.safetensors"))  # the streamed targets (not factored)
     assert [f.name for f in files] == [f"{n}-float64.safetensors" for n in
                                        ("Bbar", "BbarT", "PhiBT", "Qbar")]
     assert {open_prepared(f).stats_id for f in files} == {read_meta(stats)["stats_id"]}
@@ -329,13 +330,14 @@ def test_targets_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, c
     from pythia_probe.sweep.source import model_config, open_source
 
     # pythia-1.4b, full vocabulary: memory mode ~62 GB fits an 80 GB GPU, not a 40 GB one
-    need = plan.memory_plan(50277, 2048, 24, 16, 1_414_647_808, ["embedding", "attention"],
-                            streamed=False).total
-    assert 55e9 < need < 70e9
-    assert plan.choose_targets(need, 80e9 * plan.GPU_SAFETY, "80 GB")[0] == "memory"
-    assert plan.choose_targets(need, 40e9 * plan.GPU_SAFETY, "40 GB")[0] == "streamed"
-    mode, why = plan.choose_targets(need, None, "no probe")
+    shape = plan.StepShape(50277, 2048, 24, 16, 8192, 1_414_647_808)
+    need = plan.memory_plan(shape, ["embedding", "attention"], mode="memory").total
+    assert 25e9 < need < 40e9  # two V x V float32 targets (20 GB) + one layer's streams
+    assert plan.choose_targets(False, need, 80e9 * plan.GPU_SAFETY, "80 GB")[0] == "memory"
+    assert plan.choose_targets(False, need, 20e9 * plan.GPU_SAFETY, "20 GB")[0] == "streamed"
+    mode, why = plan.choose_targets(False, need, None, "no probe")
     assert mode == "streamed" and "unknown" in why
+    assert plan.choose_targets(True, need, 1e3, "tiny")[0] == "factored"  # memory never decides
     root, repo, stats = setup
     cfg = sweep.SweepConfig(model=str(repo), steps="64", stats=str(stats), out="unused")
     assert cfg.targets == "auto"
@@ -344,19 +346,24 @@ def test_targets_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, c
     c = model_config(src, src.resolve([64])[0])
     size = Path(stats).stat().st_size
     resolve = sweep_plan.resolve_targets
-    assert resolve(parts.targets, parts.scoring, c, V, size, (1e12, "big"))[0] == "memory"
-    mode, why = resolve(parts.targets, parts.scoring, c, V, size, (1e3, "tiny"))
+    assert resolve(parts.targets, parts.scoring, c, V, size, False, (1e12, "big"))[0] == "memory"
+    mode, why = resolve(parts.targets, parts.scoring, c, V, size, False, (1e3, "tiny"))
     assert mode == "streamed" and "exceeds" in why and "tiny" in why
-    assert resolve(replace(parts.targets, mode="memory"), parts.scoring, c, V, size,
+    assert resolve(replace(parts.targets, mode="memory"), parts.scoring, c, V, size, False,
                    (1e3, "tiny"))[0] == "memory"
+    assert resolve(parts.targets, parts.scoring, c, V, size, True, (1e3, "tiny"))[0] == \
+        "factored"  # factored statistics: memory decides only the chunking
+    with pytest.raises(BadInputError, match="factored needs full-vocabulary"):
+        resolve(replace(parts.targets, mode="factored"), parts.scoring, c, V, size, False)
     budget, how = plan.memory_budget("cpu")  # the real probe: a positive number of bytes
     assert budget is None or budget > 0
 
 
-@pytest.mark.parametrize("budget,mode", [(1e3, "streamed"), (1e13, "memory")])
+@pytest.mark.parametrize("budget,mode", [(2e9, "factored"), (1e13, "factored")])
 def test_targets_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path, monkeypatch,
                                                        capsys, budget, mode):
-
+    """Two memory budgets, the same way of holding the targets (factored statistics: memory
+    decides only the chunking) and the same table as the streamed clean run."""
     root, repo, stats = setup
     monkeypatch.setattr(sweep_plan, "memory_budget", lambda device: (budget, "injected"))
     argv = _argv(repo, stats, tmp_path / "o", "--steps", "64", "--targets", "auto",
@@ -366,7 +373,8 @@ def test_targets_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_pat
     assert sweep_main(argv) == 0
     m = read_manifest(tmp_path / "o")
     assert m["targets_choice"]["requested"] == "auto" == m["config"]["targets"]["mode"]
-    assert m["targets_choice"]["resolved"] == mode and "injected" in m["targets_choice"]["reason"]
+    assert m["targets_choice"]["resolved"] == mode  # whatever the budget: it is not the reason
+    assert "sparse parts" in m["targets_choice"]["reason"]
     a = _sorted(read_results(tmp_path / "o"))
     b = _sorted(clean_run[1][clean_run[1]["step"] == 64])
     assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
@@ -548,7 +556,7 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, mon
                  "n": th["BbarT"].d_vocab}]
 
     toy = Analysis("we_vs_bbar", Needs(weights=("embed",), targets=("BbarT",)), run_norms,
-                   lambda s: Cost(0, 1, 2 * s.V**2 * s.d_model))
+                   lambda s: Cost(bases=1))
     monkeypatch.setitem(registry.REGISTRY, toy.name, toy)  # the one registry line
     root, repo, stats = setup
     fetched = []
@@ -559,7 +567,7 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, mon
             "we_vs_bbar", "--dtype", "float64", "--targets", "streamed",
             "--out", str(tmp_path / "o")]
     assert sweep_main([*argv, "--dry-run"]) == 0
-    assert "flops per checkpoint" in capsys.readouterr().out
+    assert "multiply-adds per checkpoint" in capsys.readouterr().out
     assert sweep_main(argv) == 0
     df = read_results(tmp_path / "o")
     assert set(df["analysis"]) == {"we_vs_bbar"} and sorted(df["step"]) == [0, 64]

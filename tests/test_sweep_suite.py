@@ -3,8 +3,8 @@ tokenizer in the real one's format, Skylion007/openwebtext and a FineWeb-shaped
 HuggingFaceFW/fineweb (``pythia_probe.testing.repos.build_pythia_suite_hub``).
 
 As in tests/test_main_job.py, two things are set for the test machine: the memory budget (a
-24 GB CPU machine, so ``--top-k auto`` keeps the most frequent tokens) and that number, 300
-instead of 5,000, so a step is scored in a fraction of a second."""
+24 GB CPU machine) and ``--top-k 300`` (the default is the full vocabulary), so a step is
+scored in a fraction of a second."""
 
 import json
 import os
@@ -50,7 +50,6 @@ def machine(tmp_path, monkeypatch):
     """A fresh tool cache and the test machine's budget (see the module docstring)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(statistics, "DEFAULT_TOP_K", K)
     monkeypatch.setattr(statistics, "memory_budget", lambda device: (19.2e9, "24 GB machine"))
     return tmp_path
 
@@ -62,7 +61,8 @@ def test_fineweb_recipe_reads_the_sample_with_the_paper_document_rule(suite, mac
     root, built = suite
     out = machine / "fw"
     with HubServer(root) as hub, use_endpoint(hub.endpoint):
-        assert sweep_main(["--model", SMALL, "--steps", "0,2", "--recipe", "fineweb", "--out",
+        assert sweep_main(["--model", SMALL, "--steps", "0,2", "--recipe", "fineweb",
+                           "--top-k", str(K), "--out",
                            str(out), "--no-plots"]) == 0
         parquet = [r["path"] for r in hub.requests("GET") if r["path"].endswith(".parquet")]
     assert parquet and all("/sample/10BT/" in p for p in parquet), parquet

@@ -17,47 +17,77 @@ residual rows are E_pre P. ``attention_lnfold`` reproduces that variant:
 factored the same way with E_pre replaced by (E_pre P) diag(w) (P is idempotent), i.e. each
 residual row centred over d_model and scaled by w. The LayerNorm's per-token 1/std is not
 part of either mapping.
+
+Every factor of a layer (the head mean, each head, raw and LN-folded) is E_pre times a small
+matrix, so all of them share the layer's ``pre`` basis and one pass over Qbar
+(:mod:`pythia_probe.analysis.basis`); head h's key-side S is the h-th diagonal block of the
+head mean's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 
+import torch
 from torch import Tensor
 
-from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, Shape, StepTensors
-from pythia_probe.analysis.cosine import Factors, Target, packed_scores, product
+from pythia_probe.analysis.base import Cost, Needs, Options, Shape, StepTensors
+from pythia_probe.analysis.basis import Basis
+from pythia_probe.analysis.cosine import Factors
+from pythia_probe.analysis.layers import (
+    Cell,
+    Layer,
+    LayerSpec,
+    layer_analysis,
+    layers_of,
+    score_layers,
+)
 
 
-def _check(W_Q: Tensor, W_K: Tensor, E: Tensor) -> None:
-    if W_Q.ndim != 3 or W_Q.shape != W_K.shape or W_Q.shape[1] != E.shape[1]:
-        raise ValueError(f"need W_Q, W_K [n_heads, d_model, d_head] matching E_pre [V, d_model]; "
-                         f"got {tuple(W_Q.shape)}, {tuple(W_K.shape)}, {tuple(E.shape)}")
+def _check(W_Q: Tensor, W_K: Tensor, d: int) -> None:
+    if W_Q.ndim != 3 or W_Q.shape != W_K.shape or W_Q.shape[1] != d:
+        raise ValueError(f"need W_Q, W_K [n_heads, d_model, d_head] matching E_pre [V, {d}]; "
+                         f"got {tuple(W_Q.shape)}, {tuple(W_K.shape)}")
 
 
-def attention_factors(E_pre: Tensor, W_Q: Tensor, W_K: Tensor, dtype) -> Factors:
-    """Factors of cov(E_pre mean_h(W_Q^h W_K^h^T) E_pre^T)."""
-    _check(W_Q, W_K, E_pre)
-    E = E_pre.to(dtype)
-    n_heads = W_Q.shape[0]
-    Wq = W_Q.to(dtype).permute(1, 0, 2).reshape(E.shape[1], -1)
-    Wk = W_K.to(dtype).permute(1, 0, 2).reshape(E.shape[1], -1)
-    return product(E @ Wq / n_heads, E @ Wk, dtype)
+def _heads_cat(W: Tensor, scale: Tensor | None) -> Tensor:
+    """[d_model, n_heads * d_head] float64 (heads side by side), rows scaled by ``scale``."""
+    W = W.to(torch.float64).permute(1, 0, 2).reshape(W.shape[1], -1)
+    return W if scale is None else W * scale.to(W)[:, None]
 
 
-def head_factors(E_pre: Tensor, W_Q: Tensor, W_K: Tensor, dtype) -> list[Factors]:
-    """Factors of cov(E_pre W_Q^h W_K^h^T E_pre^T) for every head h."""
-    _check(W_Q, W_K, E_pre)
-    E = E_pre.to(dtype)
-    return [product(E @ W_Q[h].to(dtype), E @ W_K[h].to(dtype), dtype)
-            for h in range(W_Q.shape[0])]
+def attention_factors(basis: Basis, W_Q: Tensor, W_K: Tensor, heads: Sequence[int] = (),
+                      ln1_w: Tensor | None = None) -> list[Factors]:
+    """Factors of cov(E mean_h(W_Q^h W_K^h^T) E^T), then of each head in ``heads``;
+    ``ln1_w`` given: E replaced by (E P) diag(ln1_w) (the LN-folded variant)."""
+    _check(W_Q, W_K, basis.d)
+    n_heads, d_head = W_Q.shape[0], W_Q.shape[2]
+    coef = basis.whole if ln1_w is None else basis.centred
+    Wq, Wk = coef(_heads_cat(W_Q, ln1_w)), coef(_heads_cat(W_K, ln1_w))
+    S = Wk.T @ (basis.moments()[1] @ Wk)  # Gc^T Gc of G = E W_K (heads side by side)
+    out = [Factors(basis, Wq / n_heads, S)]
+    for h in heads:
+        cols = slice(h * d_head, (h + 1) * d_head)
+        out.append(Factors(basis, Wq[:, cols], S[cols, cols]))
+    return out
 
 
-def ln_fold(E_pre: Tensor, ln1_w: Tensor) -> Tensor:
-    """(E_pre P) diag(ln1_w): each row centred over d_model, then scaled by the LN weight."""
-    E = E_pre - E_pre.mean(dim=1, keepdim=True)
-    return E * ln1_w.to(E.dtype)
+def _cells(layer: Layer, opts: Options, folded: bool) -> list[Cell]:
+    per_head = opts.per_head
+    on = per_head is True or (per_head and layer.number in per_head)
+    if folded and layer.ln1_w is None:
+        raise ValueError("attention_lnfold needs every layer's ln1 weights (StepTensors.ln1_w)")
+    heads = list(range(layer.W_Q.shape[0])) if on else []
+    factors = attention_factors(layer.bases["pre"], layer.W_Q, layer.W_K, heads,
+                                layer.ln1_w if folded else None)
+    return [Cell({"layer": layer.number, "head": h,
+                  "metric": "cos_mean" if h is None else "cos_head"}, f)
+            for h, f in zip([None, *heads], factors, strict=True)]
+
+
+RAW_SPEC = LayerSpec("Qbar", partial(_cells, folded=False), ("pre",))
+FOLDED_SPEC = LayerSpec("Qbar", partial(_cells, folded=True), ("pre",))
 
 
 def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence[Tensor],
@@ -70,45 +100,26 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
     ``ln1_w``: per-layer LayerNorm weights [d_model]; given, the rows are the authors'
     LN-folded, centred variant (analysis ``attention_lnfold``), else raw (``attention``).
     ``per_head``: True for every layer, False for none, or a list of layers numbered from 1.
-    ``max_rank``: score several layers per pass over the target while their stacked rank stays
-    below it (0: one layer per pass, the least memory).
+    ``max_rank``: score several layers per pass over the target while the stacked width of
+    their bases stays below it (0: one layer per pass, the least memory).
     """
-    V, dt = target.d_vocab, target.dtype
-    head_layers = set(range(1, len(E_pre) + 1)) if per_head is True else set(per_head or [])
-    heads = [list(range(wq.shape[0])) if i + 1 in head_layers else []
-             for i, wq in enumerate(W_Q)]
-    name = "attention" if ln1_w is None else "attention_lnfold"
     if ln1_w is not None and len(ln1_w) != len(E_pre):
         raise ValueError(f"need one ln1_w per layer: {len(ln1_w)} for {len(E_pre)} layers")
-
-    def groups():
-        for layer, (E, wq, wk) in enumerate(zip(E_pre, W_Q, W_K, strict=True)):
-            E = E[:V].to(dt) if ln1_w is None else ln_fold(E[:V].to(dt), ln1_w[layer])
-            yield [attention_factors(E, wq, wk, dt)] + (
-                head_factors(E, wq, wk, dt) if heads[layer] else [])
-
-    rows = []
-    for layer, values in enumerate(packed_scores(groups(), target, chunk, max_rank)):
-        rows += [{"analysis": name, "layer": layer + 1, "head": head,
-                  "metric": "cos_mean" if head is None else "cos_head", "value": v.value,
-                  "chance": v.chance, "n": V}
-                 for head, v in zip([None, *heads[layer]], values, strict=True)]
-    return rows
-
-
-def _run(x: StepTensors, th: Mapping[str, Target], opts: Options, folded: bool) -> list[dict]:
-    if folded and len(x.ln1_w) != len(x.W_Q):
-        raise ValueError("attention_lnfold needs every layer's ln1 weights (StepTensors.ln1_w)")
-    return attention_rows(x.residuals["pre"], x.W_Q, x.W_K, th["Qbar"], per_head=opts.per_head,
-                          chunk=opts.chunk, max_rank=opts.max_rank,
-                          ln1_w=x.ln1_w if folded else None)
+    name = "attention" if ln1_w is None else "attention_lnfold"
+    x = StepTensors({"pre": list(E_pre)}, list(W_Q), list(W_K), ln1_w=list(ln1_w or []))
+    opts = Options(chunk=chunk, per_head=per_head if isinstance(per_head, bool)
+                   else list(per_head), max_rank=max_rank)
+    layers = layers_of(x, target.d_vocab, target.dtype, chunk)
+    spec = FOLDED_SPEC if ln1_w is not None else RAW_SPEC
+    return score_layers(layers, [(name, spec)], {"Qbar": target}, opts)[name]
 
 
 def _cost(s: Shape) -> Cost:
-    """Rank 2 d_model per layer (F, G of the head mean); V^2 d_model flops per layer and head."""
-    return Cost(2 * s.d_model, 0, (s.n_layers + s.head_layers) * 2 * s.V**2 * s.d_model)
+    """The (d+1)-space algebra of each layer's factors: about 10 d^3 multiply-adds for the head
+    mean (S, its P P^T and H, S H) and 2 d^3 for the heads of a layer scored per head."""
+    return Cost(macs=(10 * s.n_layers + 2 * s.head_layers) * s.d_model**3)
 
 
 _NEEDS = Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True, targets=("Qbar",))
-ATTENTION = Analysis("attention", _NEEDS, partial(_run, folded=False), _cost)
-ATTENTION_LNFOLD = Analysis("attention_lnfold", _NEEDS, partial(_run, folded=True), _cost)
+ATTENTION = layer_analysis("attention", _NEEDS, RAW_SPEC, _cost)
+ATTENTION_LNFOLD = layer_analysis("attention_lnfold", _NEEDS, FOLDED_SPEC, _cost)

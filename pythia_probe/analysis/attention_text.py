@@ -125,4 +125,4 @@ def _run(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
 
 ATTENTION_TEXT = Analysis(
     "attention_text", Needs(weights=("embed", "attn", "mlp", "ln", "final_ln"), text=True,
-                            raw=("Qbar", "Delta")), _run, lambda s: Cost(0, 0, 0.0))
+                            raw=("Qbar", "Delta")), _run, lambda s: Cost())

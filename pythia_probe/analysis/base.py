@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
@@ -85,25 +85,29 @@ class Shape(NamedTuple):
 
 @dataclass(frozen=True)
 class Cost:
-    """One checkpoint's use of the prepared targets: factor columns of one layer's pass (0: the
-    analysis is not per layer), passes over a target not tied to layers, and flops."""
+    """What an analysis adds to a step beyond the per-layer passes every per-layer analysis
+    shares (:mod:`pythia_probe.analysis.plan`): ``bases`` model matrices of its own projected
+    on each of its targets (and their Grams), and ``macs``, its own dense multiply-adds (the
+    r x r algebra of its factors)."""
 
-    rank_per_layer: int
-    passes: int
-    flops: float
+    bases: int = 0
+    macs: float = 0.0
 
 
 @dataclass(frozen=True)
 class Analysis:
     """A named analysis: what it needs, what it costs, the function that scores a step, and
     the range every value it returns must lie in (cosines and correlations: [-1, 1]; a value
-    outside, beyond rounding, is refused before it is written)."""
+    or chance level outside, beyond rounding, is refused before it is written)."""
 
     name: str
     needs: Needs
     run: Callable[[StepTensors, Mapping[str, Target], Options], list[dict]]
     cost: Callable[[Shape], Cost]
     bounds: tuple[float, float] = (-1.0, 1.0)
+    layered: Any = None
+    """A :class:`~pythia_probe.analysis.layers.LayerSpec` when the analysis is scored per layer
+    (the sweep then streams layers through it instead of calling ``run``)."""
 
     @property
     def targets(self) -> tuple[str, ...]:

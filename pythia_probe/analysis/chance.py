@@ -34,9 +34,8 @@ import math
 from torch import Tensor
 
 
-def model_terms(F: Tensor, S: Tensor | None, H: Tensor) -> tuple[float, float]:
-    """(tr A, 1^T A 1) of A = F S F^T (S None: the identity); ``H`` = F^T F (float64)."""
-    s = F.sum(dim=0)
+def model_terms(S: Tensor | None, H: Tensor, s: Tensor) -> tuple[float, float]:
+    """(tr A, 1^T A 1) of A = F S F^T (S None: the identity) from H = F^T F and s = F^T 1."""
     if S is None:
         return float(H.trace()), float(s @ s)
     return float((S * H).sum()), float(s @ S @ s)

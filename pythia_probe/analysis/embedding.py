@@ -26,9 +26,18 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
-from pythia_probe.analysis.cosine import Target, packed_scores, product, scores, tall
+from pythia_probe.analysis.cosine import Target, product, scores, tall
+from pythia_probe.analysis.layers import KINDS, Cell, Layer, LayerSpec, layer_analysis, layers_of
+from pythia_probe.analysis.layers import score_layers as _score_layers
 
-KINDS = ("pre", "attn", "post")
+
+def embedding_cells(layer: Layer, opts: Options) -> list[Cell]:
+    """cos_pre, cos_attn, cos_post of one layer: cov(E_kind) against cov(rownorm(PhiBT))."""
+    return [Cell({"layer": layer.number, "metric": f"cos_{k}"}, tall(layer.bases[k]))
+            for k in KINDS if k in layer.bases]
+
+
+SPEC = LayerSpec("PhiBT", embedding_cells)
 
 
 def embedding_rows(residuals: Mapping[str, list[Tensor]], target, *,
@@ -36,20 +45,12 @@ def embedding_rows(residuals: Mapping[str, list[Tensor]], target, *,
     """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)) and its
     chance level; rows number layers from 1 (residuals[kind][0] is layer 1).
 
-    Layers are scored one at a time, or several per pass over the target while their stacked
-    rank stays <= ``max_rank`` (see :func:`~pythia_probe.analysis.cosine.packed_cosines`).
+    Layers are scored one at a time, or several per pass over the target while the stacked
+    width of their bases stays <= ``max_rank``.
     """
-    V = target.d_vocab
-    n_layers = max(len(v) for v in residuals.values())
-    kinds = [[k for k in KINDS if layer < len(residuals.get(k, []))] for layer in range(n_layers)]
-    groups = ([tall(residuals[k][layer][:V], target.dtype) for k in kinds[layer]]
-              for layer in range(n_layers))
-    rows = []
-    for layer, values in enumerate(packed_scores(groups, target, chunk, max_rank)):
-        rows += [{"analysis": "embedding", "layer": layer + 1, "metric": f"cos_{k}",
-                  "value": v.value, "chance": v.chance, "n": V}
-                 for k, v in zip(kinds[layer], values, strict=True)]
-    return rows
+    opts = Options(chunk=chunk, max_rank=max_rank)
+    layers = layers_of(StepTensors(dict(residuals)), target.d_vocab, target.dtype, chunk)
+    return _score_layers(layers, [("embedding", SPEC)], {"PhiBT": target}, opts)["embedding"]
 
 
 def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, Target], *,
@@ -70,19 +71,15 @@ def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, Target], *,
              "chance": v.chance, "n": V} for m, v in vals.items()]
 
 
-def _run_embedding(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
-    return embedding_rows(x.residuals, th["PhiBT"], chunk=opts.chunk, max_rank=opts.max_rank)
-
-
 def _run_unembedding(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
     return unembedding_rows(x.W_E, x.W_U, th, chunk=opts.chunk)
 
 
-EMBEDDING = Analysis(
+EMBEDDING = layer_analysis(
     "embedding", Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True,
-                       targets=("PhiBT",)), _run_embedding,
-    lambda s: Cost(len(KINDS) * s.d_model, 0, len(KINDS) * s.n_layers * 2 * s.V**2 * s.d_model))
+                       targets=("PhiBT",)), SPEC,
+    lambda s: Cost())
 UNEMBEDDING = Analysis(
     "unembedding", Needs(weights=("embed", "unembed"), unembedding=True,
                          targets=("Bbar", "BbarT", "PhiBT")), _run_unembedding,
-    lambda s: Cost(0, 3, 3 * 2 * s.V**2 * s.d_model))
+    lambda s: Cost(bases=1, macs=s.V * s.d_model**2))  # + the key side's Gram

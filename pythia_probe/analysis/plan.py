@@ -1,102 +1,201 @@
 """Memory and compute plan of one checkpoint's analyses (what the sweep's --dry-run prints).
 
-Everything is computed from the shapes: V (statistic rows), d_model, n_layers, n_heads, the
-number of parameters, the analyses and the compute dtype, for either way of holding the target
-matrices: ``streamed`` (each prepared target C_T is cached on disk once per statistics and read
-in ``chunk``-row blocks once per layer and analysis, so nothing V x V is resident) or resident
-(``--targets memory``: each statistic V x V stays in memory). The sweep's default ``--targets
-auto`` picks memory when its planned peak fits the device's budget (:func:`memory_budget`,
-:func:`choose_targets`), since streaming re-reads the cache every checkpoint (e.g. ~485 GB for
-full-vocabulary pythia-1.4b).
-See benchmarks/bench_analysis.py for measurements against the materialised computation.
+Computed from the shapes alone: V (statistic rows), the model (d_model, layers, heads,
+d_mlp, parameters), the analyses, the compute dtype and how the targets are held:
+
+- ``memory``: each target statistic V x V resident in the compute dtype (Bbar^T a view);
+- ``streamed``: each prepared C_T cached on disk once per statistics and read in ``chunk``-row
+  blocks once per layer group and target, nothing V x V resident;
+- ``factored``: the statistics' sparse parts (``nnz``: their non-zeros) on the device, products
+  nnz x (d_model + 1) per (stream, target), nothing V x V anywhere.
+
+A step is scored layer by layer (:mod:`pythia_probe.analysis.layers`): the forward pass holds
+one layer's streams, each stream becomes a basis of width d_model + 1 whose Gram and whose
+product with each target are computed once (:mod:`pythia_probe.analysis.basis`). Work is
+counted in multiply-adds, split into dense (GEMM) and sparse products, so the expected seconds
+per step follow from the two rates measured on the device (:mod:`pythia_probe.analysis.rates`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
-from pythia_probe.analysis.base import Shape
+from pythia_probe.analysis.base import Shape as CostShape
 from pythia_probe.analysis.registry import get_analyses
 from pythia_probe.resources import GPU_SAFETY, memory_budget  # noqa: F401 - the plan's budget
 
 GB = 1e9
+MODES = ("memory", "streamed", "factored")
+#: the products each factored target needs, by the parts they multiply
+PRODUCT_PARTS = {"PhiBT": ("W", "C"), "Qbar": ("Qbar",), "Bbar": ("C",), "BbarT": ("C",)}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The sizes a step's cost depends on."""
+
+    V: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_mlp: int
+    n_params: int
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Bytes held at the peak of one checkpoint's analysis, by part, and flops per checkpoint."""
+    """Bytes held at the peak of one checkpoint's analysis, by part; multiply-adds per step
+    (dense and sparse) and once per statistics."""
 
+    mode: str
     targets: float
     residuals: float
     weights: float
     transient: float
-    flops_per_step: float
-    flops_target_norms: float
+    dense_macs: float
+    sparse_macs: float
+    once_macs: float
     targets_disk: float = 0.0
     targets_read_per_step: float = 0.0
+    parts: dict = field(default_factory=dict)
+    groups: int = 0
 
     @property
     def total(self) -> float:
         return self.targets + self.residuals + self.weights + self.transient
 
-    def lines(self) -> list[str]:
-        """Human-readable lines, GB = 1e9 bytes."""
-        return [f"target matrices (resident)    {self.targets / GB:8.2f} GB",
-                f"target cache on disk (once)   {self.targets_disk / GB:8.2f} GB",
-                f"targets read per checkpoint   {self.targets_read_per_step / GB:8.2f} GB",
-                f"single-token residuals        {self.residuals / GB:8.2f} GB",
+    @property
+    def flops_per_step(self) -> float:
+        return 2 * (self.dense_macs + self.sparse_macs)
+
+    def seconds(self, rates: Mapping[str, float]) -> float:
+        """Expected seconds per step at ``rates`` (multiply-adds per second: dense, sparse)."""
+        return self.dense_macs / rates["dense"] + self.sparse_macs / rates["sparse"]
+
+    def lines(self, rates: Mapping[str, float] | None = None) -> list[str]:
+        """Human-readable lines, GB = 1e9 bytes; with measured ``rates`` the expected time."""
+        held = {"memory": "resident", "streamed": "streamed", "factored": "sparse parts"}
+        out = [f"targets ({held[self.mode]})".ljust(30) + f"{self.targets / GB:8.2f} GB"]
+        if self.mode == "streamed":
+            out += [f"target cache on disk (once)   {self.targets_disk / GB:8.2f} GB",
+                    f"targets read per checkpoint   {self.targets_read_per_step / GB:8.2f} GB"]
+        out += [f"one layer's streams and bases {self.residuals / GB:8.2f} GB",
                 f"weights of one checkpoint     {self.weights / GB:8.2f} GB",
-                f"factors + chunk transients    {self.transient / GB:8.2f} GB",
+                f"products and transients       {self.transient / GB:8.2f} GB",
                 f"peak total                    {self.total / GB:8.2f} GB",
-                f"flops per checkpoint          {self.flops_per_step:8.2e}",
-                f"flops for target norms (once) {self.flops_target_norms:8.2e}"]
+                f"multiply-adds per checkpoint  {self.dense_macs:8.2e} dense, "
+                f"{self.sparse_macs:.2e} sparse",
+                f"multiply-adds once per stats  {self.once_macs:8.2e} (norms, cached)"]
+        if self.groups:
+            out.append(f"ceiling and intervals (G = {self.groups} groups): {self.groups + 3} "
+                       f"target sets, {self.groups + 1} scorings per step (--no-intervals: 1)")
+        if rates:
+            out.append(f"expected time per checkpoint  {self.seconds(rates):8.1f} s (dense "
+                       f"{rates['dense'] / 1e9:.1f}, sparse {rates['sparse'] / 1e9:.2f} "
+                       "G multiply-adds/s, measured now)")
+        return out
 
 
-def memory_plan(V: int, d_model: int, n_layers: int, n_heads: int, n_params: int,
-                analyses: Sequence[str], *, dtype_bytes: int = 4, chunk: int = 4096,
-                per_head_layers: int | None = None, streamed: bool = True,
-                max_rank: int = 0) -> Plan:
-    """Peak bytes and flops for scoring one checkpoint with the factored cosines.
+KNOWN = ("embedding", "attention", "attention_lnfold", "unembedding")
 
-    Target matrices: streamed, none resident; the cache holds C_T per target (Bbar^T is its own
-    file) and is read once per pass: one layer per pass, or as many layers as fit in
-    ``max_rank`` stacked factor columns. Resident: one V x V each in the compute dtype (Bbar^T
-    is a view of Bbar).
-    Residuals: pre/attn/post for every layer, V x d_model each. Transients: one pass's
-    factors (F, G for the mean and every head, plus float64 copies for the r x r norms) and
-    one V x chunk column block with its product (streamed: the host read buffer and its copy on
-    the device; resident: two blocks for the target-norm pass).
-    """
+
+def _bases(names: set[str], L: int) -> dict[str, int]:
+    """Distinct bases of one step against each target (the embedding's stream after layer l
+    is layer l + 1's pre; the attention maps read each layer's pre)."""
+    out = {}
+    if "embedding" in names:
+        out["PhiBT"] = 1 + 2 * L
+    if names & {"attention", "attention_lnfold"}:
+        out["Qbar"] = L
+    if "unembedding" in names:
+        for t in ("Bbar", "BbarT"):
+            out[t] = out.get(t, 0) + 1
+        out["PhiBT"] = out.get("PhiBT", 0) + 1
+    return out
+
+
+def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, chunk: int = 4096,
+                per_head_layers: int | None = None, mode: str = "factored",
+                max_rank: int = 0, nnz: Mapping[str, int] | None = None,
+                batch_size: int = 4096) -> Plan:
+    """Peak bytes and multiply-adds for scoring one checkpoint (see the module docstring);
+    ``nnz``: non-zeros of the parts ``C``, ``W``, ``Qbar`` (factored mode)."""
+    if mode not in MODES:
+        raise ValueError(f"targets mode {mode!r}; valid: {', '.join(MODES)}")
     chosen = get_analyses(list(analyses))
-    names = {t for a in chosen for t in a.needs.targets} - {"BbarT"}
-    files = {t for a in chosen for t in a.needs.targets}
-    heads = n_layers if per_head_layers is None else per_head_layers
-    costs = [a.cost(Shape(V, d_model, n_layers, n_heads, heads)) for a in chosen]
-    targets = 0 if streamed else len(names) * V * V * dtype_bytes
-    residuals = 3 * n_layers * V * d_model * dtype_bytes * any(a.needs.residuals for a in chosen)
-    weights = n_params * dtype_bytes
-    layered = [c.rank_per_layer for c in costs if c.rank_per_layer]
-    per_pass = [(rank, min(n_layers, max(1, max_rank // rank))) for rank in layered]
-    passes = sum(-(-n_layers // k) for _, k in per_pass) + sum(c.passes for c in costs)
-    r = max([rank * k for rank, k in per_pass] or [d_model])
-    factors = 2 * V * r * dtype_bytes + V * r * 8
-    transient = factors + 2 * V * chunk * dtype_bytes + r * chunk * dtype_bytes
-    flops = float(sum(c.flops for c in costs))
-    disk = len(files) * V * V * dtype_bytes if streamed else 0.0
-    read = passes * V * V * dtype_bytes if streamed else 0.0
-    return Plan(targets, residuals, weights, transient, flops, len(files) * 2 * V**3, disk, read)
+    names = {a.name for a in chosen}
+    V, d, L, b = s.V, s.d_model, s.n_layers, dtype_bytes
+    w = d + 1
+    per_target = _bases(names, L)
+    heads = L if per_head_layers is None else per_head_layers
+    costs = {a.name: a.cost(CostShape(V, d, L, s.n_heads, heads)) for a in chosen}
+    for a in chosen:  # an analysis the plan does not know: its own bases on its targets
+        if a.name not in KNOWN:
+            for t in a.needs.targets:
+                per_target[t] = per_target.get(t, 0) + costs[a.name].bases
+    files = set(per_target) | ({"BbarT"} if "unembedding" in names else set())
+    layered = bool(names & {"embedding", "attention", "attention_lnfold"})
+    k = min(L, max(1, max_rank // w)) if max_rank else 1  # layers per pass
+    n_bases = (1 + 2 * L if "embedding" in names else L if layered else 0) + \
+        3 * ("unembedding" in names)
+    nnz = dict(nnz or {})
+    parts = {p: nnz.get(p, 0) for t in per_target for p in PRODUCT_PARTS[t]}
+    targets = {"memory": len(set(per_target) - {"BbarT"}) * V * V * b,
+               "streamed": 0.0,
+               "factored": sum(n * (b + 8) + 8 * (V + 1) for n in parts.values())
+               + 16 * V * len(per_target)}[mode]
+    held = (2 * k + 1) if "embedding" in names else k
+    residuals = layered * (3 * V * d * b + held * V * w * b + 2 * batch_size * s.d_mlp * b)
+    group = max(per_target.values(), default=0) and (2 * k + 1) * w
+    transient = {"memory": V * group * b + 2 * V * chunk * b + group * chunk * b,
+                 "streamed": V * group * b + 2 * V * chunk * b + group * chunk * b,
+                 "factored": V * group * b + 3 * V * w * b}[mode] + 12 * w * w * 8
+    dense = layered * V * L * (2 * d * d + 2 * d * s.d_mlp) + n_bases * V * w * w
+    dense += sum(c.macs for c in costs.values())
+    sparse, once = 0.0, 0.0
+    for t, n in per_target.items():
+        dense += n * V * w * w
+        if mode == "factored":
+            sparse += n * w * sum(parts[p] for p in PRODUCT_PARTS[t])
+            once += 2 * V * sum(parts[p] for p in PRODUCT_PARTS[t])
+        else:
+            dense += n * V * V * w
+            once += V ** 3
+    passes = sum(-(-L // k) if t in ("PhiBT", "Qbar") and layered else 1 for t in per_target)
+    disk = len(files) * V * V * b if mode == "streamed" else 0.0
+    read = passes * V * V * b if mode == "streamed" else 0.0
+    return Plan(mode, targets, residuals, s.n_params * b, transient, float(dense),
+                float(sparse), float(once), disk, read, parts)
+
+
+def with_groups(plan: Plan, G: int) -> Plan:
+    """The plan with the ceiling and interval columns of statistics of G document groups: G + 3
+    target sets held (the run's, G left out, two halves), G + 1 scorings per step (the forward
+    pass included: each scoring recomputes it), the once-per-statistics work G + 3 times (the
+    halves' cross product, once, is about one more norm)."""
+    if G < 2:
+        return plan
+    return replace(plan, targets=plan.targets * (G + 3), dense_macs=plan.dense_macs * (G + 1),
+                   sparse_macs=plan.sparse_macs * (G + 1), once_macs=plan.once_macs * (G + 4),
+                   groups=G)
 
 
 # ---- --targets auto --------------------------------------------------------------------------
 
 
-def choose_targets(need: float, budget: float | None, measured: str = "") -> tuple[str, str]:
-    """``--targets auto``: ("memory", why) when the memory-mode peak ``need`` fits ``budget``,
-    else ("streamed", why); streamed too when the budget is unknown (None)."""
+def choose_targets(factored: bool, need_memory: float, budget: float | None,
+                   measured: str = "") -> tuple[str, str]:
+    """``--targets auto``: ``factored`` for factored full-vocabulary statistics (whatever the
+    memory: it decides only how the work is chunked); for dense (top-k or first-format)
+    statistics ``memory`` when its peak fits ``budget``, else ``streamed`` (the same blocks,
+    the same numbers bit for bit)."""
+    if factored:
+        return "factored", "factored full-vocabulary statistics: their sparse parts, no V x V"
     if budget is None:
-        return "streamed", f"memory-mode peak {need / GB:.2f} GB; budget unknown ({measured})"
-    fits = need <= budget
+        return "streamed", (f"memory-mode peak {need_memory / GB:.2f} GB; budget unknown "
+                            f"({measured})")
+    fits = need_memory <= budget
     return ("memory" if fits else "streamed",
-            f"memory-mode peak {need / GB:.2f} GB {'fits' if fits else 'exceeds'} budget "
+            f"memory-mode peak {need_memory / GB:.2f} GB {'fits' if fits else 'exceeds'} budget "
             f"{budget / GB:.2f} GB ({measured})")

@@ -31,7 +31,7 @@ from pythia_probe.stats.recipe import RECIPES
 from pythia_probe.steps import StepError, parse_steps
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-TARGET_MODES = ("streamed", "memory", "auto")
+TARGET_MODES = ("streamed", "memory", "factored", "auto")
 RUNS = "runs"  # default results root: git-ignored, never beside committed results/
 MAX_STEP = 10_000_000  # larger than any training run's step count
 
@@ -85,7 +85,7 @@ class StatisticsConfig:
     docs: int = 100_000
     min_chars: int = 512
     seq_len: int = 128
-    top_k: str = "auto"
+    top_k: str = "full"
     tokenizer: str | None = None
 
     def used(self) -> dict:
@@ -108,6 +108,7 @@ class ScoringConfig:
     max_rank: int = 0
     text: str | None = None
     text_rows: int = 32
+    intervals: bool = True  # ceiling and ci columns where the statistics have groups
 
     @property
     def per_head(self) -> bool | list[int]:
@@ -233,9 +234,10 @@ class SweepConfig:
     """Statistics recipe: minimum document length in characters."""
     seq_len: int = 128
     """Statistics recipe: T, the first T+1 tokens of each document."""
-    top_k: str = "auto"
-    """Statistics vocabulary: full, K (the K most frequent tokens), or auto (full where the
-    plan fits the device, else 5000, the authors' find_top_tokens default)."""
+    top_k: str = "full"
+    """Statistics vocabulary: full (the authors' default, on every machine) or K (the K most
+    frequent tokens; 5000 was the authors' find_top_tokens setting); auto: an old alias of
+    full (memory never chooses the vocabulary, only how the work is chunked)."""
     tokenizer: str | None = None
     """Tokenizer of the statistics (default: the one the model ships)."""
     device: str = "auto"
@@ -263,11 +265,13 @@ class SweepConfig:
     """attention_text: a safetensors file with 'tokens' [N, T+1]."""
     text_rows: int = 32
     """attention_text: sequences used."""
-    targets: Literal["auto", "memory", "streamed"] = field(
+    targets: Literal["auto", "memory", "streamed", "factored"] = field(
         default="auto", metadata={"aliases": ("--theory",)})
-    """How the target matrices (the statistics the model is compared with) are held: memory
-    (resident), streamed (prepared once into a disk cache and read in blocks, no V x V in
-    memory), auto (memory when its planned peak fits the device). Old name: --theory."""
+    """How the targets (the statistics the model is compared with) are held: factored (the
+    statistics' sparse parts, no V x V anywhere: full-vocabulary factored statistics), memory
+    (V x V resident), streamed (prepared once into a disk cache and read in blocks), auto
+    (factored where the statistics are factored, else memory when its planned peak fits the
+    device, else streamed; the same numbers every way). Old name: --theory."""
     targets_cache: str | None = field(default=None, metadata={"aliases": ("--theory-cache",)})
     """Prepared-target cache folder (default: <stats stem>.targets/ beside the statistics).
     Old name: --theory-cache."""
@@ -280,6 +284,9 @@ class SweepConfig:
     """i/N: this launch scores the i-th of N shares of the tasks (0 <= i < N), into the shared
     --out (default: the Slurm array task's place, SLURM_ARRAY_TASK_ID, else all); ranks of
     torchrun/accelerate split each share further."""
+    intervals: bool = True
+    """ceiling, ci_low, ci_high on every row where the statistics keep document groups (G + 1
+    scorings per step; --no-intervals: value and chance only)."""
     progress: bool = True
     """Show the progress display."""
     plots: bool = True
@@ -333,7 +340,8 @@ class SweepConfig:
                          self.max_disk_gb),
             self._statistics(),
             ScoringConfig(tuple(self.analyses), device or self.device, self.dtype, self.heads,
-                          self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows),
+                          self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows,
+                          self.intervals),
             TargetsConfig(self.targets, self.targets_cache),
             PlanConfig(self.steps, self.retries, self.dry_run, self.shard),
             OutputConfig(str(self.out), self.progress, self.plots))
@@ -384,11 +392,12 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def parse_top_k(text: str) -> str | int | None:
-    """--top-k: "auto", None for "full", or the integer K >= 1."""
+    """--top-k: None for "full" (and "auto", its old alias), or the integer K >= 1."""
     if text in ("auto", "full"):
-        return None if text == "full" else text
+        return None
     if not text.isdigit() or int(text) < 1:
-        raise BadInputError(f"--top-k {text!r}: valid: auto, full, or an integer K >= 1")
+        raise BadInputError(f"--top-k {text!r}: valid: full, or an integer K >= 1 (auto is an "
+                            "old alias of full)")
     return int(text)
 
 

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import torch
 
-from pythia_probe.analysis.plan import Plan, choose_targets, memory_plan
+from pythia_probe.analysis import rates as device_rates
+from pythia_probe.analysis.plan import (
+    Plan,
+    StepShape,
+    choose_targets,
+    memory_plan,
+    with_groups,
+)
 from pythia_probe.arch import NeoXConfig
 from pythia_probe.checkpoints import DownloadPlan
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
@@ -23,34 +30,68 @@ from pythia_probe.sweep.estimate import Rate, estimate, matmul_rate
 from pythia_probe.sweep.layout import Layout
 
 
-def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, streamed: bool) -> Plan:
-    """The memory plan of one checkpoint of model config ``c`` with the targets held so."""
+def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
+                    nnz: dict[str, int] | None = None, groups: int = 0) -> Plan:
+    """The memory and compute plan of one checkpoint of model config ``c``, targets held in
+    ``mode`` (``nnz``: the factored statistics' non-zeros by part; ``groups``: G document
+    groups of the statistics, scored for the ceiling and intervals unless those are off)."""
     n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
         4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
-    return memory_plan(rows, c.d_model, c.n_layers, c.n_heads, n_params, sc.analyses,
+    shape = StepShape(rows, c.d_model, c.n_layers, c.n_heads, c.d_mlp, n_params)
+    heads = c.n_layers if sc.per_head is True else 0 if sc.per_head is False else len(
+        sc.per_head)
+    plan = memory_plan(shape, sc.analyses,
                        dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
-                       chunk=sc.chunk, streamed=streamed, max_rank=sc.max_rank)
+                       chunk=sc.chunk, mode=mode, max_rank=sc.max_rank, nnz=nnz,
+                       per_head_layers=heads, batch_size=sc.batch_size)
+    return with_groups(plan, groups if sc.intervals else 0)
 
 
 def memory_need(sc: ScoringConfig, c: NeoXConfig, rows: int, stats_bytes: int) -> float:
     """Peak bytes of ``--targets memory`` on the device; on the CPU the statistics file
     (``stats_bytes``), loaded while the target matrices are cast, counts too."""
-    plan = checkpoint_plan(sc, c, rows, streamed=False)
+    plan = checkpoint_plan(sc, c, rows, "memory")
     if torch.device(sc.device).type != "cpu":
         return plan.total
     return max(plan.total, stats_bytes + plan.targets)
 
 
 def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: int,
-                    stats_bytes: int,
+                    stats_bytes: int, factored: bool = False,
                     budget: tuple[float | None, str] | None = None) -> tuple[str, str]:
-    """(mode, why): ``--targets`` itself unless auto; auto picks memory when its peak fits the
-    device's budget (:func:`~pythia_probe.resources.memory_budget`), else streamed."""
+    """(mode, why): ``--targets`` itself unless auto; auto: factored for factored
+    full-vocabulary statistics, else memory when its peak fits the device's budget
+    (:func:`~pythia_probe.resources.memory_budget`), else streamed (the same numbers)."""
+    if tc.mode == "factored" and not factored:
+        raise BadInputError("--targets factored needs full-vocabulary statistics of the "
+                            "factored format (pythia_probe.stats/2); these are top-k or of the "
+                            "first format: use --targets auto, memory or streamed")
     if tc.mode != "auto":
         return tc.mode, f"--targets {tc.mode} given"
-    need = memory_need(sc, c, rows, stats_bytes)
+    need = 0.0 if factored else memory_need(sc, c, rows, stats_bytes)
     limit, how = budget if budget is not None else memory_budget(sc.device)
-    return choose_targets(need, limit, how)
+    return choose_targets(factored, need, limit, how)
+
+
+def check_step_fits(plan: Plan, sc: ScoringConfig,
+                    budget: tuple[float | None, str] | None = None) -> None:
+    """Refuse up front, with the numbers, a step whose planned peak exceeds the device's
+    budget (before any weight is fetched or any target built)."""
+    limit, how = budget if budget is not None else memory_budget(sc.device)
+    if limit is not None and plan.total > limit:
+        parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in (
+            ("targets", plan.targets), ("streams", plan.residuals), ("weights", plan.weights),
+            ("products", plan.transient)))
+        raise ResourceError(f"one step with --targets {plan.mode} needs {plan.total / 1e9:.1f} "
+                            f"GB on {sc.device} ({parts}), more than the budget "
+                            f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
+                            "--targets streamed (dense statistics), or a larger device")
+
+
+def measure_rates(device: str, dtype: torch.dtype) -> dict[str, float]:
+    """The device's dense and sparse multiply-add rates, measured now (about a second), from
+    which the plan's expected seconds per step follow."""
+    return device_rates.measure(device, dtype)
 
 
 def check_local(parts) -> None:
@@ -122,12 +163,14 @@ def model_downloads(run, plan: DownloadPlan, layout: Layout, analyses, names,
 
 
 def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
-               targets: tuple[str, str], requested: str, memory: bool = True) -> list[str]:
+               targets: tuple[str, str], requested: str, nnz: dict[str, int] | None = None,
+               groups: int = 0, rates: dict | None = None, memory: bool = True) -> list[str]:
     """One model's plan: steps (done, copied), bytes still to download, disk, targets, memory
-    (``memory``: every line of the memory plan, else its peak)."""
+    (``memory``: every line of the memory plan, else its peak) and, with measured ``rates``,
+    the expected seconds per step (``nnz``, ``groups``: as :func:`checkpoint_plan`)."""
     mode, why = targets
     steps, rows = run.steps, run.stats.rows
-    plan = checkpoint_plan(sc, run.config, rows, streamed=mode == "streamed")
+    plan = checkpoint_plan(sc, run.config, rows, mode, nnz, groups)
     limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
                                          f"({dl.limit_why})")
     lines = [f"model {run.model}: {len(steps)} steps: {len(steps) - len(dl.todo)} already done, "
@@ -140,15 +183,15 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
         return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}): peak total "
                         f"{plan.total / 1e9:.2f} GB"]
     return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}):",
-                    *("  " + line for line in plan.lines())]
+                    *("  " + line for line in plan.lines(rates))]
 
 
 def total_lines(src: SourceConfig, sc: ScoringConfig, runs, dls: dict,
-                targets: dict) -> list[str]:
+                targets: dict, shapes: dict) -> list[str]:
     """The whole run: tasks, downloads and disk over every model, and how long it should take
-    (:mod:`.estimate`: rates measured now)."""
-    flops = sum(checkpoint_plan(sc, r.config, r.stats.rows,
-                                targets[r.stats.path][0] == "streamed").flops_per_step
+    (:mod:`.estimate`: rates measured now; ``shapes``: each statistics file's (nnz, groups))."""
+    flops = sum(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
+                                *shapes[r.stats.path]).flops_per_step
                 * len(dls[r.name].fetch) for r in runs)
     nbytes = sum(d.bytes for d in dls.values())
     rates = [r.fetch_rate for r in runs if r.fetch_rate is not None]

@@ -49,7 +49,9 @@ from pythia_probe.sweep.manifest import (
 from pythia_probe.sweep.plan import (
     check_heads,
     check_local,
+    check_step_fits,
     checkpoint_plan,
+    measure_rates,
     model_downloads,
     plan_lines,
     resolve_targets,
@@ -74,7 +76,7 @@ from pythia_probe.sweep.source import (
     to_weights,
 )
 from pythia_probe.sweep.statistics import LazyStats, choose_for_models, read_stats_meta
-from pythia_probe.sweep.targets import prepare_targets
+from pythia_probe.sweep.targets import prepare_scale, prepare_targets
 from pythia_probe.sweep.tasks import ShardInfo, Work, share, sweep_tasks
 from pythia_probe.tokenizer import tokenizer_fingerprint
 
@@ -98,12 +100,15 @@ def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats,
     rank 0 builds a missing cache, the others then reuse it."""
     needs = combined_needs(analyses)
     names, progress = list(needs.targets), parts.output.progress and ranks.is_main
-    if ranks.is_main:
-        targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring, progress)
-    ranks.barrier()
-    if not ranks.is_main:
-        targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring, False)
-    return build_scorer(parts.scoring, analyses, needs, lazy, targets)
+    for turn in (True, False):  # rank 0 first (it builds missing caches), then the others
+        if ranks.is_main == turn:
+            targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring,
+                                      progress and turn)
+            scale = prepare_scale(lazy, names, parts.targets, mode, parts.scoring,
+                                  progress and turn)
+        if turn:
+            ranks.barrier()
+    return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)
 
 
 def run(parts: SweepParts, ranks: Ranks | None = None, argv: list[str] | None = None, *,
@@ -180,8 +185,7 @@ def _prepare(parts: SweepParts, sources) -> list[ModelRun]:
         check_heads(sc, r.config.n_layers)
         r.tokenizer, r.fetch_rate = timed_tokenizer(r.source, r.first, st.tokenizer, r.model)
         r.fingerprint = None if r.tokenizer is None else tokenizer_fingerprint(r.tokenizer)
-    choose_for_models(st, runs, lambda r, V: checkpoint_plan(sc, r.config, V, True).total,
-                      sc.device)
+    choose_for_models(st, runs, sc.device)
     return runs
 
 
@@ -201,7 +205,12 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
     sc = parts.scoring
     runs = _prepare(parts, sources)
     targets = {r.stats.path: resolve_targets(parts.targets, sc, _largest(runs, r.stats).config,
-                                             r.stats.rows, r.stats.file_bytes()) for r in runs}
+                                             r.stats.rows, r.stats.file_bytes(),
+                                             r.stats.factored) for r in runs}
+    shapes = {path: _shape(runs, path, mode) for path, (mode, _) in targets.items()}
+    for r in runs:  # every model's step refused up front, with the numbers, if it cannot fit
+        check_step_fits(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
+                                        *shapes[r.stats.path]), sc)
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
     layout = Layout(parts.output.out, tuple(r.name for r in runs))
@@ -210,7 +219,8 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
     dls = {r.name: model_downloads(r, plan, layout, sc.analyses, names,
                                    disk_limit(parts.source, r.source)) for r in runs}
     if ranks.is_main:
-        print("\n".join(_plan(parts, runs, dls, targets, shard)), flush=True)
+        rates = measure_rates(sc.device, sc.torch_dtype)
+        print("\n".join(_plan(parts, runs, dls, targets, shapes, rates, shard)), flush=True)
     for dl in dls.values():
         dl.check()
     if parts.plan.dry_run:
@@ -238,7 +248,14 @@ def _largest(runs: list[ModelRun], stats) -> ModelRun:
     return max(mine, key=lambda r: (r.config.d_model * r.config.n_layers, r.config.d_vocab))
 
 
-def _plan(parts, runs, dls, targets, shard) -> list[str]:
+def _shape(runs: list[ModelRun], path, mode: str) -> tuple[dict[str, int] | None, int]:
+    """(nnz, groups) of the statistics at ``path``: the factored parts' non-zeros (factored
+    targets only) and the document groups scored for the ceiling and intervals."""
+    stats = next(r.stats for r in runs if r.stats.path == path)
+    return (stats.parts_nnz() if mode == "factored" else None), stats.groups
+
+
+def _plan(parts, runs, dls, targets, shapes, rates, shard) -> list[str]:
     """What every run prints first (and --dry-run only)."""
     sc, lines, seen = parts.scoring, [], set()
     for r in runs:
@@ -250,9 +267,10 @@ def _plan(parts, runs, dls, targets, shard) -> list[str]:
                       for line in r.stats.lines()]
     for r in runs:
         lines += plan_lines(parts.source, sc, r, dls[r.name], targets[r.stats.path],
-                            parts.targets.mode, memory=len(runs) == 1)
+                            parts.targets.mode, *shapes[r.stats.path], rates=rates,
+                            memory=len(runs) == 1)
         lines += ledger_lines(r.ledger, r.model)
-    lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets)
+    lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets, shapes)
     if shard[1] > 1:
         i, n = shard
         lines.append(f"this process: share {i} of {n} (the plan's groups of identical weights "

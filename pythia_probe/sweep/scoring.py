@@ -6,24 +6,28 @@ prepared targets, the statistics' token ids and identity, raw statistics and tex
 one checkpoint's weights into rows. Every value is checked against its analysis's range
 (:func:`check_range`) before it can be written.
 
-Adding a column of scale beside each value (chance level, ceiling, interval) is scoring the
-same weights against other targets (permuted, half-corpus or leave-one-shard-out statistics):
-:meth:`Scorer.rows` with another target set gives the same cells, joined on
-(analysis, layer, head, metric).
+Columns of scale beside each value: ``chance`` (closed form, with the value), ``ceiling`` and
+``ci_low``/``ci_high`` (:meth:`Scorer.rows_with_scale`: the same weights scored against the
+leave-one-group-out target sets, joined on (analysis, layer, head, metric);
+:mod:`pythia_probe.analysis.intervals`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from safetensors.torch import load_file
 from torch import Tensor
 
 from pythia_probe.analysis import Analysis, Needs, Options, StepTensors
 from pythia_probe.analysis.attention_text import model_attention
-from pythia_probe.arch import NeoXWeights, single_token_residuals
+from pythia_probe.analysis.basis import Basis
+from pythia_probe.analysis.intervals import add_intervals
+from pythia_probe.analysis.layers import Layer, score_layers
+from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
 from pythia_probe.sweep.config import ScoringConfig
 from pythia_probe.sweep.statistics import LazyStats
@@ -44,49 +48,93 @@ class Scorer:
     raw: Mapping[str, Tensor]
     text: Tensor | None
     scoring: ScoringConfig
+    scale: Any = None
+    """A :class:`~pythia_probe.sweep.targets.Scale` (the left-out target sets and the
+    ceilings): every step's rows then carry ceiling, ci_low and ci_high."""
 
     def step_tensors(self, weights: NeoXWeights) -> StepTensors:
-        """Residual streams of each statistic token fed alone, and the weights, in stats row
-        order (residual streams, layer weights and W_U only when an analysis needs them)."""
-        sc, needs, token_ids = self.scoring, self.needs, self.token_ids
-        dt, dev = sc.torch_dtype, sc.device
-        res = {}
-        if needs.residuals:
-            r = single_token_residuals(weights, token_ids, sc.batch_size, dt)
-            res = {k: list(v.to(dev)) for k, v in r.items()}
-        n_layers = weights.cfg.n_layers if {"attn", "ln"} <= set(needs.weights) else 0
-        layers = [weights.layer(i) for i in range(n_layers)]
-        W_U = weights.W_U[:, token_ids].to(dev, dt) if needs.unembedding else None
-        return StepTensors(res, [L.W_Q.to(dev, dt) for L in layers],
-                           [L.W_K.to(dev, dt) for L in layers],
-                           weights.W_E[token_ids].to(dev, dt), W_U,
-                           ln1_w=[L.ln1_w.to(dev, dt) for L in layers])
+        """The weights the analyses not scored per layer read, in stats row order (W_E; W_U
+        only when an analysis needs it)."""
+        dt, dev = self.scoring.torch_dtype, self.scoring.device
+        W_U = weights.W_U[:, self.token_ids].to(dev, dt) if self.needs.unembedding else None
+        return StepTensors({}, W_E=weights.W_E[self.token_ids].to(dev, dt), W_U=W_U)
+
+    def layers(self, weights: NeoXWeights, kinds: set[str]) -> Iterator[Layer]:
+        """Each statistic token fed alone, one layer at a time (only one layer's streams held):
+        the ``kinds`` of residual streams as bases, the layer's attention weights; a layer's
+        ``pre`` is the previous layer's ``post`` basis."""
+        sc, dt, dev = self.scoring, self.scoring.torch_dtype, self.scoring.device
+        last = None
+        streams = iter_single_token_layers(weights, self.token_ids, sc.batch_size, dt)
+        for i, res in enumerate(streams):
+            bases = {k: (last if k == "pre" and last is not None else
+                         Basis(res[k].to(dev), dt, sc.chunk)) for k in sorted(kinds)}
+            last = bases.get("post")
+            L = weights.layer(i)
+            yield Layer(i + 1, bases, L.W_Q.to(dev, dt), L.W_K.to(dev, dt), L.ln1_w.to(dev, dt))
 
     def rows(self, config: Mapping, weights: NeoXWeights,
              targets: Mapping[str, object] | None = None) -> list[dict]:
         """Every analysis's rows for one checkpoint (``config``: its config.json), against
-        ``targets`` (default: the run's), range-checked."""
+        ``targets`` (default: the run's), range-checked: per-layer analyses share one
+        layer-major pass (:func:`~pythia_probe.analysis.layers.score_layers`)."""
+        if targets is None and self.scale is not None:
+            return self.rows_with_scale(config, weights, self.scale.left_out,
+                                        self.scale.ceilings)
         targets = self.targets if targets is None else targets
+        sc = self.scoring
+        opts = Options(chunk=sc.chunk, per_head=sc.per_head, max_rank=sc.max_rank, raw=self.raw)
+        layered = [(a.name, a.layered) for a in self.analyses if a.layered is not None]
+        kinds = {k for _, spec in layered for k in spec.kinds}
+        by_layer = score_layers(self.layers(weights, kinds), layered, targets, opts) \
+            if layered else {}
         x = self.step_tensors(weights)
         if self.needs.text:
             x.text_tokens = self.text
             x.text_attn = model_attention(config, weights.sd, self.text, self.scoring.device)
-        sc = self.scoring
-        opts = Options(chunk=sc.chunk, per_head=sc.per_head, max_rank=sc.max_rank, raw=self.raw)
         rows = []
         for a in self.analyses:
-            got = a.run(x, {n: targets[n] for n in a.needs.targets}, opts)
+            got = by_layer[a.name] if a.layered is not None else a.run(
+                x, {n: targets[n] for n in a.needs.targets}, opts)
             check_range(got, a, TOLERANCE[sc.dtype])
             rows += got
         return rows
 
 
-def check_range(rows: list[dict], analysis: Analysis, tol: float) -> None:
+    def rows_with_scale(self, config: Mapping, weights: NeoXWeights,
+                        left_out: Sequence[Mapping[str, object]],
+                        ceilings: Mapping[str, float] | None = None) -> list[dict]:
+        """:meth:`rows` with ``ci_low``/``ci_high`` (the jackknife over the G
+        leave-one-group-out target sets ``left_out``) and ``ceiling`` (per target, computed
+        once per statistics: :func:`~pythia_probe.analysis.intervals.ceiling`); each interval
+        is checked to hold its value and cut at the analysis's range, each ceiling checked
+        against it. G + 1 scorings of the same weights."""
+        rows = self.rows(config, weights, self.targets)
+        replicates = [self.rows(config, weights, t) for t in left_out]
+        target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
+        out = add_intervals(rows, replicates, ceilings, target_of)
+        bounds = {a.name: a.bounds for a in self.analyses}
+        for r in out:  # an interval past the analysis's range is cut at it
+            lo, hi = bounds[r["analysis"]]
+            r["ci_low"], r["ci_high"] = max(r["ci_low"], lo), min(r["ci_high"], hi)
+        for a in self.analyses:
+            check_range([r for r in out if r["analysis"] == a.name], a,
+                        TOLERANCE[self.scoring.dtype], ("ceiling",))
+        for r in out:
+            if not r["ci_low"] <= r["value"] <= r["ci_high"]:
+                raise OutOfRangeError(f"{r['analysis']} layer {r.get('layer')}: interval "
+                                      f"[{r['ci_low']}, {r['ci_high']}] misses its value "
+                                      f"{r['value']}: a bug; not written")
+        return out
+
+
+def check_range(rows: list[dict], analysis: Analysis, tol: float,
+                keys: tuple[str, ...] = ("value", "chance")) -> None:
     """Refuse a value (or a chance level) outside ``analysis.bounds`` by more than ``tol``, or
     not a number, naming the cell; nothing of the step is written then."""
     lo, hi = analysis.bounds
     for r in rows:
-        for key in ("value", "chance"):
+        for key in keys:
             v = r.get(key)
             if key != "value" and v is None:
                 continue
@@ -110,9 +158,12 @@ def load_text(sc: ScoringConfig, stats: LazyStats) -> Tensor:
 
 
 def build_scorer(sc: ScoringConfig, analyses: list[Analysis], needs: Needs, stats: LazyStats,
-                 targets: Mapping[str, object]) -> Scorer:
-    """The run's Scorer: raw statistics and text read once (only when an analysis needs them)."""
+                 targets: Mapping[str, object], scale: Any = None) -> Scorer:
+    """The run's Scorer: raw statistics and text read once (only when an analysis needs them);
+    ``scale``: the ceiling and interval columns' targets (:func:`~pythia_probe.sweep.targets.
+    prepare_scale`), None for none."""
     raw = {n: stats.load()[n] for n in needs.raw}
     text = load_text(sc, stats) if needs.text else None
-    return Scorer(analyses, needs, targets, stats.token_ids, stats.stats_id, raw, text, sc)
+    return Scorer(analyses, needs, targets, stats.token_ids, stats.stats_id, raw, text, sc,
+                  scale)
 

@@ -1,13 +1,13 @@
 """The statistics a sweep scores against: ``--stats``, or the paper's recipe for the model's
-tokenizer, at the vocabulary the device can hold, built on first use and cached. Takes the
+tokenizer, built on first use and cached. Takes the
 :class:`~pythia_probe.sweep.config.StatisticsConfig` part; what the statistics file holds and
 how big it is are the stats package's answers (``stats.plan``, ``read_meta``), never computed
 here.
 
-``--top-k auto`` keeps the full vocabulary when both the statistics (the engine --engine auto
-picks: dense where its peak fits, else the sparse bound) and one sweep step (streamed targets)
-fit the device's memory budget, else the 5,000 most frequent tokens (the authors'
-``find_top_tokens`` default). The choice and why are printed and stored in the manifest.
+The vocabulary is the full vocabulary (the authors' default) unless ``--top-k K`` is given, on
+every machine: no default depends on memory or device (``--top-k auto`` is an old alias of
+full). Memory decides only how the work is chunked, or refuses it up front with the numbers
+(:func:`check_statistics_fit`). The choice and why are printed and stored in the manifest.
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from pathlib import Path
 import torch
 
 from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
-from pythia_probe.resources import GB, memory_budget
+from pythia_probe.resources import memory_budget
 from pythia_probe.stats import CorpusStats, read_meta
 from pythia_probe.stats import plan as stats_plan
+from pythia_probe.stats import result as stats_result
 from pythia_probe.stats.recipe import Recipe, cache_path
 from pythia_probe.stats.result import check_tokenizer
 from pythia_probe.sweep.config import StatisticsConfig, parse_top_k
 from pythia_probe.tokenizer import d_vocab as tokenizer_d_vocab
 
-DEFAULT_TOP_K = 5000
+FACTORED_FORMAT = "pythia_probe.stats/2"
+"""The statistics format whose sparse parts the factored targets read (``parts()``)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,32 @@ class StatsChoice:
     @property
     def stats_id(self) -> str | None:
         return None if self.meta is None else str(self.meta["stats_id"])
+
+    @property
+    def factored(self) -> bool:
+        """Full-vocabulary factored statistics (or, not built yet, statistics that will be)."""
+        return is_factored(self.meta, None if self.recipe is None else self.recipe.top_k)
+
+    @property
+    def groups(self) -> int:
+        """G, the document groups the statistics keep (their header, or the recipe's)."""
+        if self.meta is not None:
+            return int((self.meta.get("groups") or {}).get("G", 0))
+        return int(getattr(self.recipe, "groups", 0) or 0)
+
+    def parts_nnz(self) -> dict[str, int]:
+        """Bounds on the non-zeros of the sparse parts C, W and Qbar (the plan is an upper
+        bound): a built file's size over the 12 bytes each stored entry takes at least (the
+        stats package does not yet say its counts without reading the file), else every pair
+        of positions the recipe reads distinct."""
+        if self.built or self.recipe is None:
+            n = self.file_bytes() // 12
+            return {"C": n, "W": n, "Qbar": n}
+        r = self.recipe
+        positions = r.docs * r.seq_len
+        pairs = r.docs * r.seq_len * (r.seq_len + 1) // 2
+        V2 = self.rows ** 2
+        return {"C": min(V2, positions), "W": min(V2, pairs), "Qbar": min(V2, pairs)}
 
     def file_bytes(self) -> int:
         """The statistics file's size, or its expected size before it is built."""
@@ -80,31 +108,43 @@ class StatsChoice:
         return {"file": str(self.path), "stats_id": self.stats_id, "rows": self.rows, **source}
 
 
-def choose_vocab(st: StatisticsConfig, V: int, step_bytes: float, device: str,
-                 budget: tuple[float | None, str] | None = None) -> tuple[int | None, str]:
-    """(top-k or None for the full vocabulary, why) for ``--top-k``; ``step_bytes``: the peak
-    of one sweep step at the full vocabulary (streamed targets)."""
+def choose_vocab(st: StatisticsConfig, V: int) -> tuple[int | None, str]:
+    """(top-k or None for the full vocabulary, why) for ``--top-k``: the user's choice alone,
+    never the machine's (memory decides only how the work is chunked, or refuses it)."""
     asked = parse_top_k(st.top_k)
     if asked is None:
-        return None, f"full vocabulary ({V:,} ids), --top-k full given"
-    if asked != "auto":
-        return int(asked), f"the {asked:,} most frequent tokens, --top-k {asked} given"
-    limit, how = budget if budget is not None else memory_budget(device)
-    stats = stats_plan.statistics_need(V, st.seq_len, None, st.docs, device)
-    need = f"statistics {stats / GB:.1f} GB, one sweep step {step_bytes / GB:.1f} GB"
-    if limit is not None and max(stats, step_bytes) <= limit:
-        return None, (f"full vocabulary ({V:,} ids): {need}, within the budget "
-                      f"{limit / GB:.1f} GB ({how})")
-    over = "budget unknown" if limit is None else f"over the budget {limit / GB:.1f} GB"
-    return DEFAULT_TOP_K, (f"the {DEFAULT_TOP_K:,} most frequent tokens, --top-k auto: the full "
-                           f"vocabulary ({V:,} ids) needs {need}, {over} ({how})")
+        said = ("--top-k auto (an old alias of full: the vocabulary no longer depends on the "
+                "machine)" if st.top_k == "auto" else "the default" if st.top_k == "full"
+                else f"--top-k {st.top_k}")
+        return None, f"full vocabulary ({V:,} ids), {said}"
+    return int(asked), f"the {asked:,} most frequent tokens, --top-k {asked} given"
+
+
+def check_statistics_fit(st: StatisticsConfig, V: int, top_k: int | None, device: str,
+                         budget: tuple[float | None, str] | None = None) -> None:
+    """Refuse up front, with the numbers, statistics to build that the engine ``--engine
+    auto`` picks cannot fit in the device's memory budget (the stats package's own check,
+    made here before any download or allocation)."""
+    budget = budget if budget is not None else memory_budget(device)
+    choice = stats_plan.choose_engine("auto", V, st.seq_len, top_k, device, budget,
+                                      docs=st.docs)
+    stats_plan.check_sparse_fits(choice, V, top_k)
+
+
+def is_factored(meta: dict | None, top_k: int | None) -> bool:
+    """Whether the statistics are (or, not built yet, will be) full-vocabulary factored ones,
+    scored through their sparse parts (``--targets factored``)."""
+    if meta is None:
+        return top_k is None and stats_result.FORMAT == FACTORED_FORMAT
+    return meta.get("format") == FACTORED_FORMAT and not meta.get("vocab", {}).get(
+        "restricted", False)
 
 
 def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict | None,
-                      step_bytes, device: str,
+                      device: str,
                       budget: tuple[float | None, str] | None = None) -> StatsChoice:
-    """``--stats`` checked against the model's tokenizer, or the recipe's cached file.
-    ``step_bytes(V)``: one sweep step's peak at V statistic rows."""
+    """``--stats`` checked against the model's tokenizer, or the recipe's cached file (refused
+    up front when it is still to build and cannot fit)."""
     if st.stats is not None:
         path = Path(st.stats)
         meta = read_stats_meta(path, fingerprint)
@@ -115,29 +155,29 @@ def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict |
         raise BadInputError(f"{model} ships no tokenizer.json: give --tokenizer (to build "
                             "the statistics with it) or --stats")
     V = tokenizer_d_vocab(tok)
-    top_k, why = choose_vocab(st, V, step_bytes(V), device, budget)
+    top_k, why = choose_vocab(st, V)
     recipe = Recipe(st.dataset, st.docs, st.min_chars, st.seq_len, top_k,
                     data_dir=st.data_dir)
     path = cache_path(recipe, fingerprint)
     meta = read_stats_meta(path, fingerprint) if path.is_file() else None
+    if meta is None:
+        check_statistics_fit(st, V, top_k, device, budget)
     return StatsChoice(path, recipe, V if top_k is None else min(top_k, V), why, meta, V - 1)
 
 
-def choose_for_models(st: StatisticsConfig, runs, step_bytes, device: str,
+def choose_for_models(st: StatisticsConfig, runs, device: str,
                       budget: tuple[float | None, str] | None = None) -> None:
     """Each model's statistics (``run.stats``): one choice per tokenizer, by its canonical
-    fingerprint, so models sharing one (every Pythia size) share one file, built once; the
-    vocabulary for ``--top-k auto`` is chosen for the largest of them (``step_bytes(run, V)``:
-    one sweep step's peak), so all of them are scored against the same rows."""
+    fingerprint, so models sharing one (every Pythia size) share one file, built once and
+    scored at the same rows (the vocabulary never depends on the machine)."""
     groups: dict[str, list] = {}
     for r in runs:
         key = f"none:{r.model}" if r.fingerprint is None else str(r.fingerprint.get("sha256"))
         groups.setdefault(key, []).append(r)
     for members in groups.values():
         first = members[0]
-        choice = choose_statistics(st, first.model, first.tokenizer, first.fingerprint,
-                                   lambda V, m=members: max(step_bytes(r, V) for r in m),
-                                   device, budget)
+        choice = choose_statistics(st, first.model, first.tokenizer, first.fingerprint, device,
+                                   budget)
         for r in members:
             check_fits_model(choice, r.config.d_vocab, r.model)
             r.stats = choice

@@ -2,23 +2,32 @@
 Takes the :class:`~pythia_probe.sweep.config.TargetsConfig` part (how they are held) and the
 scoring part's dtype, device and block size.
 
-``streamed``: C_T written once to the prepared-target cache (``<stats stem>.targets/``, keyed by
-stats_id and checked by its content digest, rebuilt when either differs) and streamed in blocks
-per checkpoint, so no V x V matrix stays in memory. ``memory``: each statistic cast to the device
-and kept resident. ``auto`` is resolved by the plan
+``factored``: the statistics' sparse parts on the scoring device, each target scored through
+them (:mod:`pythia_probe.analysis.factored`), its once-per-statistics vectors (D, m, norm,
+trace, total) cached in the same folder, keyed by stats_id and checked by their digest: nothing
+V x V anywhere. ``streamed``: C_T written once to the prepared-target cache (``<stats
+stem>.targets/``, keyed by stats_id and checked by its content digest, rebuilt when either
+differs) and streamed in blocks per checkpoint, so no V x V matrix stays in memory.
+``memory``: each statistic cast to the device and kept resident. ``auto`` is resolved by the plan
 (:func:`pythia_probe.sweep.plan.resolve_targets`) before anything here runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from torch import Tensor
 from tqdm import tqdm
 
 from pythia_probe.analysis import target_matrix
 from pythia_probe.analysis.cosine import Target, prepare_target
+from pythia_probe.analysis.factored import FactoredTarget, Parts
+from pythia_probe.analysis.factored_cache import cached_vectors
+from pythia_probe.analysis.intervals import ceiling
 from pythia_probe.analysis.prepared import cached_target
+from pythia_probe.errors import BadInputError
 from pythia_probe.sweep.config import ScoringConfig, TargetsConfig
 from pythia_probe.sweep.statistics import LazyStats
 
@@ -28,6 +37,9 @@ def prepare_targets(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, m
     """The prepared target of every needed name; ``mode``: the resolved memory or streamed.
     ``stats``' tensors are read only when a target is built (a warm cache reads none)."""
     names = sorted(set(names))
+    if mode == "factored":
+        return factored_targets(stats.load(), names, tc.cache_dir(stats.path), scoring,
+                                progress)
     if mode == "memory":
         return _resident_targets(stats, names, scoring, progress)
     cache = tc.cache_dir(stats.path)
@@ -35,6 +47,21 @@ def prepare_targets(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, m
     return {n: cached_target(n, lambda n=n: _statistic(stats, n, device), cache,
                              stats.stats_id, dtype=dtype, device=device, chunk=scoring.chunk)
             for n in tqdm(names, desc="target cache", disable=len(names) < 2 or not progress)}
+
+
+def factored_targets(st, names: Sequence[str], cache: Path, scoring: ScoringConfig,
+                     progress: bool = True) -> dict[str, FactoredTarget]:
+    """Every needed target through the sparse parts of ``st`` (a CorpusStats with ``parts()``
+    and ``stats_id``): one set of parts on the device shared by all of them."""
+    p = st.parts()
+    if p.get("ids") is not None:
+        raise BadInputError("--targets factored needs full-vocabulary statistics (these are "
+                            "top-k restricted): use --targets auto, memory or streamed")
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    parts = Parts(p, scoring.torch_dtype, scoring.device, set(names))
+    return {n: FactoredTarget(n, parts, cached_vectors(n, lambda: p, cache, st.stats_id,
+                                                       min(scoring.chunk, 1024)), st.stats_id)
+            for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
 
 
 def _statistic(stats: LazyStats, name: str, device: str) -> Tensor:
@@ -58,3 +85,46 @@ def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringCo
         cast.setdefault(name, T)
     return {n: prepare_target(n, cast[n], dtype=dtype, device=device, chunk=scoring.chunk)
             for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What the ceiling and interval columns are scored from, prepared once per run: the
+    target sets of the G leave-one-group-out statistics and each target's ceiling (its two
+    halves against each other)."""
+
+    left_out: list[dict]
+    ceilings: dict[str, float]
+
+
+def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
+                  scoring: ScoringConfig, progress: bool = True) -> Scale | None:
+    """The run's :class:`Scale` from statistics built with groups (meta ``groups.G`` > 1:
+    ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
+    the run's targets in a cache subfolder of that id); None without groups or with intervals
+    off (``scoring.intervals``)."""
+    G = int((stats.meta.get("groups") or {}).get("G", 0))  # from the header: no tensor read
+    if not scoring.intervals or G < 2:
+        return None
+    st = stats.load()
+    names = sorted(set(names))
+    cache = tc.cache_dir(stats.path)
+    left = [part_targets(st.leave_out(g), names, cache, mode, scoring)
+            for g in tqdm(range(G), desc="left-out targets", disable=not progress)]
+    A, B = (part_targets(h, names, cache, mode, scoring) for h in st.halves())
+    return Scale(left, {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names})
+
+
+def part_targets(st, names: Sequence[str], cache: Path, mode: str,
+                 scoring: ScoringConfig) -> dict:
+    """The targets of statistics ``st`` of part of the corpus (a CorpusStats), held as
+    ``mode``; caches in ``cache/part-<stats_id>`` so parts never overwrite each other."""
+    sub = Path(cache) / f"part-{st.stats_id[:16]}"
+    dtype, device = scoring.torch_dtype, scoring.device
+    if mode == "factored":
+        return factored_targets(st, names, sub, scoring, progress=False)
+    if mode == "memory":
+        return {n: prepare_target(n, target_matrix(st, n).to(device, dtype), dtype=dtype,
+                                  device=device, chunk=scoring.chunk) for n in names}
+    return {n: cached_target(n, lambda n=n: target_matrix(st, n), sub, st.stats_id,
+                             dtype=dtype, device=device, chunk=scoring.chunk) for n in names}

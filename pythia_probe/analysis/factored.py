@@ -1,0 +1,266 @@
+"""Targets at the full vocabulary from the factored statistics: never a V x V matrix.
+
+With the statistics' sparse parts (leading-terms section 6; ``CorpusStats.parts()``): C the
+bigram counts (rows = current token), n = C 1, W the context weights (rows = target, columns =
+context), w = 1^T W, P the positions, V the vocabulary, Qbar sparse on the pairs that occur,
+
+    Bbar = (C - n 1^T / V) / P,   Phibar = (W - 1 w^T / V) / P,   PhiBT = Phibar^T Bbar^T.
+
+A target T (PhiBT, Qbar, Bbar or Bbar^T) enters a cosine only through C_T = D T - m 1^T
+(D = diag(1 / row norms), m = row means of D T), and the scoring needs only C_T^T X for the
+stacked bases X [V, k]:
+
+    C_T^T X = T^T (D X) - 1 (m^T X),
+    PhiBT^T Y = Bbar (Phibar Y) = (C Z - n (1^T Z) / V) / P,  Z = (W Y - 1 (w^T Y) / V) / P,
+    Qbar^T Y (sparse),  Bbar^T Y = (C^T Y - 1 (n^T Y) / V) / P,  Bbar Y = (C Y - n (1^T Y)/V)/P
+
+i.e. sparse products (nnz x k) plus vector corrections, on the scoring device in the compute
+dtype. What depends on the statistics alone is computed once in float64 (:func:`target_vectors`)
+and cached by the statistics' content identity (:func:`cached_vectors`): D and m from the rows
+of T (PhiBT's rows are the columns of P^2 Bbar Phibar = C W - n w^T / V), ``trace`` =
+||C_T||_F^2, ``total`` = ||C_T^T 1||^2 and ``norm`` = ||C_T C_T^T||_F = ||C_T^T C_T||_F, the
+last over column blocks of C_T (each built from the parts, then multiplied by C_T^T): about
+2 (nnz(W) + nnz(C)) V multiply-adds for PhiBT, nnz(Qbar) V for Qbar, once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import Tensor
+
+from pythia_probe.analysis.dense import row_scales
+
+NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT")
+
+
+def _csr(m: sp.spmatrix, dtype: torch.dtype, device) -> Tensor:
+    """A scipy matrix as a torch CSR tensor (checked once here; torch's beta note silenced)."""
+    m = sp.csr_matrix(m)
+    m.sort_indices()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
+                                       torch.from_numpy(m.indices.astype(np.int64)),
+                                       torch.from_numpy(m.data).to(dtype), size=m.shape,
+                                       device=device, check_invariants=True)
+
+
+class Parts:
+    """The statistics' sparse parts as torch CSR matrices in ``dtype`` on ``device``, with the
+    products every target needs (``rows``: which of C, C^T, W, W^T, Qbar^T to hold)."""
+
+    def __init__(self, parts: Mapping[str, Any], dtype: torch.dtype, device, need: set[str]):
+        self.V, self.P = int(parts["full_d_vocab"]), float(parts["positions"])
+        self.dtype, self.device = dtype, torch.device(device)
+        vec = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
+        self.raw = parts  # the host's scipy parts (column blocks of a target, once per stats)
+        self.n, self.w = vec(parts["n"]), vec(parts["w"])
+        C, W, Q = parts["C"], parts["W"], parts["Qbar"]
+        self.m = {}
+        if need & {"PhiBT", "BbarT"}:
+            self.m["C"] = _csr(C, dtype, device)
+        if "Bbar" in need:
+            self.m["CT"] = _csr(C.T, dtype, device)
+        if "PhiBT" in need:
+            self.m["W"] = _csr(W, dtype, device)
+        if "Qbar" in need:
+            self.m["QT"] = _csr(Q.T, dtype, device)
+
+    def bbar(self, Y: Tensor) -> Tensor:
+        """Bbar Y."""
+        out = self.m["C"] @ Y
+        out -= torch.outer(self.n, Y.sum(dim=0) / self.V)
+        return out.div_(self.P)
+
+    def bbar_t(self, Y: Tensor) -> Tensor:
+        """Bbar^T Y."""
+        out = self.m["CT"] @ Y
+        out -= (self.n @ Y / self.V)[None, :]
+        return out.div_(self.P)
+
+    def phibar(self, Y: Tensor) -> Tensor:
+        """Phibar Y."""
+        out = self.m["W"] @ Y
+        out -= (self.w @ Y / self.V)[None, :]
+        return out.div_(self.P)
+
+    def t_mul(self, name: str, Y: Tensor) -> Tensor:
+        """T^T Y for the target ``name`` (Y [V, k] in this dtype and device)."""
+        if name == "PhiBT":
+            return self.bbar(self.phibar(Y))
+        if name == "Qbar":
+            return self.m["QT"] @ Y
+        return self.bbar_t(Y) if name == "Bbar" else self.bbar(Y)
+
+
+@dataclass(frozen=True)
+class Vectors:
+    """What a factored target needs of the statistics alone (float64): D, m, the norm and the
+    chance terms."""
+
+    scale: Tensor
+    mean: Tensor
+    norm: float
+    trace: float
+    total: float
+
+
+@dataclass(frozen=True, eq=False)
+class FactoredTarget:
+    """A target scored through the statistics' sparse parts (see the module docstring)."""
+
+    name: str
+    parts: Parts
+    vectors: Vectors
+    stats_id: str = ""
+
+    @property
+    def d_vocab(self) -> int:
+        return self.parts.V
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts.dtype
+
+    @property
+    def norm(self) -> float:
+        return self.vectors.norm
+
+    @property
+    def trace(self) -> float:
+        return self.vectors.trace
+
+    @property
+    def total(self) -> float:
+        return self.vectors.total
+
+    def ct_t(self, X: Tensor) -> Tensor:
+        """C_T^T X = T^T (D X) - 1 (m^T X)."""
+        d = self.parts
+        scale = self.vectors.scale.to(d.device, d.dtype)
+        out = d.t_mul(self.name, X * scale[:, None])
+        out -= (self.vectors.mean.to(d.device, d.dtype) @ X)[None, :]
+        return out
+
+    def weighted_column_blocks(self, chunk: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
+        """(weights, C_T[:, J]) over the columns of C_T, float64 on the host: the columns the
+        corpus never fills (:func:`shared_columns`, all equal) stand once for all of them."""
+        p, v = self.parts.raw, self.vectors
+        shared = shared_columns(self.name, p)
+        cols = np.flatnonzero(~shared)
+        if shared.any():
+            cols = np.append(cols, np.flatnonzero(shared)[0])
+        weight = torch.ones(cols.size, dtype=torch.float64)
+        if shared.any():
+            weight[-1] = float(shared.sum())
+        for s in range(0, cols.size, chunk):
+            Tb = torch.from_numpy(_columns(self.name, p, cols[s:s + chunk]))
+            yield weight[s:s + chunk], Tb * v.scale[:, None] - v.mean[:, None]
+
+    def grams(self, F: Tensor, edges: Sequence[int], chunk: int = 4096) -> list[Tensor]:
+        """(F_i^T C_T)(F_i^T C_T)^T for each column group of F, one group at a time (row
+        blocks of C_T^T F_i squared in F's dtype, summed in float64)."""
+        out = []
+        for s, e in zip(edges, edges[1:], strict=False):
+            Z = self.ct_t(F[:, s:e].to(self.parts.device, self.parts.dtype))
+            M = torch.zeros(e - s, e - s, dtype=torch.float64, device=Z.device)
+            for r in range(0, Z.shape[0], chunk):
+                Zb = Z[r:r + chunk]
+                M += (Zb.T @ Zb).to(torch.float64)
+            out.append(M)
+        return out
+
+
+# ---- once per statistics (float64) ---------------------------------------------------------
+def _row_norms_sums(name: str, p: Mapping[str, Any], chunk: int) -> tuple[Tensor, Tensor]:
+    """T's row L2 norms and row sums in float64, from the parts."""
+    V, P = int(p["full_d_vocab"]), float(p["positions"])
+    C, n = sp.csr_matrix(p["C"]), np.asarray(p["n"], dtype=np.float64)
+    if name == "Qbar":
+        Q = sp.coo_matrix(p["Qbar"])
+        sq = np.bincount(Q.row, Q.data ** 2, minlength=V)
+        sums = np.bincount(Q.row, Q.data, minlength=V)
+    elif name == "Bbar":
+        sq = (np.asarray(C.multiply(C).sum(axis=1)).ravel() - n ** 2 / V) / P ** 2
+        sums = np.zeros(V)
+    elif name == "BbarT":
+        cn = np.asarray(C.multiply(C).sum(axis=0)).ravel()
+        sq = (cn - 2 * (C.T @ n) / V + (n @ n) / V ** 2) / P ** 2
+        sums = (np.asarray(C.sum(axis=0)).ravel() - n.sum() / V) / P
+    else:  # PhiBT: row a = column a of R = C W - n w^T / V, zero where W[:, a] is
+        W, w = sp.csc_matrix(p["W"]), np.asarray(p["w"], dtype=np.float64)
+        sq = np.zeros(V)
+        live = np.flatnonzero(np.diff(W.indptr))
+        for s in range(0, live.size, chunk):
+            a = live[s:s + chunk]
+            R = np.asarray(C @ W[:, a].toarray()) - np.outer(n, w[a] / V)
+            sq[a] = (R ** 2).sum(axis=0)
+        sq /= P ** 4
+        sums = (W.T @ np.asarray(C.sum(axis=0)).ravel() - w * n.sum() / V) / P ** 2
+    return torch.from_numpy(np.sqrt(np.clip(sq, 0, None))), torch.from_numpy(sums)
+
+
+def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
+    """T[:, cols] dense float64 [V, len(cols)] from the parts."""
+    V, P = int(p["full_d_vocab"]), float(p["positions"])
+    n = np.asarray(p["n"], dtype=np.float64)
+    if name == "Qbar":
+        return sp.csc_matrix(p["Qbar"])[:, cols].toarray()
+    if name == "Bbar":
+        return (sp.csc_matrix(p["C"])[:, cols].toarray() - n[:, None] / V) / P
+    Brows = (sp.csr_matrix(p["C"])[cols].toarray() - n[cols, None] / V) / P  # Bbar[cols, :]
+    if name == "BbarT":
+        return Brows.T
+    W, w = sp.csr_matrix(p["W"]), np.asarray(p["w"], dtype=np.float64)
+    X = Brows.T  # Bbar^T[:, cols]; PhiBT[:, cols] = Phibar^T X
+    return (np.asarray(W.T @ X) - np.outer(w, X.sum(axis=0) / V)) / P
+
+
+def shared_columns(name: str, p: Mapping[str, Any]) -> np.ndarray:
+    """Columns of T that all equal one vector (the corpus never shows their token in that
+    role): zero columns of PhiBT, Bbar^T (no bigram starts there) and Qbar (never a key),
+    the columns -n / (V P) of Bbar (no bigram ends there)."""
+    if name == "Qbar":
+        return np.diff(sp.csc_matrix(p["Qbar"]).indptr) == 0
+    if name == "Bbar":
+        return np.asarray(sp.csr_matrix(p["C"]).sum(axis=0)).ravel() == 0
+    return np.asarray(p["n"]) == 0
+
+
+def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Vectors:
+    """D, m, ||C_T C_T^T||_F, ||C_T||_F^2 and ||C_T^T 1||^2 of target ``name`` in float64.
+
+    The norm is ||C_T^T C_T||_F over column blocks C_T[:, J] = D T[:, J] - m 1^T:
+    ||C_T^T C_T||_F^2 = sum_J ||C_T^T C_T[:, J]||_F^2, with C_T^T C_T[:, J] =
+    T^T (D C_T[:, J]) - 1 (m^T C_T[:, J]); the columns of :func:`shared_columns` (equal
+    columns of T, hence of C_T) count once, times their number. Exact: no column is skipped
+    that differs from the one standing for it.
+    """
+    if name not in NAMES:
+        raise ValueError(f"no factored target {name!r}; valid: {', '.join(NAMES)}")
+    V = int(parts["full_d_vocab"])
+    norms, sums = _row_norms_sums(name, parts, chunk)
+    scale, mean = row_scales(norms, sums, V)
+    trace = float((scale ** 2 * norms ** 2 - 2 * scale * mean * sums + V * mean ** 2).sum())
+    target = FactoredTarget(name, Parts(parts, torch.float64, "cpu", {name}),
+                            Vectors(scale, mean, 0.0, trace, 0.0))
+    colsum = target.ct_t(torch.ones(V, 1, dtype=torch.float64))[:, 0]  # C_T^T 1
+    shared = shared_columns(name, parts)
+    cols = np.flatnonzero(~shared)
+    if shared.any():
+        cols = np.append(cols, np.flatnonzero(shared)[0])  # stands for all shared columns
+    weight = torch.ones(cols.size, dtype=torch.float64)
+    weight[-1] = float(shared.sum()) if shared.any() else 1.0
+    norm2 = 0.0
+    for s in range(0, cols.size, chunk):
+        Tb = torch.from_numpy(_columns(name, parts, cols[s:s + chunk]))
+        G = target.ct_t(Tb * scale[:, None] - mean[:, None])  # C_T^T C_T[:, J]
+        norm2 += float(((G ** 2).sum(dim=0) * weight[s:s + chunk]).sum())
+    return Vectors(scale, mean, norm2 ** 0.5, trace, float(colsum @ colsum))

@@ -1,0 +1,102 @@
+"""Ceiling and jackknife intervals (issue 19 item 2) against direct float64 computations, with
+replicate statistics built from separate statistics of document subsets (the stand-in for the
+statistics package's groups: st.subset / st.leave_out / st.halves)."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import t as student_t
+from test_analysis_factored import parts_from_tokens
+
+from pythia_probe.analysis.cosine import covariance, prepare_target, row_normalise, scores, tall
+from pythia_probe.analysis.factored import FactoredTarget, Parts, target_vectors
+from pythia_probe.analysis.intervals import add_intervals, ceiling, cross_cosine, jackknife
+from pythia_probe.linalg import frobenius_cosine
+from pythia_probe.stats.reference import reference_stats
+
+V, G = 19, 4
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, V - 2, (16, 9), generator=g)
+    groups = [tokens[i::G] for i in range(G)]  # documents by ordinal mod G
+    return tokens, groups
+
+
+def _target(tokens, name="Qbar"):
+    return prepare_target(name, reference_stats(tokens, V)[name], dtype=torch.float64)
+
+
+def test_jackknife_is_the_pseudo_value_formula_with_a_t_quantile():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        theta, loo = rng.normal(), rng.normal(size=7)
+        Gn = loo.size
+        p = Gn * theta - (Gn - 1) * loo
+        se = np.sqrt(((p - p.mean()) ** 2).sum() / (Gn * (Gn - 1)))
+        q = student_t.ppf(0.975, Gn - 1)
+        low, high = jackknife(theta, loo.tolist())
+        assert (low, high) == pytest.approx((theta - q * se, theta + q * se), abs=1e-12)
+        assert low <= theta <= high
+    with pytest.raises(ValueError, match="at least 2"):
+        jackknife(0.5, [0.4])
+
+
+@pytest.mark.parametrize("name", ["Qbar", "PhiBT"])
+def test_ceiling_is_the_materialised_cosine_of_the_two_halves(corpus, name):
+    tokens, groups = corpus
+    half_a, half_b = torch.cat(groups[:G // 2]), torch.cat(groups[G // 2:])
+    A, B = _target(half_a, name), _target(half_b, name)
+    Ta, Tb = (reference_stats(t, V)[name] for t in (half_a, half_b))
+    want = frobenius_cosine(covariance(row_normalise(Ta)), covariance(row_normalise(Tb)))
+    assert ceiling(A, B, chunk=5) == pytest.approx(want, abs=1e-12)
+    assert ceiling(B, A, chunk=7) == pytest.approx(want, abs=1e-12)
+    assert ceiling(A, A) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_ceiling_against_a_factored_target(corpus):
+    tokens, groups = corpus
+    half_a, half_b = torch.cat(groups[:2]), torch.cat(groups[2:])
+    p = parts_from_tokens(half_a, V)
+    Af = FactoredTarget("Qbar", Parts(p, torch.float64, "cpu", {"Qbar"}),
+                        target_vectors("Qbar", p))
+    B = _target(half_b)
+    assert cross_cosine(Af, B.column_blocks(4), B.norm) == pytest.approx(
+        ceiling(_target(half_a), B), abs=1e-12)
+
+
+def test_intervals_and_ceiling_join_the_rows_of_replicates(corpus):
+    tokens, groups = corpus
+    E = torch.randn(V, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    full = _target(tokens)
+
+    def rows(target):
+        s = scores([tall(E)], target)[0]
+        return [{"analysis": "attention", "layer": 1, "head": None, "metric": "cos_mean",
+                 "value": s.value, "chance": s.chance}]
+
+    left_out = [rows(_target(torch.cat([g for j, g in enumerate(groups) if j != i])))
+                for i in range(G)]
+    got = add_intervals(rows(full), left_out, {"Qbar": 0.8}, {"attention": "Qbar"})[0]
+    theta = got["value"]
+    assert got["ci_low"] <= theta <= got["ci_high"]
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx(
+        jackknife(theta, [r[0]["value"] for r in left_out]))
+    assert got["ceiling"] == 0.8 and "settings" not in got
+    low = add_intervals(rows(full), left_out, {"Qbar": -1.0}, {"attention": "Qbar"})[0]
+    assert low["settings"].startswith("chance_not_below_ceiling=")  # in the row, not silently
+    with pytest.raises(ValueError, match="missing"):
+        add_intervals(rows(full), [[], *left_out[1:]])
+
+
+def test_ceiling_with_a_factored_half_b_counts_unfilled_columns_once(corpus):
+    tokens, groups = corpus
+    half_a, half_b = torch.cat(groups[:2]), torch.cat(groups[2:])
+    for name in ("Qbar", "PhiBT", "Bbar"):
+        p = parts_from_tokens(half_b, V)
+        Bf = FactoredTarget(name, Parts(p, torch.float64, "cpu", {name}), target_vectors(name, p))
+        A = _target(half_a, name)
+        assert ceiling(A, Bf, chunk=3) == pytest.approx(ceiling(A, _target(half_b, name)),
+                                                        abs=1e-12)
