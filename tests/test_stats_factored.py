@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats import CorpusStats, batch_stats
 from pythia_probe.stats.reference import reference_stats_ragged, softmax_jacobian_uniform
+from pythia_probe.stats.result import part_counts
 
 NAMES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
 EXACT = ("Bbar", "Phibar", "Qbar")
@@ -134,6 +135,22 @@ def test_parts_are_the_factors_of_section_6():
     torch.testing.assert_close((W - w[None, :] / V) / P, stats.Phibar, rtol=1e-15, atol=1e-18)
     torch.testing.assert_close(torch.from_numpy(p["Qbar"].toarray()), stats.Qbar, rtol=0,
                                atol=0)
+
+
+def test_part_counts_from_the_header_equal_the_stored_parts(tmp_path):
+    """What the sweep's plan reads without loading the file: the entries of C, W and Qbar,
+    counted literally here (distinct bigrams, distinct (target, context) pairs, Qbar's
+    stored pairs)."""
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, 30, (9, 12), generator=g)
+    stats = batch_stats(tokens, 33, engine="sparse", groups=3)
+    path = stats.save(tmp_path / "s.safetensors")
+    p = stats.parts()
+    bigrams = {(int(s[t]), int(s[t + 1])) for s in tokens for t in range(11)}
+    assert part_counts(path) == {"C": p["C"].nnz, "W": p["W"].nnz, "Qbar": p["Qbar"].nnz}
+    assert part_counts(path)["C"] == len(bigrams)
+    dense = batch_stats(tokens, 33, engine="dense", top_k=None)
+    assert part_counts(dense.save(tmp_path / "d.safetensors")) == part_counts(path)
 
 
 def test_block_index_outside_the_vocabulary_is_one_line():

@@ -298,8 +298,9 @@ def _readme_lines() -> list[str]:
 
 def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, monkeypatch,
                                                   capsys):
-    """The statistics cache of the one-process run (built once there): the recipe's file is
-    found by its content, so nothing is built again."""
+    """The README's lines take the default vocabulary (the full one, every machine), so they
+    build the full-vocabulary recipe once (the one-process run above used --top-k); the
+    checkpoints come from the one-process run's cache and a rerun builds and fetches nothing."""
     root, _ = suite
     monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(one_process[0] / "cache"))
     lines = _readme_lines()
@@ -308,17 +309,18 @@ def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, m
     ns: dict = {}
     with HubServer(root) as hub, use_endpoint(hub.endpoint):
         exec(compile("\n".join(lines), "README.md", "exec"), ns)  # exactly the README's lines
+        first_builds = len(builds)
         gets = len(hub.requests("GET"))
         again = ns["pp"].run_sweep(model=ns["models"], steps="early", out="runs/notebook")
         refetched = [g for g in hub.requests("GET")[gets:] if g["path"].endswith(".bin")]
     df, table, peaks, st = ns["df"], ns["table"], ns["peaks"], ns["st"]
-    assert not builds and not refetched  # the cached statistics; the rerun resumed
+    assert first_builds == len(builds) == 1 and not refetched  # the rerun resumed
     early = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     assert df.groupby("model")["step"].unique().map(sorted).to_dict() == {SMALL: early,
                                                                          LARGE: early}
     pd.testing.assert_frame_equal(_table(table), _table(df))
     pd.testing.assert_frame_equal(_table(again), _table(df))
-    assert set(df["stats_id"]) == {st.stats_id} and st.d_vocab == K
+    assert set(df["stats_id"]) == {st.stats_id} and st.d_vocab == st.meta["full_d_vocab"] > K
     assert sorted(peaks["model"]) == [LARGE] * 3 + [SMALL] * 2
     out = machine / "runs" / "notebook"
     assert (out / "plots" / "compare_embedding_cos_post.png").is_file()

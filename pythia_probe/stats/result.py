@@ -287,6 +287,24 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return _read(Path(path), "cpu", header_only=True)[0]
 
 
+def part_counts(path: str | os.PathLike) -> dict[str, int]:
+    """The stored entries of a factored file's sparse parts, from its header alone (nothing
+    loaded): ``C`` the bigrams, ``W`` the (target, context) pairs, ``Qbar`` the (query, key)
+    pairs, totals only (document groups' parts not counted). Empty for a dense file."""
+    meta = read_meta(path)
+    if meta["format"] != FORMAT:
+        return {}
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            size = {k: f.get_slice(k).get_shape()[0] for k in f.keys()
+                    if k in ("bigram_keys", "qbar_vals") or k.startswith("context_keys.")}
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise CorruptFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
+                               ) from e
+    return {"C": int(size.get("bigram_keys", 0)), "Qbar": int(size.get("qbar_vals", 0)),
+            "W": int(sum(v for k, v in size.items() if k.startswith("context_keys.")))}
+
+
 def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dict]:
     if not path.is_file():
         raise MissingFileError(f"statistics file {path} does not exist")

@@ -33,6 +33,7 @@ from pythia_probe.ranks import Ranks
 from pythia_probe.results import make_rows, write_shard
 from pythia_probe.revisions import write_ledger
 from pythia_probe.stats.recipe import ensure
+from pythia_probe.stats.result import part_counts
 from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.claims import Claims, one_builder
 from pythia_probe.sweep.config import SweepParts
@@ -208,9 +209,8 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
                                              r.stats.rows, r.stats.file_bytes(),
                                              r.stats.factored) for r in runs}
     shapes = {path: _shape(runs, path, mode) for path, (mode, _) in targets.items()}
-    for r in runs:  # every model's step refused up front, with the numbers, if it cannot fit
-        check_step_fits(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
-                                        *shapes[r.stats.path]), sc)
+    _check_fits(sc, runs, targets, shapes, [r for r in runs if r.stats.exact_nnz
+                                            or targets[r.stats.path][0] != "factored"])
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
     layout = Layout(parts.output.out, tuple(r.name for r in runs))
@@ -229,6 +229,10 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
         progress = _progress(parts, runs, ranks)
         try:
             lazies = _statistics(parts, runs, ranks, progress)
+            built = [r for r in runs if not r.stats.exact_nnz
+                     and targets[r.stats.path][0] == "factored"]
+            _check_fits(sc, runs, targets, {p: (part_counts(p), g) for p, (_, g) in
+                                            shapes.items()}, built)  # before any weight
             record = RunRecord(parts.output.out, {**parts.record(), "stats_id": run_stats_id(runs,
                                lazies)}, argv, run_steps(runs), run_choices(parts, runs, lazies,
                                targets), ranks, models=models_record(runs, lazies))
@@ -246,6 +250,15 @@ def _largest(runs: list[ModelRun], stats) -> ModelRun:
     """The model of the biggest checkpoint among those sharing ``stats`` (its plan decides)."""
     mine = [r for r in runs if r.stats.path == stats.path]
     return max(mine, key=lambda r: (r.config.d_model * r.config.n_layers, r.config.d_vocab))
+
+
+def _check_fits(sc, runs, targets, shapes, which) -> None:
+    """Refuse, with the numbers, a model whose one step cannot fit the device's budget: up
+    front where the statistics' non-zeros are known, else right after their build, before any
+    weight is fetched (a recipe's bound would refuse runs that fit)."""
+    for r in which:
+        check_step_fits(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
+                                        *shapes[r.stats.path]), sc)
 
 
 def _shape(runs: list[ModelRun], path, mode: str) -> tuple[dict[str, int] | None, int]:

@@ -23,7 +23,7 @@ from pythia_probe.stats import CorpusStats, read_meta
 from pythia_probe.stats import plan as stats_plan
 from pythia_probe.stats import result as stats_result
 from pythia_probe.stats.recipe import Recipe, cache_path
-from pythia_probe.stats.result import check_tokenizer
+from pythia_probe.stats.result import check_tokenizer, part_counts
 from pythia_probe.sweep.config import StatisticsConfig, parse_top_k
 from pythia_probe.tokenizer import d_vocab as tokenizer_d_vocab
 
@@ -63,18 +63,21 @@ class StatsChoice:
         return int(getattr(self.recipe, "groups", 0) or 0)
 
     def parts_nnz(self) -> dict[str, int]:
-        """Bounds on the non-zeros of the sparse parts C, W and Qbar (the plan is an upper
-        bound): a built file's size over the 12 bytes each stored entry takes at least (the
-        stats package does not yet say its counts without reading the file), else every pair
-        of positions the recipe reads distinct."""
-        if self.built or self.recipe is None:
-            n = self.file_bytes() // 12
-            return {"C": n, "W": n, "Qbar": n}
+        """The non-zeros of the sparse parts C, W and Qbar: a built file's counts from its
+        header; before the build an upper bound (every pair of positions the recipe reads
+        distinct), which :attr:`exact_nnz` says is not to refuse a run on."""
+        if self.built:
+            return part_counts(self.path)
         r = self.recipe
         positions = r.docs * r.seq_len
         pairs = r.docs * r.seq_len * (r.seq_len + 1) // 2
         V2 = self.rows ** 2
         return {"C": min(V2, positions), "W": min(V2, pairs), "Qbar": min(V2, pairs)}
+
+    @property
+    def exact_nnz(self) -> bool:
+        """Whether :meth:`parts_nnz` counts (a built file) rather than bounds (a recipe)."""
+        return self.built
 
     def file_bytes(self) -> int:
         """The statistics file's size, or its expected size before it is built."""
