@@ -128,6 +128,18 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (another user's process counts as alive): how
+    a lock or claim of a dead holder is told apart from a live one."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _inside(path: Path, roots: Iterable[Path]) -> bool:
     real = Path(os.path.realpath(path.parent)) / path.name  # the entry itself, not its target
     return any(real != r and real.is_relative_to(r) for r in roots)

@@ -43,21 +43,11 @@ from pythia_probe.errors import (
     CorruptFileError,
     UnsafeFileError,
 )
-from pythia_probe.fileio import atomic_write, remove, write_json, write_text
+from pythia_probe.fileio import atomic_write, pid_alive, remove, write_json, write_text
 from pythia_probe.hubio import check_name, check_oid, partial_path
 from pythia_probe.weights_io import FileInfo
 
 HOST = socket.gethostname()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class HubCache:
@@ -133,7 +123,7 @@ class HubCache:
             if p.name == self.token:
                 continue
             host, pid, _ = (p.name.rsplit("-", 2) + ["", ""])[:3]
-            if host == HOST and pid.isdigit() and not _alive(int(pid)):
+            if host == HOST and pid.isdigit() and not pid_alive(int(pid)):
                 remove(p, self.roots)
                 continue
             return True

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pythia_probe.errors import FolderLockedError
-from pythia_probe.fileio import FolderLock, create_exclusive, remove, touch
+from pythia_probe.fileio import FolderLock, create_exclusive, pid_alive, remove, touch
 from pythia_probe.ranks import Ranks
 
 log = logging.getLogger(__name__)
@@ -42,16 +42,6 @@ log = logging.getLogger(__name__)
 POLL = 2.0  # seconds between looks at a build lock held by another process
 HEARTBEAT = 15.0  # seconds between touches of the claims a process holds
 STALE_AFTER = 120.0  # a claim untouched this long belongs to a dead holder
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    return True
 
 
 class Claims:
@@ -122,7 +112,7 @@ class Claims:
             return True
         if seen.get("host") == self.me["host"]:
             pid = seen.get("pid")
-            return not isinstance(pid, int) or not _alive(pid)
+            return not isinstance(pid, int) or not pid_alive(pid)
         return False
 
     def _discard_stale(self, path: Path, seen: dict) -> None:
