@@ -7,11 +7,14 @@ peak memory, throughput and file size, measured in the same run.
     engine end to end at the full vocabulary (factored statistics: targets peak host memory
     <= 12 GB, time <= the top-5,000 run's, the file a small fraction of the 3 V x V float64
     outputs, 61 GB, that dense statistics take) and at top-K = 5,000 (the authors'
-    find_top_tokens default, and the baseline). The dense engine's plan is printed (it cannot
-    run on this machine).
+    find_top_tokens default, and the baseline), both with --groups G document groups (default
+    10, as ``stats compute``: then through ``batch_stats``, one phase; --groups 0: phase by
+    phase through the engine interface). The dense engine's plan is printed (it cannot run on
+    this machine).
 (c) With --driver instead of (a): the full vocabulary as ``stats compute`` runs it: 20 shards of
-    ids through the driver, with token caches and pass-1 / pass-2 checkpoints in a work folder;
-    --groups G keeps G document groups (``CorpusStats.subset``; 0, the default here: none).
+    ids through the driver, with token caches and pass-1 / pass-2 checkpoints in a work folder,
+    with --groups G document groups (default 10, as the command) and, unless
+    --no-compare-groups, without groups in the same run (the baseline).
 (b) With --dense: at the largest vocabulary where the dense engine fits this machine
     (plan.dense_peak within the --engine auto budget, in multiples of 1,024; or --dense-vocab),
     both engines over the same Zipf stream (--docs-b documents), same K: tokens/s end to end
@@ -27,8 +30,8 @@ guest has not used lately costs ~1-2 s/GB (freed pages go back to the host after
 later touches ~0.08 s/GB. Both engines pay that in proportion to the memory they touch; the
 parent first touches --warm-gb and frees it, which spares mostly the first child.
 
-  nice -n 10 python benchmarks/bench_stats_sparse.py [--docs 100000] [--dense]
-  nice -n 10 python benchmarks/bench_stats_sparse.py --driver --groups 10 [--docs N]
+  nice -n 10 python benchmarks/bench_stats_sparse.py [--docs 100000] [--groups 0] [--dense]
+  nice -n 10 python benchmarks/bench_stats_sparse.py --driver [--no-compare-groups] [--docs N]
   python benchmarks/bench_stats_sparse.py --quick      # 5,000 documents, small (b)
 """
 
@@ -50,7 +53,8 @@ from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import CorpusStats, SequencePolicy, plan, top_k_ids
-from pythia_probe.stats.driver import ENGINES, RunSpec, compute_stats
+from pythia_probe.stats.driver import ENGINES, RunSpec, batch_stats, compute_stats
+from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.stats.pass1 import Windows
 from pythia_probe.testing.shards import IdShard, encode_ids
 
@@ -81,8 +85,14 @@ class Clock:
 
 
 def run_engine(name: str, tokens: torch.Tensor, d_vocab: int, k: int | None,
-               clock: Clock) -> tuple:
-    """Both passes with engine ``name`` through the engine interface, phase by phase."""
+               clock: Clock, groups: int = 0) -> tuple:
+    """Both passes with engine ``name`` through the engine interface, phase by phase (with
+    ``groups``: through batch_stats, one phase)."""
+    if groups:
+        stats = batch_stats(tokens, d_vocab, top_k=k, engine=name, groups=groups)
+        clock.lap(f"both passes, {groups} groups (batch_stats)")
+        f = stats.store.factors
+        return stats, {"context_pairs": len(f.context), "bigrams": f.bigram_keys.size}
     eng = ENGINES[name]
     acc = eng.counter(d_vocab, T, "cpu")
     for i in range(0, tokens.shape[0], BATCH):
@@ -118,7 +128,8 @@ def run_driver(tokens: torch.Tensor, d_vocab: int, k: int | None, clock: Clock,
                    batch_size=BATCH, progress=False, engine="sparse", groups=groups)
     stats = compute_stats(shards, spec, {})
     clock.lap("compute_stats (both passes, checkpoints)")
-    return stats, {"context_pairs": 0, "bigrams": 0}
+    f = stats.store.factors
+    return stats, {"context_pairs": len(f.context), "bigrams": f.bigram_keys.size}
 
 
 def child(spec: dict) -> None:
@@ -130,12 +141,16 @@ def child(spec: dict) -> None:
         stats, info = run_driver(tokens, spec["d_vocab"], spec["k"], clock, spec["work"],
                                  spec.get("groups", 0))
     else:
-        stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock)
+        stats, info = run_engine(spec["engine"], tokens, spec["d_vocab"], spec["k"], clock,
+                                 spec.get("groups", 0))
     if spec.get("out"):
         stats.save(spec["out"])
         clock.lap("save")
         info["file_bytes"] = Path(spec["out"]).stat().st_size
     info["qbar_pairs"] = getattr(stats.store, "qbar", None) and stats.store.qbar.nnz
+    parts = getattr(stats.store, "groups", [])
+    info["group_pairs"] = [sum(len(g.context) for g in parts),
+                           sum(g.qbar.nnz for g in parts)]
     rss = peak_rss()
     print(json.dumps({"phases": clock.phases, "rss": rss, "tokens": tokens.numel(), **info}))
 
@@ -220,8 +235,10 @@ class BenchConfig:
     """Also run (b), sparse vs dense."""
     driver: bool = False
     """(c): the full vocabulary through the driver (shards, work folder)."""
-    groups: int = 0
-    """(c): document groups kept (CorpusStats.subset)."""
+    groups: int = DEFAULT_GROUPS
+    """(a), (c): document groups kept (CorpusStats.subset; the command's default)."""
+    compare_groups: bool = True
+    """(c): also without groups in the same run (the baseline)."""
     docs_b: int | None = None
     """(b): documents (default --docs)."""
     dense_vocab: int | None = None
@@ -268,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
 def full_vocab(a, budget: float, how: str, common: dict) -> None:
     """(a): full vocabulary and top-K with the sparse engine, side by side."""
     dense_out = 3 * 8 * PYTHIA_VOCAB ** 2
-    print(f"(a) d_vocab {PYTHIA_VOCAB:,}, T {T}, {a.docs:,} Zipf({ZIPF}) documents; auto "
+    print(f"(a) d_vocab {PYTHIA_VOCAB:,}, T {T}, {a.docs:,} Zipf({ZIPF}) documents, "
+          f"{a.groups} document groups; auto "
           f"budget {budget / GB:.1f} GB ({how}); dense plan "
           f"{plan.dense_peak(PYTHIA_VOCAB, None) / GB:.1f} GB peak: does not fit")
     res = {}
@@ -276,7 +294,7 @@ def full_vocab(a, budget: float, how: str, common: dict) -> None:
         for name, k in (("full vocabulary", None), (f"top-{K:,}", K)):
             out = Path(tmp) / f"{k}.safetensors"
             res[name] = r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=k,
-                                    out=str(out), **common)
+                                    out=str(out), groups=a.groups, **common)
             print("    " + describe(f"sparse, {name}", r))
             print(f"      file {r['file_bytes'] / GB:.2f} GB ({r['file_bytes'] / dense_out:.1%} "
                   f"of the {dense_out / GB:.1f} GB of 3 V x V float64 outputs); Qbar pairs "
@@ -292,7 +310,7 @@ def through_driver(a, common: dict) -> None:
     """(c): the full vocabulary as the command runs it (shards, token caches, checkpoints);
     with --groups G also without groups, the baseline, in the same run."""
     res = {}
-    for G in sorted({0, a.groups}):
+    for G in sorted({0, a.groups} if a.compare_groups else {a.groups}):
         with tempfile.TemporaryDirectory() as tmp:
             res[G] = r = measure(engine="sparse", d_vocab=PYTHIA_VOCAB, docs=a.docs, k=None,
                                  out=str(Path(tmp) / "full.safetensors"),
@@ -301,9 +319,11 @@ def through_driver(a, common: dict) -> None:
         print(f"(c) {a.docs:,} documents, {G} document groups; "
               + describe("the driver, full vocabulary", r))
         print(f"    file {r['file_bytes'] / GB:.2f} GB ({share:.1%} of the 3 V x V float64 "
-              f"outputs); Qbar pairs {r['qbar_pairs']:,}; peak RSS / 12 GB target = "
-              f"{r['rss'] / 12e9:.2f}")
-    if a.groups:
+              f"outputs); Qbar pairs {r['qbar_pairs']:,}; distinct (target, context) pairs "
+              f"{r['context_pairs']:,}, bigrams {r['bigrams']:,}; the groups' (target, "
+              f"context) pairs {r['group_pairs'][0]:,}, Qbar pairs {r['group_pairs'][1]:,}; "
+              f"peak RSS / 12 GB target = {r['rss'] / 12e9:.2f}")
+    if a.groups and 0 in res:
         g, n = res[a.groups], res[0]
         (w0, c0), (wg, cg) = rates(n), rates(g)
         print(f"    {a.groups} groups / none: peak RSS {g['rss'] / n['rss']:.2f}x, file "

@@ -53,8 +53,17 @@ def sweep(tokens, lengths, occ, col_of, GcT, row_of, side, dummy, S, Delta, Dc, 
         touched[flat] = 1
 
 
-def centre_tile(tokens, lengths, occ, col_of, row_of, side, dummy, S, block) -> None:
-    """sc_centre_tile: block[col(x_k), r(x_t)] -= S[s, t] / (t+1)^2 on the same pairs."""
+def centre_tile(tokens, lengths, occ, col_of, row_of, side, dummy, S, block, flat,
+                vals) -> None:
+    """sc_centre_tile: the kept entries (``flat``, ``vals``) put into the cleared block,
+    block[col(x_k), r(x_t)] -= S[s, t] / (t+1)^2 on the same pairs, read back into vals."""
+    block[flat] = vals
+    _centre_block(tokens, lengths, occ, col_of, row_of, side, dummy, S, block)
+    vals[:] = block[flat]
+    block[flat] = 0.0
+
+
+def _centre_block(tokens, lengths, occ, col_of, row_of, side, dummy, S, block) -> None:
     L = tokens.shape[1]
     T = L - 1
     x = tokens.reshape(-1)

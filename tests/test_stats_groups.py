@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import types
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 
 from pythia_probe import ranks
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats import CorpusStats, batch_stats
+from pythia_probe.stats import CorpusStats, batch_stats, groups
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.pass1 import Windows
 from pythia_probe.stats.reference import reference_q_given
@@ -88,6 +89,42 @@ def test_subset_equals_a_fresh_build_of_its_documents(tmp_path, monkeypatch, eng
             torch.testing.assert_close(sub[n], ref[n], rtol=0, atol=1e-12 * scale)
         assert sub.stats_id not in (st.stats_id, fresh.stats_id)
         assert st.subset(which).stats_id == sub.stats_id
+
+
+@pytest.mark.parametrize("engine", ["dense", "sparse"])
+def test_group_tables_wait_on_disk_while_pass_2_runs(tmp_path, monkeypatch, engine):
+    """While pass 2 runs, each group's pass-1 tables are in a scratch file of the work folder
+    and not in memory; they come back bit for bit (the kept groups equal a run that never
+    spilled them); the scratch folder is gone after the run, and after a run killed in pass 2."""
+    eng = run.ENGINES[engine]
+    real, seen = type(eng).second_pass, []
+
+    def watching(self, fp, windows_, ids, spec_, d):
+        files = sorted((tmp_path / "w").glob("groups-spill-*/group-*.safetensors"))
+        held = [p for p, _ in spills[-1].held.values()]
+        seen.append((len(files), [len(p.context) + p.bigram_keys.size for p in held]))
+        if len(seen) == 1:
+            raise KeyboardInterrupt("killed in pass 2")
+        return real(self, fp, windows_, ids, spec_, d)
+
+    spills, init = [], groups.Spill.__init__
+    monkeypatch.setattr(groups.Spill, "__init__",
+                        lambda self, w: (init(self, w), spills.append(self))[0])
+    monkeypatch.setattr(type(eng), "second_pass", watching)
+    docs = documents()
+    with pytest.raises(KeyboardInterrupt):
+        run.compute_stats(shards_of(docs, 3), spec(tmp_path / "w", engine), {})
+    assert not list((tmp_path / "w").glob("groups-spill-*"))
+    st = run.compute_stats(shards_of(docs, 3), spec(tmp_path / "w", engine), {})
+    assert seen == [(G, [0] * G)] * 2
+    assert not list((tmp_path / "w").glob("groups-spill-*"))
+    monkeypatch.setattr(groups, "Spill", lambda w: types.SimpleNamespace(
+        put=lambda g, part: part, restore=lambda: None, close=lambda: None))
+    kept = run.compute_stats(shards_of(docs, 3), spec(tmp_path / "k", engine), {})
+    for a, b in zip(st.store.groups, kept.store.groups, strict=True):
+        assert len(a.context) > 0 and torch.equal(a.token_counts, b.token_counts)
+        for x, y in zip(a.count_tensors().values(), b.count_tensors().values(), strict=True):
+            assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("engine", ["dense", "sparse"])

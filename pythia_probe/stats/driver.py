@@ -24,7 +24,7 @@ from pythia_probe.ranks import Ranks
 from pythia_probe.stats import plan
 from pythia_probe.stats.dense.engine import DenseEngine
 from pythia_probe.stats.engine import Engine, top_k_ids
-from pythia_probe.stats.groups import check_groups, count_groups, docs_per_group
+from pythia_probe.stats.groups import check_groups, count_groups, docs_per_group, spilled
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.pass1 import (
     RunSpec,
@@ -63,13 +63,16 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
     check_counted(acc, spec)
     ledger = list(acc.ledger)
     windows = Windows.of_shards(spec, ledger, mine)
-    parts = count_groups(engine, windows, spec, d, dev) if spec.groups else None
-    fp = engine.first_pass(acc, spec, d)
-    ids = None if spec.top_k is None else top_k_ids(fp.token_counts, spec.top_k)
-    Q, D, sums = engine.second_pass(fp, windows, ids, spec, d)
-    if d.rank != 0:
-        d.barrier()
-        return None
+    with spilled(spec.work_dir) as spill:
+        parts = count_groups(engine, windows, spec, d, dev, spill) if spec.groups else None
+        fp = engine.first_pass(acc, spec, d)
+        del acc  # its pass-1 buffers; the tables live on in fp
+        ids = None if spec.top_k is None else top_k_ids(fp.token_counts, spec.top_k)
+        Q, D, sums = engine.second_pass(fp, windows, ids, spec, d)
+        if d.rank != 0:
+            d.barrier()
+            return None
+        spill.restore()
     meta = with_groups(run_meta(meta, spec, ledger), parts, sums, ledger)
     stats = engine.assemble(fp, Q, D, meta, ids, spec, parts)
     d.barrier()
@@ -106,19 +109,22 @@ def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
     dev = dev if engine == "dense" else torch.device("cpu")
     T = tokens.shape[1] - 1
     acc = eng.counter(d_vocab, T, dev).update(tokens, lengths)
-    acc.ledger = [{"shard": "batch", "sequences": tokens.shape[0],
-                   "sha256": _batch_digest(tokens, lengths)}]
+    acc.ledger = ledger1 = [{"shard": "batch", "sequences": tokens.shape[0],
+                             "sha256": _batch_digest(tokens, lengths)}]
     spec = RunSpec(d_vocab, SequencePolicy(T, short="keep"), None, {}, None, top_k=top_k,
                    device=str(dev), budget_bytes=budget_bytes, progress=False, engine=engine,
                    groups=check_groups(groups))
     d = Ranks(device=str(dev))
     grp = torch.arange(tokens.shape[0]) % groups if groups else None
     windows = Windows.of_batch(tokens, lengths, grp)
-    parts = count_groups(eng, windows, spec, d, dev) if groups else None
-    fp = eng.first_pass(acc, spec, d)
-    ids = None if top_k is None else top_k_ids(fp.token_counts, top_k)
-    Q, D, sums = eng.second_pass(fp, windows, ids, spec, d)
-    meta = {"T": T, "tokenizer": tokenizer, "ledger": acc.ledger, "policy": {"kind": "batch"},
+    with spilled(None) as spill:
+        parts = count_groups(eng, windows, spec, d, dev, spill) if groups else None
+        fp = eng.first_pass(acc, spec, d)
+        del acc
+        ids = None if top_k is None else top_k_ids(fp.token_counts, top_k)
+        Q, D, sums = eng.second_pass(fp, windows, ids, spec, d)
+        spill.restore()
+    meta = {"T": T, "tokenizer": tokenizer, "ledger": ledger1, "policy": {"kind": "batch"},
             "engine": {"requested": engine, "resolved": engine, "reason": "batch_stats"}}
     ledger = [{"docs": tokens.shape[0], "doc_offset": 0}]
     return eng.assemble(fp, Q, D, with_groups(meta, parts, sums, ledger), ids, spec, parts)

@@ -11,11 +11,19 @@ and the pass-2 sums of Qbar (on the group's pairs) and Delta, computed with the 
 Gbar: a part's Qbar and Delta are conditioned on the full-corpus Gbar (the exact ones would need
 another pass over the windows per part, each with its own Gbar). ``CorpusStats.subset`` sums the
 groups asked for (integers exactly; Qbar and Delta in float64) and divides by their positions.
+
+Pass 2 needs only the total's counts, so while it runs each group's pass-1 tables wait on disk
+(:class:`Spill`: written as the group is counted, read back once pass 2 is done): the groups'
+tables (24 B per pair of each group) are never resident beside pass 2's working set.
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +32,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
+from pythia_probe.stats.checkpoint import load_state, save_state
 from pythia_probe.stats.factors import Factors, SparseQ
 from pythia_probe.stats.sparse.tables import CountTable, FixedTable
 
@@ -50,16 +59,20 @@ class GroupCounts:
                 "tokens": self.n_tokens}
 
     def tensors(self, g: int) -> dict[str, Tensor]:
+        t = dict(self.count_tensors(), qbar_indptr=torch.from_numpy(self.qbar.indptr),
+                 qbar_rows=torch.from_numpy(self.qbar.rows),
+                 qbar_vals=torch.from_numpy(self.qbar.vals), Delta=self.delta)
+        return {f"group.{g}.{k}": v for k, v in t.items()}
+
+    def count_tensors(self) -> dict[str, Tensor]:
+        """The pass-1 tables (shared with the arrays, never copied)."""
         t = {"token_counts": self.token_counts, "bigram_keys": torch.from_numpy(self.bigram_keys),
-             "bigram_counts": torch.from_numpy(self.bigram_counts),
-             "qbar_indptr": torch.from_numpy(self.qbar.indptr),
-             "qbar_rows": torch.from_numpy(self.qbar.rows),
-             "qbar_vals": torch.from_numpy(self.qbar.vals), "Delta": self.delta}
+             "bigram_counts": torch.from_numpy(self.bigram_counts)}
         for i, (k, h, lo) in enumerate(self.context.chunks):
             t.update({f"context_keys.{i}": torch.from_numpy(k),
                       f"context_hi.{i}": torch.from_numpy(h),
                       f"context_lo.{i}": torch.from_numpy(lo)})
-        return {f"group.{g}.{k}": v for k, v in t.items()}
+        return t
 
     def layout(self) -> dict[str, Any]:
         return dict(self.counts(), context_chunks=len(self.context.chunks))
@@ -89,9 +102,64 @@ def tables_of(engine_name: str, acc) -> tuple[Tensor, np.ndarray, np.ndarray, Fi
     return f.token_counts, f.bigram_keys, f.bigram_counts, f.context
 
 
-def count_groups(engine, windows, spec, d, dev) -> list[GroupCounts]:
+class Spill:
+    """The groups' pass-1 tables on disk while pass 2 runs, in a scratch folder (made on the
+    first ``put``, removed by ``close``): ``put`` writes a group's tables and drops them from
+    memory, ``restore`` reads them all back (bit for bit) and deletes the files."""
+
+    def __init__(self, work_dir: Path | None) -> None:
+        self.work_dir = work_dir
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.held: dict[int, tuple[GroupCounts, int]] = {}
+
+    def _path(self, g: int) -> Path:
+        if self._tmp is None:
+            if self.work_dir is not None:
+                Path(self.work_dir).mkdir(parents=True, exist_ok=True)
+            self._tmp = tempfile.TemporaryDirectory(prefix="groups-spill-", dir=self.work_dir)
+        return Path(self._tmp.name) / f"group-{g}.safetensors"
+
+    def put(self, g: int, part: GroupCounts) -> GroupCounts:
+        save_state(self._path(g), part.count_tensors(), {"chunks": len(part.context.chunks)})
+        self.held[g] = (part, len(part.context.chunks))
+        part.bigram_keys = part.bigram_counts = np.zeros(0, dtype=np.int64)
+        part.context = FixedTable()
+        return part
+
+    def restore(self) -> None:
+        for g, (part, n_chunks) in sorted(self.held.items()):
+            t, _ = load_state(self._path(g))
+            part.token_counts = t["token_counts"]
+            part.bigram_keys, part.bigram_counts = (t[k].numpy() for k in ("bigram_keys",
+                                                                           "bigram_counts"))
+            part.context = FixedTable([tuple(t[f"context_{q}.{i}"].numpy()
+                                             for q in ("keys", "hi", "lo"))
+                                       for i in range(n_chunks)])
+            self._path(g).unlink()
+        self.held = {}
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+@contextlib.contextmanager
+def spilled(work_dir: Path | None) -> Iterator[Spill]:
+    """A :class:`Spill` under ``work_dir`` (None: the system's temporary folder), its scratch
+    folder removed on exit whatever happens."""
+    spill = Spill(work_dir)
+    try:
+        yield spill
+    finally:
+        spill.close()
+
+
+def count_groups(engine, windows, spec, d, dev, spill: Spill | None = None
+                 ) -> list[GroupCounts]:
     """Each group's pass-1 counts from the counted windows (the token caches), one group at a
-    time (one accumulator in memory), summed over the ranks exactly."""
+    time (one accumulator in memory), summed over the ranks exactly; with ``spill`` each
+    group's tables go to disk as soon as they are counted."""
     units = [windows.load(u) for u in windows.units]
     out = []
     for g in range(spec.groups):
@@ -102,8 +170,10 @@ def count_groups(engine, windows, spec, d, dev) -> list[GroupCounts]:
                 r = rows[s:s + spec.batch_size]
                 acc.update(w["tokens"][r].to(torch.int64), w["lengths"][r])
         acc = engine.reduce_counts(d, acc)
-        out.append(GroupCounts(*tables_of(engine.name, acc), acc.n_sequences, acc.n_positions,
-                               acc.n_tokens))
+        part = GroupCounts(*tables_of(engine.name, acc), acc.n_sequences, acc.n_positions,
+                           acc.n_tokens)
+        del acc
+        out.append(part if spill is None else spill.put(g, part))
     return out
 
 
@@ -131,8 +201,9 @@ def sum_q(parts: list[SparseQ]) -> SparseQ:
         total = total + p.csc()
     total = scipy.sparse.csc_matrix(total)
     total.sort_indices()
-    return SparseQ(parts[0].side, total.indptr.astype(np.int64), total.indices.astype(np.int32),
-                   total.data.astype(np.float64))
+    return SparseQ(parts[0].side, total.indptr.astype(np.int64, copy=False),
+                   total.indices.astype(np.int32, copy=False),
+                   total.data.astype(np.float64, copy=False))
 
 
 def merged(parts: list[GroupCounts], V: int) -> Factors:

@@ -23,8 +23,10 @@
  *                   M = Gc[y_t, x_k]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
  *                   B[col(x_k), r(x_t)] += q and touched[...] = 1 (skipped when either is the
  *                   dummy row of a restricted vocabulary);
- *   sc_centre_tile  once S is complete, the centring term of Q on the same pairs:
+ *   sc_centre_tile  once S is complete, the centring term of Q on the same pairs (the
+ *                   tile's kept entries put back into the block and read out again):
  *                   B[col(x_k), r(x_t)] -= c_t, c_t = S[s, t] / (t+1)^2;
+ *                   both walk the pairs in one loop (walk_tile);
  *   sc_centre       its part in Delta: c_t subtracted from Delta[r] for every r <= t;
  *   sc_touched, sc_compact  the entries a tile's pairs reached, taken out of the block (and
  *                   the block cleared there) in place order.
@@ -207,13 +209,19 @@ static inline void kahan_add(double *sum, double *comp, double x) {
 /* Row of the statistics' Qbar for token v: row_of[v] (restricted) or v itself. */
 static inline int64_t qrow(const int64_t *row_of, int64_t v) { return row_of ? row_of[v] : v; }
 
-/* Pass 2, one tile: occ are flat positions s * L + k (context occurrences of the tile's
- * tokens, k <= lengths[s] - 2); col_of maps a token to its row of GcT [w, V] and of the tile's
- * Qbar block B [w, side] (touched marks the entries a pair reached). T = L - 1. */
-int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
-             const int64_t *occ, int64_t n_occ, const int64_t *col_of, const double *GcT,
-             int64_t V, const int64_t *row_of, int64_t side, int64_t dummy, double *S,
-             double *Delta, double *Dc, double *B, uint8_t *touched) {
+/* Pass 2's walk over one tile's pairs (the sweep and the centring share it): occ are flat
+ * positions s * L + k (context occurrences of the tile's tokens, k <= lengths[s] - 2); col_of
+ * maps a token to its row of GcT [w, V] and of the tile's Qbar block B [w, side]. T = L - 1.
+ * For every occurrence (s, k) of a key a = x_k and every t >= k, with r = r(x_t):
+ *   centre == 0 (sc_sweep): M = Gc[y_t, a]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
+ *                B[col(a), r] += q and touched there (both skipped for a dummy a or r);
+ *   centre == 1 (sc_centre_tile): B[col(a), r] -= S[s, t] / (t+1)^2 (skipped likewise).
+ * `centre` is a constant at both call sites: the compiler makes two specialised loops. */
+static inline int walk_tile(const int centre, const int32_t *tokens, int64_t n, int64_t L,
+                            const int64_t *lengths, const int64_t *occ, int64_t n_occ,
+                            const int64_t *col_of, const double *GcT, int64_t V,
+                            const int64_t *row_of, int64_t side, int64_t dummy, double *S,
+                            double *Delta, double *Dc, double *B, uint8_t *touched) {
     const int64_t T = L - 1;
     for (int64_t o = 0; o < n_occ; ++o) {
         const int64_t s = occ[o] / L, k = occ[o] % L;
@@ -221,11 +229,20 @@ int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths
         const int32_t *x = tokens + s * L;
         const int64_t a = x[k];
         if (a < 0 || a >= V || col_of[a] < 0) return SC_BAD_TOKEN;
-        const double *g = GcT + col_of[a] * V;
         const int keyed = qrow(row_of, a) != dummy;
+        if (centre && !keyed) continue;
+        const double *g = centre ? NULL : GcT + col_of[a] * V;
         double *Ss = S + s * T, *qa = B + col_of[a] * side;
-        uint8_t *ta = touched + col_of[a] * side;
-        for (int64_t t = k; t < lengths[s] - 1; ++t) {
+        uint8_t *ta = centre ? NULL : touched + col_of[a] * side;
+        const int64_t stop = lengths[s] - 1;
+        for (int64_t t = k; t < stop; ++t) {
+            if (centre) {
+                const int64_t rt = qrow(row_of, x[t]);
+                if (rt == dummy) continue;
+                const double inv = 1.0 / (double)(t + 1);
+                qa[rt] -= Ss[t] * (inv * inv);
+                continue;
+            }
             const double M = g[x[t + 1]];
             Ss[t] += M;
             const double q = M * (1.0 / (double)(t + 1));
@@ -242,30 +259,31 @@ int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths
     return SC_OK;
 }
 
-/* Pass 2, centring term in one tile's Qbar block (S complete): B[col(x_k), r(x_t)] -= c_t,
- * c_t = S[s, t] / (t+1)^2, for every occurrence (s, k) of a tile token and t >= k. */
+/* Pass 2, one tile: S, Delta (+ Dc) and the tile's Qbar block from its Gbar columns. */
+int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
+             const int64_t *occ, int64_t n_occ, const int64_t *col_of, const double *GcT,
+             int64_t V, const int64_t *row_of, int64_t side, int64_t dummy, double *S,
+             double *Delta, double *Dc, double *B, uint8_t *touched) {
+    return walk_tile(0, tokens, n, L, lengths, occ, n_occ, col_of, GcT, V, row_of, side,
+                     dummy, S, Delta, Dc, B, touched);
+}
+
+/* Pass 2, centring term of one tile's pairs (S complete): the tile's kept entries (places
+ * flat[i], ascending, values vals[i]) are put into the cleared block B, B[col(x_k), r(x_t)]
+ * -= S[s, t] / (t+1)^2 for every occurrence (s, k) of a tile token and t >= k, and the
+ * entries are read back into vals (B cleared there again). */
 int sc_centre_tile(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
                    const int64_t *occ, int64_t n_occ, const int64_t *col_of, int64_t V,
                    const int64_t *row_of, int64_t side, int64_t dummy, const double *S,
-                   double *B) {
-    const int64_t T = L - 1;
-    for (int64_t o = 0; o < n_occ; ++o) {
-        const int64_t s = occ[o] / L, k = occ[o] % L;
-        if (s < 0 || s >= n || k > lengths[s] - 2) return SC_BAD_LENGTH;
-        const int32_t *x = tokens + s * L;
-        const int64_t a = x[k];
-        if (a < 0 || a >= V || col_of[a] < 0) return SC_BAD_TOKEN;
-        if (qrow(row_of, a) == dummy) continue;
-        const double *Ss = S + s * T;
-        double *qa = B + col_of[a] * side;
-        for (int64_t t = k; t < lengths[s] - 1; ++t) {
-            const int64_t rt = qrow(row_of, x[t]);
-            if (rt == dummy) continue;
-            const double inv = 1.0 / (double)(t + 1);
-            qa[rt] -= Ss[t] * (inv * inv);
-        }
+                   double *B, const int32_t *flat, double *vals, int64_t n_flat) {
+    for (int64_t i = 0; i < n_flat; ++i) B[flat[i]] = vals[i];
+    const int rc = walk_tile(1, tokens, n, L, lengths, occ, n_occ, col_of, NULL, V, row_of,
+                             side, dummy, (double *)S, NULL, NULL, B, NULL);
+    for (int64_t i = 0; i < n_flat; ++i) {
+        vals[i] = B[flat[i]];
+        B[flat[i]] = 0.0;
     }
-    return SC_OK;
+    return rc;
 }
 
 /* Pass 2, centring term in Delta for sequences s0 <= s < s1: Delta[r] -= sum over positions
@@ -298,15 +316,29 @@ int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
     return SC_OK;
 }
 
+/* The non-zero bytes of a word of `touched`, as bit 0 of each byte (ORed down within each
+ * byte: shifts by 4, 2, 1 mix only a byte's own bits into its bit 0). */
+static inline uint64_t nonzero_bytes(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    w |= w >> 4;
+    w |= w >> 2;
+    w |= w >> 1;
+    return w & 0x0101010101010101ULL;
+}
+
+#if defined(__GNUC__)
+#define SC_POPCOUNT(m) __builtin_popcountll(m)
+#define SC_CTZ(m) __builtin_ctzll(m)
+#else
+static inline int SC_POPCOUNT(uint64_t m) { int c = 0; for (; m; m &= m - 1) ++c; return c; }
+static inline int SC_CTZ(uint64_t m) { int c = 0; for (; !(m & 1); m >>= 1) ++c; return c; }
+#endif
+
 /* How many entries of a tile's block the pairs reached (touched[i] != 0). */
 int64_t sc_touched(const uint8_t *touched, int64_t n) {
     int64_t c = 0, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, touched + i, 8);
-        if (!w) continue;
-        for (int k = 0; k < 8; ++k) c += touched[i + k] != 0;
-    }
+    for (; i + 8 <= n; i += 8) c += SC_POPCOUNT(nonzero_bytes(touched + i));
     for (; i < n; ++i) c += touched[i] != 0;
     return c;
 }
@@ -315,26 +347,24 @@ int64_t sc_touched(const uint8_t *touched, int64_t n) {
  * both arrays are cleared there for the next tile. Returns the count. */
 int64_t sc_compact(double *block, uint8_t *touched, int64_t n, int32_t *flat, double *vals) {
     int64_t c = 0, i = 0;
-    while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, touched + i, 8);
-            if (!w) {
-                i += 8;
-                continue;
-            }
+    for (; i + 8 <= n; i += 8) {
+        for (uint64_t m = nonzero_bytes(touched + i); m; m &= m - 1) {
+            const int64_t j = i + (SC_CTZ(m) >> 3);
+            flat[c] = (int32_t)j;
+            vals[c++] = block[j];
+            block[j] = 0.0;
+            touched[j] = 0;
         }
-        const int64_t stop = i + 8 < n ? i + 8 : n;
-        for (; i < stop; ++i) {
-            if (!touched[i]) continue;
-            flat[c] = (int32_t)i;
-            vals[c++] = block[i];
-            block[i] = 0.0;
-            touched[i] = 0;
-        }
+    }
+    for (; i < n; ++i) {
+        if (!touched[i]) continue;
+        flat[c] = (int32_t)i;
+        vals[c++] = block[i];
+        block[i] = 0.0;
+        touched[i] = 0;
     }
     return c;
 }
 
 /* Version of this ABI (checked by the binding). */
-int64_t sc_abi_version(void) { return 6; }
+int64_t sc_abi_version(void) { return 7; }

@@ -20,7 +20,7 @@ import numpy as np
 from pythia_probe.errors import KernelError
 from pythia_probe.stats import native
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 STEM = "_sparsecount"
 
 
@@ -50,7 +50,7 @@ def _lib() -> ctypes.CDLL | None:
                              ptr, ptr, ptr, ptr, ptr]
     lib.sc_sweep.restype = ctypes.c_int
     lib.sc_centre_tile.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, ptr, i64, i64, ptr,
-                                   ptr]
+                                   ptr, ptr, ptr, i64]
     lib.sc_centre_tile.restype = ctypes.c_int
     lib.sc_centre.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.sc_centre.restype = ctypes.c_int
@@ -226,22 +226,26 @@ def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.n
 
 def centre_tile(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
                 row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
-                block: np.ndarray) -> None:
-    """The centring term of Q subtracted in one tile's Qbar block (sc_centre_tile)."""
+                block: np.ndarray, flat: np.ndarray, vals: np.ndarray) -> None:
+    """The centring term of Q subtracted from one tile's kept entries (places ``flat``,
+    values ``vals``, updated in place) through the cleared block (sc_centre_tile)."""
     n, L = tokens.shape
     V = col_of.size
     for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
                               ("lengths", lengths, np.int64, n), ("occ", occ, np.int64, None),
                               ("col_of", col_of, np.int64, V), ("row_of", row_of, np.int64, V),
                               ("S", S, np.float64, n * (L - 1)),
-                              ("block", block, np.float64, None)):
+                              ("block", block, np.float64, None), ("flat", flat, np.int32, None),
+                              ("vals", vals, np.float64, flat.size)):
         _need(name, a, dt, size)
     width = int(col_of.max()) + 1 if col_of.size else 0
-    if block.size < width * side:
+    if block.size < width * side or (flat.size and not 0 <= int(flat[0]) <= int(flat[-1])
+                                     < block.size):
         raise KernelError(f"block: need a contiguous float64 array of >= {width * side} "
-                          f"entries, got {block.size}")
+                          f"entries holding every kept place, got {block.size}")
     _check(_lib().sc_centre_tile(_p(tokens), n, L, _p(lengths), _p(occ), occ.size, _p(col_of),
-                                 V, _p(row_of), side, dummy, _p(S), _p(block)))
+                                 V, _p(row_of), side, dummy, _p(S), _p(block), _p(flat),
+                                 _p(vals), flat.size))
 
 
 def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, Delta: np.ndarray,

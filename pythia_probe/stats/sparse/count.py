@@ -88,7 +88,8 @@ class SparseCountAccumulator:
         self.ledger: list[dict[str, Any]] = []
         self._tbits = t_bits(T)
         self._w = context_weights(T, torch.device("cpu")).numpy()
-        self._buf = np.empty(max(int(buffer_pairs), T * (T + 1) // 2), dtype=np.int64)
+        self._buf_size = max(int(buffer_pairs), T * (T + 1) // 2)
+        self._buf = np.empty(self._buf_size, dtype=np.int64)
         self._lo = np.empty(0, dtype=np.int64)  # reduce scratch, as large as _buf once used
         self._fill = self._pending = 0
         self._n_head = min(int(head), d_vocab)
@@ -101,6 +102,8 @@ class SparseCountAccumulator:
         """Count one batch [n, <=T+1] (padding beyond ``lengths`` ignored)."""
         tokens = as_ids(tokens, self.device)
         lengths = check_batch(tokens, lengths, self.d_vocab, self.T)
+        if self._buf.size < self._buf_size:  # released by release_buffers
+            self._buf = np.empty(self._buf_size, dtype=np.int64)
         x, n = tokens.numpy(), lengths.numpy()
         pos = n - 1
         for sl in _row_slices(pos, pos * n // 2, self._capacity // 2, self._buf.size):
@@ -163,6 +166,13 @@ class SparseCountAccumulator:
         head_of[self._head_ids] = np.arange(self._head_ids.size)
         block = np.zeros(self._head_ids.size ** 2, dtype=np.int64)
         self._head = (head_of, self._w, block)
+
+    def release_buffers(self) -> None:
+        """Flush, then free the pair buffer, its reduce scratch (16 B x BUFFER) and the head
+        block once the counting is done (the tables stay; ``update`` allocates them again)."""
+        self.flush()
+        self._buf = self._lo = np.empty(0, dtype=np.int64)
+        self._head = None  # the head block (drained): chosen again if counting resumes
 
     @property
     def nbytes(self) -> int:

@@ -34,8 +34,9 @@ class SparseFirstPass:
 
 
 def first_pass(acc: SparseCountAccumulator) -> SparseFirstPass:
-    """The factors of the final counts (sharing the accumulator's tables)."""
-    acc.flush()
+    """The factors of the final counts (sharing the accumulator's tables; its pass-1 buffers
+    are released)."""
+    acc.release_buffers()
     factors = Factors(acc.d_vocab, acc.n_positions, torch.from_numpy(acc.token_counts.copy()),
                       acc.bigram.keys, acc.bigram.counts, acc.context)
     return SparseFirstPass(factors, acc.T, acc.n_sequences, acc.n_tokens, acc.checksum())

@@ -145,13 +145,10 @@ class Sweep:
         """Tile i once S is complete: its centring term subtracted on its pairs."""
         cols = self.groups[i]
         self.col_of[cols] = np.arange(cols.size)
-        self.block[part.flat] = part.vals
         sparsecount.centre_tile(self.tokens, self.lengths, self.occurrences_of(cols),
                                 self.col_of, self.rows.row_of, self.rows.side, self.rows.dummy,
-                                S, self.block)
+                                S, self.block, part.flat, part.vals)
         self.col_of[cols] = -1
-        part.vals = self.block[part.flat]
-        self.block[part.flat] = 0.0
 
 
 def sweep_tiles(sweeps: list[Sweep], todo: list[int], sums: list[TileSums],
