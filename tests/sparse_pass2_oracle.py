@@ -36,7 +36,7 @@ def _rows(x: np.ndarray, row_of: np.ndarray | None) -> np.ndarray:
 def sweep(tokens, lengths, occ, col_of, GcT, row_of, side, dummy, S, Delta, Dc, block,
           touched) -> None:
     """sc_sweep: M = Gc[y_t, x_k] into S[s, t]; M / (t+1) into Delta[t - k] (compensated) and
-    block[col(x_k), r(x_t)] (marked in ``touched``)."""
+    block[col(x_k), r(x_t)] (its bit set in the bitmap ``touched``)."""
     L = tokens.shape[1]
     T = L - 1
     x = tokens.reshape(-1)
@@ -50,7 +50,8 @@ def sweep(tokens, lengths, occ, col_of, GcT, row_of, side, dummy, S, Delta, Dc, 
         keep = (ra != dummy) & (rt != dummy)
         flat = col_of[a[keep]] * side + rt[keep]
         torch.from_numpy(block).index_add_(0, torch.from_numpy(flat), torch.from_numpy(q[keep]))
-        touched[flat] = 1
+        np.bitwise_or.at(touched, flat >> 6, np.left_shift(np.uint64(1),
+                                                           (flat & 63).astype(np.uint64)))
 
 
 def centre_tile(tokens, lengths, occ, col_of, row_of, side, dummy, S, block, flat,

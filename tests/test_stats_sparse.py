@@ -203,9 +203,13 @@ def test_compiled_kernels_equal_their_numpy_twins():
                                    atol=1e-14)
         ones = sparsecount.spmm(ip, col, A.data, X, threads, False, None, v)
         np.testing.assert_allclose(ones, want - v[None, :], rtol=1e-14, atol=1e-14)
-    for size in (0, 7, 8, 9, 1000):  # the tile compaction: numpy's flatnonzero, one pass
-        block, touched = g.standard_normal(size), (g.random(size) < 0.2).astype(np.uint8)
-        want = np.flatnonzero(touched)
+    for size in (0, 7, 8, 63, 64, 65, 1000):  # the tile compaction: numpy's flatnonzero
+        block, mask = g.standard_normal(size), g.random(size) < 0.2
+        words = sparsecount.bitmap_words(size)
+        touched = np.zeros(words, dtype=np.uint64)  # bit j of word j // 64: entry j
+        for j in np.flatnonzero(mask):
+            touched[j // 64] |= np.uint64(1) << np.uint64(j % 64)
+        want = np.flatnonzero(mask)
         vals = block[want]
         flat, got = sparsecount.compact(block, touched)
         assert np.array_equal(flat, want) and np.array_equal(got, vals)
@@ -258,7 +262,7 @@ def test_kernels_refuse_bad_input():
         sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
                           np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
                           np.zeros(1), np.zeros(3), np.zeros(3), np.zeros(9),
-                          np.zeros(9, dtype=np.uint8))
+                          np.zeros(1, dtype=np.uint64))
     with pytest.raises(KernelError, match="touched: need"):
         sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
                           np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,

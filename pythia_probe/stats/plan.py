@@ -11,8 +11,8 @@ sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
   padded to T+1 slots), the pair buffer (16 B x max(sparse.BUFFER, one window's pairs)),
   column tiles (4 arrays of V x width float64, width from the tile budget), one tile's Qbar
-  block (9 B x width x V), the head block (8 B x sparse.HEAD^2) and Qbar on the (query, key)
-  pairs that occur (12 B each). No V x V array at any vocabulary.
+  block (8 B and a bit x width x V), the head block (8 B x sparse.HEAD^2) and Qbar on the
+  (query, key) pairs that occur (12 B each). No V x V array at any vocabulary.
 
 ``choose_engine``: "auto" follows the plan: dense when its peak fits the device's budget (free
 CUDA memory x 0.9, or the host's available RAM x 0.8) and is below the sparse engine's (its
@@ -39,7 +39,7 @@ GB = 1e9
 ENGINES = ("auto", "dense", "sparse")
 PAIR_BYTES = 24
 QBAR_PAIR_BYTES = 12  # a (query, key) pair of Qbar: int32 query + float64 value (+ its tile place)
-QBAR_BLOCK_BYTES = 9  # a tile's dense Qbar block: float64 + a touched byte per (key, query)
+QBAR_BLOCK_BYTES = 8  # a tile's dense Qbar block: float64 per (key, query), + a touched bit
 BIGRAM_BYTES = 64
 POSITION_BYTES = 28
 TOKEN_BYTES = 4
@@ -102,7 +102,7 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     side = d_vocab if top_k is None else top_k + 1
     buffer = max(sparse.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"tiles": TILE_ARRAYS * 8 * d_vocab * width,
-             "qbar_block": QBAR_BLOCK_BYTES * width * side,
+             "qbar_block": QBAR_BLOCK_BYTES * width * side + 8 * -(-width * side // 64),
              "pair_buffer": (16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2)
              * (2 if groups else 1),
              "vectors": 6 * 8 * d_vocab}

@@ -21,7 +21,8 @@
  * query's row r(x_t)), never a V x V array:
  *   sc_sweep        for every context occurrence (s, k) of a tile token and every t >= k:
  *                   M = Gc[y_t, x_k]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
- *                   B[col(x_k), r(x_t)] += q and touched[...] = 1 (skipped when either is the
+ *                   B[col(x_k), r(x_t)] += q and its bit set in `touched`, a bitmap of
+ *                   the block (64 entries a word; skipped when either is the
  *                   dummy row of a restricted vocabulary);
  *   sc_centre_tile  once S is complete, the centring term of Q on the same pairs (the
  *                   tile's kept entries put back into the block and read out again):
@@ -214,14 +215,14 @@ static inline int64_t qrow(const int64_t *row_of, int64_t v) { return row_of ? r
  * maps a token to its row of GcT [w, V] and of the tile's Qbar block B [w, side]. T = L - 1.
  * For every occurrence (s, k) of a key a = x_k and every t >= k, with r = r(x_t):
  *   centre == 0 (sc_sweep): M = Gc[y_t, a]; S[s, t] += M; q = M / (t+1); Delta[t - k] += q;
- *                B[col(a), r] += q and touched there (both skipped for a dummy a or r);
+ *                B[col(a), r] += q and its bit in `touched` set (skipped for a dummy a or r);
  *   centre == 1 (sc_centre_tile): B[col(a), r] -= S[s, t] / (t+1)^2 (skipped likewise).
  * `centre` is a constant at both call sites: the compiler makes two specialised loops. */
 static inline int walk_tile(const int centre, const int32_t *tokens, int64_t n, int64_t L,
                             const int64_t *lengths, const int64_t *occ, int64_t n_occ,
                             const int64_t *col_of, const double *GcT, int64_t V,
                             const int64_t *row_of, int64_t side, int64_t dummy, double *S,
-                            double *Delta, double *Dc, double *B, uint8_t *touched) {
+                            double *Delta, double *Dc, double *B, uint64_t *touched) {
     const int64_t T = L - 1;
     for (int64_t o = 0; o < n_occ; ++o) {
         const int64_t s = occ[o] / L, k = occ[o] % L;
@@ -233,7 +234,7 @@ static inline int walk_tile(const int centre, const int32_t *tokens, int64_t n, 
         if (centre && !keyed) continue;
         const double *g = centre ? NULL : GcT + col_of[a] * V;
         double *Ss = S + s * T, *qa = B + col_of[a] * side;
-        uint8_t *ta = centre ? NULL : touched + col_of[a] * side;
+        const int64_t row0 = col_of[a] * side;
         const int64_t stop = lengths[s] - 1;
         for (int64_t t = k; t < stop; ++t) {
             if (centre) {
@@ -250,8 +251,9 @@ static inline int walk_tile(const int centre, const int32_t *tokens, int64_t n, 
             if (keyed) {
                 const int64_t rt = qrow(row_of, x[t]);
                 if (rt != dummy) {
+                    const int64_t j = row0 + rt;
                     qa[rt] += q;
-                    ta[rt] = 1;
+                    touched[j >> 6] |= (uint64_t)1 << (j & 63);
                 }
             }
         }
@@ -263,7 +265,7 @@ static inline int walk_tile(const int centre, const int32_t *tokens, int64_t n, 
 int sc_sweep(const int32_t *tokens, int64_t n, int64_t L, const int64_t *lengths,
              const int64_t *occ, int64_t n_occ, const int64_t *col_of, const double *GcT,
              int64_t V, const int64_t *row_of, int64_t side, int64_t dummy, double *S,
-             double *Delta, double *Dc, double *B, uint8_t *touched) {
+             double *Delta, double *Dc, double *B, uint64_t *touched) {
     return walk_tile(0, tokens, n, L, lengths, occ, n_occ, col_of, GcT, V, row_of, side,
                      dummy, S, Delta, Dc, B, touched);
 }
@@ -316,17 +318,6 @@ int sc_centre(const int32_t *tokens, int64_t s0, int64_t s1, int64_t L,
     return SC_OK;
 }
 
-/* The non-zero bytes of a word of `touched`, as bit 0 of each byte (ORed down within each
- * byte: shifts by 4, 2, 1 mix only a byte's own bits into its bit 0). */
-static inline uint64_t nonzero_bytes(const uint8_t *p) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    w |= w >> 4;
-    w |= w >> 2;
-    w |= w >> 1;
-    return w & 0x0101010101010101ULL;
-}
-
 #if defined(__GNUC__)
 #define SC_POPCOUNT(m) __builtin_popcountll(m)
 #define SC_CTZ(m) __builtin_ctzll(m)
@@ -335,36 +326,34 @@ static inline int SC_POPCOUNT(uint64_t m) { int c = 0; for (; m; m &= m - 1) ++c
 static inline int SC_CTZ(uint64_t m) { int c = 0; for (; !(m & 1); m >>= 1) ++c; return c; }
 #endif
 
-/* How many entries of a tile's block the pairs reached (touched[i] != 0). */
-int64_t sc_touched(const uint8_t *touched, int64_t n) {
-    int64_t c = 0, i = 0;
-    for (; i + 8 <= n; i += 8) c += SC_POPCOUNT(nonzero_bytes(touched + i));
-    for (; i < n; ++i) c += touched[i] != 0;
+/* How many entries of a tile's block the pairs reached (bits set in the bitmap `touched` of
+ * n_words words). */
+int64_t sc_touched(const uint64_t *touched, int64_t n_words) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n_words; ++i)
+        if (touched[i]) c += SC_POPCOUNT(touched[i]);
     return c;
 }
 
-/* The entries a tile's pairs reached, in place order: flat[c] = place, vals[c] = block value;
- * both arrays are cleared there for the next tile. Returns the count. */
-int64_t sc_compact(double *block, uint8_t *touched, int64_t n, int32_t *flat, double *vals) {
-    int64_t c = 0, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        for (uint64_t m = nonzero_bytes(touched + i); m; m &= m - 1) {
-            const int64_t j = i + (SC_CTZ(m) >> 3);
+/* The entries a tile's pairs reached (bit j of the bitmap `touched`: entry j of the block),
+ * in place order: flat[c] = place, vals[c] = block value; both are cleared there for the
+ * next tile (the block holds n entries). Returns the count. */
+int64_t sc_compact(double *block, uint64_t *touched, int64_t n, int32_t *flat, double *vals) {
+    int64_t c = 0;
+    const int64_t n_words = (n + 63) / 64;
+    for (int64_t i = 0; i < n_words; ++i) {
+        uint64_t m = touched[i];
+        if (!m) continue;
+        touched[i] = 0;
+        for (; m; m &= m - 1) {
+            const int64_t j = i * 64 + SC_CTZ(m);
             flat[c] = (int32_t)j;
             vals[c++] = block[j];
             block[j] = 0.0;
-            touched[j] = 0;
         }
-    }
-    for (; i < n; ++i) {
-        if (!touched[i]) continue;
-        flat[c] = (int32_t)i;
-        vals[c++] = block[i];
-        block[i] = 0.0;
-        touched[i] = 0;
     }
     return c;
 }
 
 /* Version of this ABI (checked by the binding). */
-int64_t sc_abi_version(void) { return 7; }
+int64_t sc_abi_version(void) { return 8; }

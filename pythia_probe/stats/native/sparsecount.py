@@ -20,7 +20,7 @@ import numpy as np
 from pythia_probe.errors import KernelError
 from pythia_probe.stats import native
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 STEM = "_sparsecount"
 
 
@@ -207,7 +207,8 @@ def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.n
           GcT: np.ndarray, row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
           Delta: np.ndarray, Dc: np.ndarray, block: np.ndarray, touched: np.ndarray) -> None:
     """One tile of pass 2 (``_sparsecount.c``: sc_sweep): S, Delta (+ Dc, a compensated sum)
-    and the tile's Qbar block [width, side] (``touched`` marks the pairs), in place."""
+    and the tile's Qbar block [width, side] (``touched``, a uint64 bitmap of the block: bit j
+    of the whole marks entry j, set where a pair landed), in place."""
     n, L = tokens.shape
     V, w = GcT.shape[1], GcT.shape[0]
     for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
@@ -217,7 +218,7 @@ def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.n
                               ("S", S, np.float64, n * (L - 1)),
                               ("Delta", Delta, np.float64, L - 1), ("Dc", Dc, np.float64, L - 1),
                               ("block", block, np.float64, w * side),
-                              ("touched", touched, np.uint8, w * side)):
+                              ("touched", touched, np.uint64, bitmap_words(w * side))):
         _need(name, a, dt, size)
     _check(_lib().sc_sweep(_p(tokens), n, L, _p(lengths), _p(occ), occ.size, _p(col_of),
                            _p(GcT), V, _p(row_of), side, dummy, _p(S), _p(Delta), _p(Dc),
@@ -261,13 +262,19 @@ def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, Delta: np.nda
     _check(_lib().sc_centre(_p(tokens), s0, s1, L, _p(lengths), _p(S), _p(Delta), _p(Dc)))
 
 
+def bitmap_words(n: int) -> int:
+    """uint64 words of a bitmap of n entries."""
+    return -(-n // 64)
+
+
 def compact(block: np.ndarray, touched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(places int32, values) of the block entries the pairs reached, ascending; the block
-    and ``touched`` are cleared there (one pass each, sc_touched + sc_compact)."""
+    """(places int32, values) of the block entries the pairs reached (bits of the uint64
+    bitmap ``touched``), ascending; the block and the bitmap are cleared there (one pass
+    each over the bitmap, sc_touched + sc_compact)."""
     _need("block", block, np.float64)
-    _need("touched", touched, np.uint8, block.size)
+    _need("touched", touched, np.uint64, bitmap_words(block.size))
     lib = _lib()
-    n = int(lib.sc_touched(_p(touched), block.size))
+    n = int(lib.sc_touched(_p(touched), bitmap_words(block.size)))
     flat, vals = np.empty(n, dtype=np.int32), np.empty(n)
     got = int(lib.sc_compact(_p(block), _p(touched), block.size, _p(flat), _p(vals)))
     if got != n:

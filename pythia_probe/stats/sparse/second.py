@@ -7,7 +7,7 @@ Every pair (t, k) of a sequence belongs to the tile of its key (context) token x
 ``first.gc_tile`` gives Gbar[:, tile] (= pass 2's Gc: Gbar's columns sum to 0, so the centring
 of M in Eq. 15 changes nothing) and ``sweep`` visits every occurrence of the tile's tokens and
 every t >= k: M = Gc[y_t, x_k] is added to S_t, M / (t+1) to Delta[t - k] and to the tile's
-Qbar block B[x_k, x_t] (a dense [width, side] array, marked where a pair landed). The marked
+Qbar block B[x_k, x_t] (a dense [width, side] array, a bitmap marks where a pair landed). The marked
 entries are kept (:class:`TilePart`: the pairs that occur, nothing else) and the block is
 cleared for the next tile. Q = M / (t+1) - S_t / (t+1)^2 (Eq. 16) needs S_t = sum_{k<=t}
 M[t, k] over every tile, so once all tiles are done the centring term S_t / (t+1)^2 is
@@ -122,7 +122,7 @@ class Sweep:
         self.groups = tiles(fp.ctx_ids, width)
         self.col_of = np.full(fp.d_vocab, -1, dtype=np.int64)
         self.block = np.zeros(width * rows.side)
-        self.touched = np.zeros(width * rows.side, dtype=np.uint8)
+        self.touched = np.zeros(sparsecount.bitmap_words(width * rows.side), dtype=np.uint64)
 
     def occurrences_of(self, cols: np.ndarray) -> np.ndarray:
         a = np.searchsorted(self.occ_tok, cols[0], side="left")
