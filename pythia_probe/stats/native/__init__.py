@@ -105,3 +105,21 @@ def log_fallback(library: str, instead: str) -> None:
     """Say once per process that a C library is not built and what runs instead."""
     log.warning("the C kernel %s is not built: using the %s kernels (same numbers, slower); "
                 "`pip install -e .` with a C compiler builds it", library, instead)
+
+
+@cache
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None where the C library has none: not glibc)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the heap's freed memory back to the system (glibc ``malloc_trim(0)``): many
+    medium-sized arrays (pass 2's per-tile Qbar parts, a few MB each), once freed, otherwise
+    stay in the process's resident memory. A no-op where the C library is not glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from pythia_probe.errors import MismatchError
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import plan, reduce
+from pythia_probe.stats import native, plan, reduce
 from pythia_probe.stats.checkpoint import Checkpoint
 from pythia_probe.stats.engine import Engine, check_positions
 from pythia_probe.stats.factors import SparseQ
@@ -100,9 +100,12 @@ class SparseEngine(Engine):
             reduce.sum_(d, D)
             parts = {i: p for part in reduce.gather(d, parts) for i, p in part.items()}
             out.append((second.qbar(parts, tiles, rows), torch.from_numpy(D)))
+        del sweeps, sums, tokens
+        native.release_free_memory()  # the tiles' parts, freed, would stay resident
         if not spec.groups:
             return out[0][0], out[0][1], None
         Q = sum_q([q for q, _ in out])
+        native.release_free_memory()
         return Q, sum((D for _, D in out[1:]), out[0][1].clone()), out
 
     def assemble(self, fp: first.SparseFirstPass, Q: SparseQ, D: Tensor,
