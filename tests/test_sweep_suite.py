@@ -321,6 +321,11 @@ def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, m
     pd.testing.assert_frame_equal(_table(table), _table(df))
     pd.testing.assert_frame_equal(_table(again), _table(df))
     assert set(df["stats_id"]) == {st.stats_id} and st.d_vocab == st.meta["full_d_vocab"] > K
+    # the recipe keeps 10 document groups by default: every embedding/attention row is scaled
+    assert st.groups == 10
+    scaled = df[df["analysis"].isin(["embedding", "attention", "attention_lnfold"])]
+    assert scaled[["chance", "ceiling", "ci_low", "ci_high"]].notna().all().all()
+    assert ((scaled["ci_low"] <= scaled["value"]) & (scaled["value"] <= scaled["ci_high"])).all()
     assert sorted(peaks["model"]) == [LARGE] * 3 + [SMALL] * 2
     out = machine / "runs" / "notebook"
     assert (out / "plots" / "compare_embedding_cos_post.png").is_file()

@@ -178,12 +178,23 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
              f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
              f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
              f"<= {human_bytes(dl.held(src.prefetch))} ({src.prefetch + 1} checkpoints){limit}",
-             f"targets: {requested} -> {mode} ({why})"]
+             f"targets: {requested} -> {mode} ({why})", intervals_line(sc, groups)]
     if not memory:
         return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}): peak total "
                         f"{plan.total / 1e9:.2f} GB"]
     return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}):",
                     *("  " + line for line in plan.lines(rates))]
+
+
+def intervals_line(sc: ScoringConfig, groups: int) -> str:
+    """Whether the rows get ceiling, ci_low and ci_high, and why not where they do not."""
+    if not sc.intervals:
+        return "ceiling and intervals: off (--no-intervals): value and chance only"
+    if groups < 2:
+        return ("ceiling and intervals: none: the statistics keep no document groups (build "
+                "them with --groups 10, the default, or `stats compute --groups 10`)")
+    return (f"ceiling and intervals: on, from G = {groups} document groups (two halves; "
+            f"a delete-a-group jackknife, {groups} replicates)")
 
 
 def total_lines(src: SourceConfig, sc: ScoringConfig, runs, dls: dict,
