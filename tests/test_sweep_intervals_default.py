@@ -57,3 +57,18 @@ def test_interval_scorings_share_the_forward_pass_in_the_plan():
 def test_the_plan_says_whether_rows_get_the_scale(intervals, groups, word):
     sc = ScoringConfig(("embedding",), intervals=intervals)
     assert word in intervals_line(sc, groups)
+
+
+def test_a_step_that_fits_only_without_intervals_is_refused_naming_the_flag():
+    from pythia_probe.errors import ResourceError
+    from pythia_probe.sweep.plan import check_step_fits
+
+    shape = StepShape(5000, 64, 3, 4, 256, 10**6)
+    plan = memory_plan(shape, ["embedding", "attention"], mode="memory")
+    grouped = with_groups(plan, 10)
+    sc = ScoringConfig(("embedding", "attention"))
+    budget = (plan.total * 1.01, "a test's budget")
+    check_step_fits(plan, sc, budget)  # fits without the 12 more target sets
+    with pytest.raises(ResourceError, match="--no-intervals") as err:
+        check_step_fits(grouped, sc, budget)
+    assert f"{plan.targets / 1e9:.2f} GB of targets" in str(err.value)

@@ -82,10 +82,14 @@ def check_step_fits(plan: Plan, sc: ScoringConfig,
         parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in (
             ("targets", plan.targets), ("streams", plan.residuals), ("weights", plan.weights),
             ("products", plan.transient)))
+        sets = (f", of which {plan.groups + 2} more target sets for the ceiling and intervals "
+                f"(--no-intervals: {plan.targets / (plan.groups + 3) / 1e9:.2f} GB of targets)"
+                if plan.groups else "")
         raise ResourceError(f"one step with --targets {plan.mode} needs {plan.total / 1e9:.1f} "
-                            f"GB on {sc.device} ({parts}), more than the budget "
+                            f"GB on {sc.device} ({parts}{sets}), more than the budget "
                             f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
-                            "--targets streamed (dense statistics), or a larger device")
+                            "--targets streamed (dense statistics), "
+                            f"{'--no-intervals, ' if plan.groups else ''}or a larger device")
 
 
 def measure_rates(device: str, dtype: torch.dtype) -> dict[str, float]:
