@@ -63,6 +63,8 @@ class Plan:
     shared_macs: float = 0.0
     """The part of dense_macs every target set shares (the forward pass, the bases' moments):
     done once per step however many interval scorings read it."""
+    together: bool = True
+    """With groups: every target set held at once (False: one replicate set at a time)."""
 
     @property
     def total(self) -> float:
@@ -90,9 +92,14 @@ class Plan:
                 f"multiply-adds per checkpoint  {self.dense_macs:8.2e} dense, "
                 f"{self.sparse_macs:.2e} sparse",
                 f"multiply-adds once per stats  {self.once_macs:8.2e} (norms, cached)"]
-        if self.groups:
+        if self.groups and self.together:
             out.append(f"ceiling and intervals (G = {self.groups} groups): {self.groups + 3} "
                        f"target sets, {self.groups + 1} scorings per step sharing one forward pass "
+                       "(--no-intervals: 1)")
+        elif self.groups:
+            out.append(f"ceiling and intervals (G = {self.groups} groups): the {self.groups + 3} "
+                       "target sets do not fit at once: one replicate set at a time, "
+                       f"{self.groups + 1} scorings per step, each with its own forward pass "
                        "(--no-intervals: 1)")
         if rates:
             out.append(f"expected time per checkpoint  {self.seconds(rates):8.1f} s (dense "
@@ -187,6 +194,18 @@ def with_groups(plan: Plan, G: int) -> Plan:
                    dense_macs=plan.shared_macs + own * (G + 1),
                    sparse_macs=plan.sparse_macs * (G + 1), once_macs=plan.once_macs * (G + 4),
                    groups=G)
+
+
+def one_set_at_a_time(plan: Plan) -> Plan:
+    """A :func:`with_groups` plan with the replicate target sets prepared one at a time: the
+    run's targets, one replicate's and, while the ceiling is computed once, the second half's
+    held (3 sets), and a forward pass per scoring (the same numbers, less memory)."""
+    G = plan.groups
+    if not G or not plan.together:
+        return plan
+    own = (plan.dense_macs - plan.shared_macs) / (G + 1)
+    return replace(plan, targets=plan.targets / (G + 3) * 3,
+                   dense_macs=(plan.shared_macs + own) * (G + 1), together=False)
 
 
 # ---- --targets auto --------------------------------------------------------------------------

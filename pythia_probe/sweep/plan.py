@@ -18,6 +18,7 @@ from pythia_probe.analysis.plan import (
     StepShape,
     choose_targets,
     memory_plan,
+    one_set_at_a_time,
     with_groups,
 )
 from pythia_probe.arch import NeoXConfig
@@ -44,7 +45,8 @@ def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
                        dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
                        chunk=sc.chunk, mode=mode, max_rank=sc.max_rank, nnz=nnz,
                        per_head_layers=heads, batch_size=sc.batch_size)
-    return with_groups(plan, groups if sc.intervals else 0)
+    plan = with_groups(plan, groups if sc.intervals else 0)
+    return plan if sc.together else one_set_at_a_time(plan)
 
 
 def memory_need(sc: ScoringConfig, c: NeoXConfig, rows: int, stats_bytes: int) -> float:
@@ -74,22 +76,28 @@ def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: i
 
 
 def check_step_fits(plan: Plan, sc: ScoringConfig,
-                    budget: tuple[float | None, str] | None = None) -> None:
-    """Refuse up front, with the numbers, a step whose planned peak exceeds the device's
-    budget (before any weight is fetched or any target built)."""
+                    budget: tuple[float | None, str] | None = None) -> Plan:
+    """The plan one step runs under: ``plan`` when its peak fits the device's budget, else
+    with the interval replicates' target sets one at a time where that fits
+    (:func:`~pythia_probe.analysis.plan.one_set_at_a_time`); else refused up front, with the
+    numbers (before any weight is fetched or any target built)."""
     limit, how = budget if budget is not None else memory_budget(sc.device)
-    if limit is not None and plan.total > limit:
-        parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in (
-            ("targets", plan.targets), ("streams", plan.residuals), ("weights", plan.weights),
-            ("products", plan.transient)))
-        sets = (f", of which {plan.groups + 2} more target sets for the ceiling and intervals "
-                f"(--no-intervals: {plan.targets / (plan.groups + 3) / 1e9:.2f} GB of targets)"
-                if plan.groups else "")
-        raise ResourceError(f"one step with --targets {plan.mode} needs {plan.total / 1e9:.1f} "
-                            f"GB on {sc.device} ({parts}{sets}), more than the budget "
-                            f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
-                            "--targets streamed (dense statistics), "
-                            f"{'--no-intervals, ' if plan.groups else ''}or a larger device")
+    if limit is None or plan.total <= limit:
+        return plan
+    alone = one_set_at_a_time(plan)
+    if alone.total <= limit:
+        return alone
+    parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in (
+        ("targets", alone.targets), ("streams", plan.residuals), ("weights", plan.weights),
+        ("products", plan.transient)))
+    sets = (f", of which {plan.groups + 2} more target sets for the ceiling and intervals, "
+            f"held one at a time (--no-intervals: {plan.targets / (plan.groups + 3) / 1e9:.2f} "
+            "GB of targets)" if plan.groups else "")
+    raise ResourceError(f"one step with --targets {plan.mode} needs {alone.total / 1e9:.1f} "
+                        f"GB on {sc.device} ({parts}{sets}), more than the budget "
+                        f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
+                        "--targets streamed (dense statistics), "
+                        f"{'--no-intervals, ' if plan.groups else ''}or a larger device")
 
 
 def measure_rates(device: str, dtype: torch.dtype) -> dict[str, float]:

@@ -117,8 +117,15 @@ class Scorer:
         leave-one-group-out target sets ``left_out``) and ``ceiling`` (per target, computed
         once per statistics: :func:`~pythia_probe.analysis.intervals.ceiling`); each interval
         is checked to hold its value and cut at the analysis's range, each ceiling checked
-        against it. One forward pass, G + 1 passes over the targets."""
-        rows, *replicates = self.rows_sets(config, weights, [self.targets, *left_out])
+        against it. One forward pass, G + 1 passes over the targets; where ``left_out`` holds
+        functions (the sets do not fit at once: ``ScoringConfig.together``), each set is
+        prepared when its turn comes and scored with a forward pass of its own."""
+        if all(isinstance(t, Mapping) for t in left_out):
+            rows, *replicates = self.rows_sets(config, weights, [self.targets, *left_out])
+        else:
+            rows = self.rows_sets(config, weights, [self.targets])[0]
+            replicates = [self.rows_sets(config, weights, [t if isinstance(t, Mapping)
+                                                           else t()])[0] for t in left_out]
         target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
         out = add_intervals(rows, replicates, ceilings, target_of)
         bounds = {a.name: a.bounds for a in self.analyses}
