@@ -27,7 +27,7 @@ from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.resources import human_bytes, memory_budget
 from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
-from pythia_probe.sweep.estimate import Rate, estimate, matmul_rate
+from pythia_probe.sweep.estimate import Rate, estimate
 from pythia_probe.sweep.layout import Layout
 
 
@@ -210,16 +210,19 @@ def intervals_line(sc: ScoringConfig, groups: int) -> str:
 
 
 def total_lines(src: SourceConfig, sc: ScoringConfig, runs, dls: dict,
-                targets: dict, shapes: dict) -> list[str]:
+                targets: dict, shapes: dict, rates: dict[str, float]) -> list[str]:
     """The whole run: tasks, downloads and disk over every model, and how long it should take
-    (:mod:`.estimate`: rates measured now; ``shapes``: each statistics file's (nnz, groups))."""
-    flops = sum(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
-                                *shapes[r.stats.path]).flops_per_step
-                * len(dls[r.name].fetch) for r in runs)
+    (:mod:`.estimate`: each step's plan at the dense and sparse ``rates`` measured now, the
+    ones the per-step lines use; ``shapes``: each statistics file's (nnz, groups))."""
+    plans = [(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
+                              *shapes[r.stats.path]), len(dls[r.name].fetch)) for r in runs]
+    seconds = sum(p.seconds(rates) * n for p, n in plans)
+    flops = sum(p.flops_per_step * n for p, n in plans)
     nbytes = sum(d.bytes for d in dls.values())
-    rates = [r.fetch_rate for r in runs if r.fetch_rate is not None]
-    rate = Rate(sum(x.nbytes for x in rates), sum(x.seconds for x in rates)) if rates else None
-    when = estimate(flops, nbytes, matmul_rate(sc.device), rate, src.prefetch)
+    fetches = [r.fetch_rate for r in runs if r.fetch_rate is not None]
+    rate = Rate(sum(x.nbytes for x in fetches), sum(x.seconds for x in fetches)) \
+        if fetches else None
+    when = estimate(seconds, flops, rates, nbytes, rate, src.prefetch)
     if len(runs) == 1:
         return [f"time: {when}"]
     tasks = sum(len(r.steps) for r in runs)

@@ -290,7 +290,8 @@ def _plan(parts, runs, dls, targets, shapes, rates, shard) -> list[str]:
                             parts.targets.mode, *shapes[r.stats.path], rates=rates,
                             memory=len(runs) == 1)
         lines += ledger_lines(r.ledger, r.model)
-    lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets, shapes)
+    lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets, shapes,
+                                               rates)
     if shard[1] > 1:
         i, n = shard
         lines.append(f"this process: share {i} of {n} (the plan's groups of identical weights "
