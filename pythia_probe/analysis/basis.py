@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.dense import add_gram, mirror
+
 DEFAULT_CHUNK = 4096
 
 
@@ -78,8 +80,8 @@ class Basis:
             Gc = torch.zeros(self.width, self.width, dtype=torch.float64, device=self.device)
             shift = ybar.to(self.dtype)
             for s in range(0, self.V, self.chunk):
-                Yb = self.Y[s:s + self.chunk] - shift
-                Gc += (Yb.T @ Yb).to(torch.float64)
+                add_gram(Gc, self.Y[s:s + self.chunk] - shift)
+            mirror(Gc)
             self._moments = (Gc + self.V * torch.outer(ybar, ybar), Gc, self.V * ybar)
         return self._moments
 
