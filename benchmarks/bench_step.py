@@ -272,7 +272,23 @@ def _print_split(res: dict, rates: dict, layers: int, nnz: dict) -> None:
           f"top5000 step with free sparse products")
 
 
-def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: bool) -> dict:
+def _print_scaled_plan(full: dict, rates: dict, layers: int, nnz: dict, plan_nnz: int,
+                       n_params: int) -> None:
+    """The plan's full step at other non-zero counts, at this run's rates: the synthetic
+    sparse rate, and the product rate the full step achieved."""
+    scaled = {"W": plan_nnz, "Qbar": plan_nnz, "C": round(nnz["C"] * plan_nnz / nnz["W"])}
+    shape = StepShape(V_FULL, 2048, layers, 16, 8192, n_params)
+    plan = memory_plan(shape, ANALYSES, mode="factored", nnz=scaled)
+    got = _part_macs(V_FULL, layers, full["live"], nnz)["products"] / full["split"]["products"]
+    at_run = plan.dense_macs / rates["dense"] + plan.sparse_macs / got
+    print(f"plan at nnz {scaled}: {plan.sparse_macs:.2e} sparse multiply-adds a step; "
+          f"{plan.seconds(rates):.0f} s at the synthetic sparse rate, {at_run:.0f} s at the "
+          f"{got / 1e9:.2f} G/s the full step's products achieved ({layers} layers; 24 layers: "
+          f"{plan.seconds(rates) * 24 / layers:.0f} s, {at_run * 24 / layers:.0f} s)")
+
+
+def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: bool,
+               dense_tl: bool = True, plan_nnz: int = 0) -> dict:
     """Every method, the rates, the plans; printed and returned."""
     rates = _rates(threads)
     print(f"matmul peak (float32 GEMM 2048^3, {threads} threads): {rates['dense'] / 1e9:.1f} G "
@@ -284,8 +300,9 @@ def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: boo
           f"{time.perf_counter() - t0:.1f} s: nnz {nnz}")
     n_params = 2 * PYTHIA["d_vocab"] * 2048 + layers * (4 * 2048**2 + 2 * 2048 * 8192)
     res = {"full": _run(step_full, (layers, parts, chunk), threads),
-           "top5000": _run(step_top, (layers, chunk), threads),
-           "dense-TL top5000": _run(step_dense, (layers, V_TOP), threads)}
+           "top5000": _run(step_top, (layers, chunk), threads)}
+    if dense_tl:
+        res["dense-TL top5000"] = _run(step_dense, (layers, V_TOP), threads)
     if dense_full:
         res["dense-TL full"] = _run(step_dense, (layers, V_FULL), threads)
     plans = {"full": memory_plan(StepShape(V_FULL, 2048, layers, 16, 8192, n_params), ANALYSES,
@@ -301,14 +318,81 @@ def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: boo
         print(f"{name:>17}: {layers} layers, {r['rows']} rows in {r['s']:.1f} s (+{r['prep_s']:.1f}"
               f" s setup), peak RSS {r['peak_gb']:.2f} GB ({r['peak_gb'] - r['base_gb']:.2f} GB "
               f"during the step){rate}")
-    print(f"full / top5000 step time: {res['full']['s'] / res['top5000']['s']:.2f}x (goal <= 3x); "
-          f"dense-TL top5000 / top5000: {res['dense-TL top5000']['s'] / res['top5000']['s']:.1f}x")
+    tl = res.get("dense-TL top5000")
+    print(f"full / top5000 step time: {res['full']['s'] / res['top5000']['s']:.2f}x (goal <= 3x)"
+          + (f"; dense-TL top5000 / top5000: {tl['s'] / res['top5000']['s']:.1f}x" if tl else ""))
     if not dense_full:
         print(f"dense-TL full: not run (one {V_FULL:,}^2 float32 matrix is "
               f"{V_FULL**2 * 4 / 1e9:.1f} GB and it holds two targets' and several model "
               "covariances; --dense-full runs it)")
     _print_split(res, rates, layers, nnz)
+    if plan_nnz:
+        _print_scaled_plan(res["full"], rates, layers, nnz, plan_nnz, n_params)
     scale = 24 / layers
     print(f"scaled to 24 layers (linear in layers): full {res['full']['s'] * scale:.0f} s, "
           f"top5000 {res['top5000']['s'] * scale:.0f} s per step on this machine")
     return res
+
+
+# ---- before / after of the factored parts, side by side in one process -----------------------
+def _old_gram(Z: torch.Tensor, shift: torch.Tensor | None = None,
+              chunk: int = 4096) -> torch.Tensor:
+    """The previous Gram: every row (less ``shift``), the whole product (both triangles)."""
+    M = torch.zeros(Z.shape[1], Z.shape[1], dtype=torch.float64)
+    for r in range(0, Z.shape[0], chunk):
+        Zb = Z[r:r + chunk] if shift is None else Z[r:r + chunk] - shift
+        M += (Zb.T @ Zb).to(torch.float64)
+    return M
+
+
+def run_parts_ab(docs: int, threads: int, repeats: int = 2) -> dict:
+    """Sparse products (C_T^T Y: untiled vs column tiles), target Grams (every row, whole
+    product vs live rows, upper triangle) and a basis's moments (whole vs upper triangle) at
+    the full step's shapes (Y [50,277, 2,049] float32), alternated ``repeats`` times, best
+    of each; the new result's largest difference from the old printed beside it."""
+    from pythia_probe.analysis import factored
+    from pythia_probe.analysis.basis import Basis
+    from pythia_probe.analysis.dense import row_scales
+
+    torch.set_num_threads(threads)
+    parts = zipf_parts(docs)
+    P = Parts(parts, torch.float32, "cpu", {"PhiBT", "Qbar"})
+    Y = Basis(torch.randn(V_FULL, 2048, generator=torch.Generator().manual_seed(0))
+              / 2048**0.5, torch.float32).Y
+    best: dict[str, float] = {}
+
+    def timed(key, fn):
+        t = time.perf_counter()
+        out = fn()
+        best[key] = min(best.get(key, float("inf")), time.perf_counter() - t)
+        return out
+
+    diffs = {}
+    for name in ("PhiBT", "Qbar"):
+        scale, mean = row_scales(*_row_norms_sums(name, parts, 1024), V_FULL)
+        th = FactoredTarget(name, P, Vectors(scale, mean, 1.0, 1.0, 0.0))
+        rows, n_shared = th.live_rows
+        for _ in range(repeats):
+            factored.CPU_TILE, tile = 10**9, factored.CPU_TILE
+            Z0 = timed(f"{name} products untiled", lambda th=th: th.ct_t(Y))
+            factored.CPU_TILE = tile
+            Z1 = timed(f"{name} products tiles of {tile}", lambda th=th: th.ct_t(Y))
+            M0 = timed(f"{name} Gram every row, whole", lambda Z0=Z0: _old_gram(Z0))
+            M1 = timed(f"{name} Gram {rows.numel()} live rows, triangle",
+                       lambda th=th, Z1=Z1: th.gram(Z1))
+        diffs[name] = (float((Z1 - Z0).abs().max() / Z0.abs().max()),
+                       float((M1 - M0).abs().max() / M0.abs().max()))
+    shift = Y.mean(dim=0)
+    for _ in range(repeats):
+        basis = Basis(Y[:, :-1], torch.float32)
+        timed("moments whole", lambda: _old_gram(Y, shift))
+        timed("moments triangle", basis.moments)
+    print(f"parts of {docs:,} Zipf documents, nnz {({k: parts[k].nnz for k in ('C', 'W', 'Qbar')})}"
+          f"; {threads} threads, best of {repeats}, alternated:")
+    keys = list(best)
+    for old, new in zip(keys[0::2], keys[1::2], strict=True):
+        print(f"  {old}: {best[old]:.2f} s -> {new}: {best[new]:.2f} s "
+              f"({best[old] / best[new]:.2f}x)")
+    for name, (dz, dm) in diffs.items():
+        print(f"  {name}: max relative difference new vs old, products {dz:.1e}, Gram {dm:.1e}")
+    return best

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_analysis_factored import _corpus, _dense, parts_from_tokens
 
-from pythia_probe.analysis import dense, factored
+from pythia_probe.analysis import basis, dense, factored
 from pythia_probe.analysis.cosine import row_centre, row_normalise
 from pythia_probe.analysis.factored import NAMES, FactoredTarget, Parts, target_vectors
 from pythia_probe.stats.reference import reference_stats
@@ -21,7 +21,7 @@ def corpus():
     return parts_from_tokens(tokens, V), reference_stats(tokens, V)
 
 
-@pytest.mark.parametrize("block", [1, 3, 5, 768])
+@pytest.mark.parametrize("block", [1, 3, 5, 1100])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_upper_triangle_gram_equals_the_full_product(monkeypatch, block, dtype):
     monkeypatch.setattr(dense, "GRAM_BLOCK", block)
@@ -63,6 +63,7 @@ def test_live_row_grams_equal_the_dense_reference(monkeypatch, corpus, name):
     blocks of 2, tiles of 3 columns: equal (F_i^T C_T)(F_i^T C_T)^T in float64."""
     p, ref = corpus
     monkeypatch.setattr(factored, "CPU_TILE", 3)
+    monkeypatch.setattr(factored, "GRAM_ROWS", 1)
     monkeypatch.setattr(dense, "GRAM_BLOCK", 2)
     F = torch.randn(V, 10, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     edges = [0, 4, 10]
@@ -85,5 +86,21 @@ def test_gram_macs_count_the_upper_block_triangle(monkeypatch):
     assert dense.gram_macs(7, 11) == 7 * 11 * 12 // 2  # every entry on or above the diagonal
     monkeypatch.setattr(dense, "GRAM_BLOCK", 11)
     assert dense.gram_macs(7, 11) == 7 * 11 * 11  # one block: the whole product
-    monkeypatch.setattr(dense, "GRAM_BLOCK", 768)
-    assert 0.5 < dense.gram_macs(1, 2049) / 2049**2 < 0.7  # three blocks: 2/3 of the product
+    monkeypatch.setattr(dense, "GRAM_BLOCK", 1100)
+    assert dense.gram_macs(1, 2049) == 1024 * 2049 + 1025 * 1025  # two blocks: about 3/4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_basis_moments_in_row_blocks_equal_the_float64_reference(monkeypatch, dtype):
+    """G = Y^T Y, Gc = Yc^T Yc and e = Y^T 1 of a basis from row blocks of 5, the upper
+    triangle in column blocks of 3: equal to the literal float64 products."""
+    monkeypatch.setattr(basis, "GRAM_ROWS", 1)
+    monkeypatch.setattr(dense, "GRAM_BLOCK", 3)
+    g = torch.Generator().manual_seed(7)
+    E = torch.randn(17, 8, generator=g, dtype=torch.float64) + 3.0  # a large common row
+    Y = torch.cat([E - E.mean(1, keepdim=True), E.mean(1, keepdim=True)], dim=1)
+    Yc = Y - Y.mean(0)
+    G, Gc, e = basis.Basis(E.to(dtype), dtype, chunk=5).moments()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for got, want in ((G, Y.T @ Y), (Gc, Yc.T @ Yc), (e, Y.sum(0))):
+        assert torch.allclose(got, want, rtol=0, atol=tol * float(want.abs().max()))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from pythia_probe.analysis.dense import add_gram, mirror
+from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror
 
 DEFAULT_CHUNK = 4096
 
@@ -79,8 +79,9 @@ class Basis:
             ybar = self.Y.sum(dim=0, dtype=torch.float64) / self.V
             Gc = torch.zeros(self.width, self.width, dtype=torch.float64, device=self.device)
             shift = ybar.to(self.dtype)
-            for s in range(0, self.V, self.chunk):
-                add_gram(Gc, self.Y[s:s + self.chunk] - shift)
+            rows = max(self.chunk, GRAM_ROWS)
+            for s in range(0, self.V, rows):
+                add_gram(Gc, self.Y[s:s + rows] - shift)
             mirror(Gc)
             self._moments = (Gc + self.V * torch.outer(ybar, ybar), Gc, self.V * ybar)
         return self._moments

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 DEFAULT_CHUNK = 4096
-GRAM_BLOCK = 768  # column block of a Gram's upper triangle (a few hundred keeps GEMMs at peak)
+GRAM_BLOCK = 1100  # column block of a Gram's upper triangle (d + 1 = 2,049: two blocks)
+GRAM_ROWS = 8192  # rows per block product of a Gram (at least; a deep product keeps the peak)
 
 
 def row_centre(X: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from pythia_probe.analysis.dense import add_gram, mirror, row_scales
+from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror, row_scales
 
 NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT")
 CPU_TILE = 128  # columns of a dense factor per sparse product on the CPU (Parts.tiled)
@@ -206,19 +206,21 @@ class FactoredTarget:
         one group at a time: row blocks of Z_i's live rows (:attr:`live_rows`) squared in F's
         dtype on the upper block triangle (:func:`~pythia_probe.analysis.dense.add_gram`),
         summed in float64, plus the shared row's square times its count."""
+        return [self.gram(self.ct_t(F[:, s:e].to(self.parts.device, self.parts.dtype)), chunk)
+                for s, e in zip(edges, edges[1:], strict=False)]
+
+    def gram(self, Z: Tensor, chunk: int = 4096) -> Tensor:
+        """Z^T Z (float64) for Z = C_T^T X: its live rows, the shared one times its count."""
         rows, n_shared = self.live_rows
-        out = []
-        for s, e in zip(edges, edges[1:], strict=False):
-            Z = self.ct_t(F[:, s:e].to(self.parts.device, self.parts.dtype))
-            M = torch.zeros(e - s, e - s, dtype=torch.float64, device=Z.device)
-            live = rows[:-1] if n_shared else rows
-            for r in range(0, live.numel(), chunk):
-                add_gram(M, Z.index_select(0, live[r:r + chunk]))
-            if n_shared:
-                z = Z[rows[-1]].to(torch.float64)
-                M += n_shared * torch.outer(z, z)
-            out.append(mirror(M))
-        return out
+        M = torch.zeros(Z.shape[1], Z.shape[1], dtype=torch.float64, device=Z.device)
+        live = rows[:-1] if n_shared else rows
+        chunk = max(chunk, GRAM_ROWS)
+        for r in range(0, live.numel(), chunk):
+            add_gram(M, Z.index_select(0, live[r:r + chunk]))
+        if n_shared:
+            z = Z[rows[-1]].to(torch.float64)
+            M += n_shared * torch.outer(z, z)
+        return mirror(M)
 
 
 # ---- once per statistics (float64) ---------------------------------------------------------
