@@ -36,6 +36,7 @@ from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.fileio import atomic_write, write_bytes, write_text
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import batch_stats
+from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.tokenizer import (
     build_word_tokenizer,
     d_vocab,
@@ -188,7 +189,8 @@ def demo_stats(model_dir: str | Path, out: str | Path, cfg: DemoConfig | None = 
     cfg = cfg or DemoConfig()
     tok = load_tokenizer(str(model_dir))
     tokens = load_tokens(model_dir)
-    stats = batch_stats(tokens, d_vocab(tok), tokenizer=tokenizer_fingerprint(tok))
+    stats = batch_stats(tokens, d_vocab(tok), tokenizer=tokenizer_fingerprint(tok),
+                        groups=DEFAULT_GROUPS)  # window i in group i mod G: the intervals
     stats.meta["corpus"] = {"dataset": "builtin", "stories": cfg.n_stories, "seed": cfg.seed,
                             "windows": int(tokens.shape[0]), "tokens_per_window":
                             int(tokens.shape[1]), "what": "the demo model's training windows"}

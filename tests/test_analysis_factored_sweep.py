@@ -252,3 +252,29 @@ def test_a_grouped_statistics_file_gives_the_ceiling_and_intervals(step, tmp_pat
                   sc, scale).rows({}, weights)
     assert rows and all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in rows)
     assert {r["ceiling"] for r in rows} == set(scale.ceilings.values())
+
+
+def test_target_sets_share_one_forward_pass_and_equal_separate_scorings(step, tmp_path,
+                                                                        monkeypatch):
+    """rows_sets: the G + 1 interval scorings read ONE forward pass (Scorer.layers called
+    once), and each set's rows equal scoring that set alone (same order, same numbers)."""
+    from pythia_probe.sweep import scoring
+
+    _, _, weights = step
+    tokens, sc = _corpus(V, N=12), ScoringConfig(ANALYSES, dtype="float64", chunk=5)
+    names = combined_needs(get_analyses(list(ANALYSES))).targets
+    sets = [{n: prepare_target(n, _dense(n, reference_stats(tokens[i::3], V)),
+                               dtype=torch.float64) for n in names} for i in range(3)]
+    analyses = get_analyses(list(ANALYSES))
+    scorer = Scorer(analyses, combined_needs(analyses), sets[0], torch.arange(V), "s", {},
+                    None, sc)
+    alone = [scorer.rows({}, weights, t) for t in sets]
+    calls = []
+    real = scoring.Scorer.layers
+    monkeypatch.setattr(scoring.Scorer, "layers",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    shared = scorer.rows_sets({}, weights, sets)
+    assert len(calls) == 1
+    assert [[r["value"] for r in rows] for rows in shared] == \
+        [[r["value"] for r in rows] for rows in alone]
+    assert len({rows[0]["value"] for rows in shared}) == 3  # the sets do differ

@@ -73,6 +73,12 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
                                    "attention_text"}
     text = df[df["analysis"] == "attention_text"]
     assert len(text) == 5 * 2 * (3 + 2 * 4) and text["value"].between(-1, 1).all()
+    # every embedding and attention row has its scale: chance, ceiling and the jackknife
+    # interval over the statistics' 10 window groups (on by default, issue 19 item 2)
+    scaled = df[df["analysis"].isin(["embedding", "attention", "attention_lnfold"])]
+    assert len(scaled) and scaled[["chance", "ceiling", "ci_low", "ci_high"]].notna().all().all()
+    assert ((scaled["ci_low"] <= scaled["value"]) & (scaled["value"] <= scaled["ci_high"])).all()
+    assert (scaled["ci_high"] > scaled["ci_low"]).all() and (scaled["ceiling"] <= 1 + 1e-9).all()
     m = read_manifest(tmp_path / "r" / "run")
     assert m["status"] == "complete"
     # what was used: the built-in corpus the statistics came from, no recipe of another corpus

@@ -174,7 +174,7 @@ def test_the_plan_names_each_model_and_the_totals(suite, one_process, tmp_path, 
     total = next(line for line in text.splitlines() if line.startswith("all 2 models"))
     assert f"{2 * len(STEPS)} (model, step) tasks" in total and "disk at any time" in total
     when = next(line for line in text.splitlines() if line.startswith("time: "))
-    assert "scoring >=" in when and "GFLOP/s" in when and "downloads" in when
+    assert "scoring >=" in when and "multiply-adds/s measured" in when and "downloads" in when
     assert "(shared by EleutherAI/pythia-70m, EleutherAI/pythia-160m)" in text
     assert not (tmp_path / "plan").exists()
 
@@ -321,6 +321,11 @@ def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, m
     pd.testing.assert_frame_equal(_table(table), _table(df))
     pd.testing.assert_frame_equal(_table(again), _table(df))
     assert set(df["stats_id"]) == {st.stats_id} and st.d_vocab == st.meta["full_d_vocab"] > K
+    # the recipe keeps 10 document groups by default: every embedding/attention row is scaled
+    assert st.groups == 10
+    scaled = df[df["analysis"].isin(["embedding", "attention", "attention_lnfold"])]
+    assert scaled[["chance", "ceiling", "ci_low", "ci_high"]].notna().all().all()
+    assert ((scaled["ci_low"] <= scaled["value"]) & (scaled["value"] <= scaled["ci_high"])).all()
     assert sorted(peaks["model"]) == [LARGE] * 3 + [SMALL] * 2
     out = machine / "runs" / "notebook"
     assert (out / "plots" / "compare_embedding_cos_post.png").is_file()

@@ -104,17 +104,35 @@ def score_layers(layers: Iterable[Layer], analyses: Sequence[tuple[str, LayerSpe
     Consecutive layers share one pass per target while the stacked width of their bases stays
     <= ``opts.max_rank`` (0: one layer per pass), so only those layers are held at once.
     """
-    rows: dict[str, list[dict]] = {name: [] for name, _ in analyses}
+    return score_layers_sets(layers, analyses, [targets], opts)[0]
+
+
+def score_layers_sets(layers: Iterable[Layer], analyses: Sequence[tuple[str, LayerSpec]],
+                      target_sets: Sequence[Mapping[str, object]], opts: Options
+                      ) -> list[dict[str, list[dict]]]:
+    """:func:`score_layers` against each of ``target_sets`` (the run's targets and the
+    interval replicates' leave-one-group-out targets), from ONE pass over ``layers``: the
+    forward pass and every basis's moments are shared, each set adds its own pass over its
+    targets. One rows dict per set, in order."""
+    if not target_sets:
+        raise ValueError("score_layers_sets needs at least one target set")
+    rows = [{name: [] for name, _ in analyses} for _ in target_sets]
     pending = _Pending()
     for layer in layers:
         new = [(name, spec, spec.cells(layer, opts)) for name, spec in analyses]
         grown = _Pending(pending.cells + new)
-        if pending.cells and grown.width(targets) > opts.max_rank:
-            _flush(pending, targets, opts, rows)
+        if pending.cells and grown.width(target_sets[0]) > opts.max_rank:
+            _flush_sets(pending, target_sets, opts, rows)
             grown = _Pending(new)
         pending = grown
-    _flush(pending, targets, opts, rows)
+    _flush_sets(pending, target_sets, opts, rows)
     return rows
+
+
+def _flush_sets(pending: _Pending, target_sets: Sequence[Mapping[str, object]], opts: Options,
+                rows: list[dict[str, list[dict]]]) -> None:
+    for targets, out in zip(target_sets, rows, strict=True):
+        _flush(pending, targets, opts, out)  # grams stay on the bases: layer l's post is l+1's pre
 
 
 def _flush(pending: _Pending, targets: Mapping[str, object], opts: Options,

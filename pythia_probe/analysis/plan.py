@@ -63,6 +63,11 @@ class Plan:
     targets_read_per_step: float = 0.0
     parts: dict = field(default_factory=dict)
     groups: int = 0
+    shared_macs: float = 0.0
+    """The part of dense_macs every target set shares (the forward pass, the bases' moments):
+    done once per step however many interval scorings read it."""
+    together: bool = True
+    """With groups: every target set held at once (False: one replicate set at a time)."""
 
     @property
     def total(self) -> float:
@@ -90,9 +95,15 @@ class Plan:
                 f"multiply-adds per checkpoint  {self.dense_macs:8.2e} dense, "
                 f"{self.sparse_macs:.2e} sparse",
                 f"multiply-adds once per stats  {self.once_macs:8.2e} (norms, cached)"]
-        if self.groups:
+        if self.groups and self.together:
             out.append(f"ceiling and intervals (G = {self.groups} groups): {self.groups + 3} "
-                       f"target sets, {self.groups + 1} scorings per step (--no-intervals: 1)")
+                       f"target sets, {self.groups + 1} scorings per step sharing one forward pass "
+                       "(--no-intervals: 1)")
+        elif self.groups:
+            out.append(f"ceiling and intervals (G = {self.groups} groups): the {self.groups + 3} "
+                       "target sets do not fit at once: one replicate set at a time, "
+                       f"{self.groups + 1} scorings per step, each with its own forward pass "
+                       "(--no-intervals: 1)")
         if rates:
             out.append(f"expected time per checkpoint  {self.seconds(rates):8.1f} s (dense "
                        f"{rates['dense'] / 1e9:.1f}, sparse {rates['sparse'] / 1e9:.2f} "
@@ -155,6 +166,7 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
                  "streamed": V * group * b + 2 * V * chunk * b + group * chunk * b,
                  "factored": V * group * b + 3 * V * w * b}[mode] + 12 * w * w * 8
     dense = layered * V * L * (2 * d * d + 2 * d * s.d_mlp) + n_bases * gram_macs(V, w)
+    shared = dense
     dense += sum(c.macs for c in costs.values())
     sparse, once = 0.0, 0.0
     for t, n in per_target.items():
@@ -169,19 +181,34 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
     disk = len(files) * V * V * b if mode == "streamed" else 0.0
     read = passes * V * V * b if mode == "streamed" else 0.0
     return Plan(mode, targets, residuals, s.n_params * b, transient, float(dense),
-                float(sparse), float(once), disk, read, parts)
+                float(sparse), float(once), disk, read, parts, shared_macs=float(shared))
 
 
 def with_groups(plan: Plan, G: int) -> Plan:
     """The plan with the ceiling and interval columns of statistics of G document groups: G + 3
-    target sets held (the run's, G left out, two halves), G + 1 scorings per step (the forward
-    pass included: each scoring recomputes it), the once-per-statistics work G + 3 times (the
-    halves' cross product, once, is about one more norm)."""
+    target sets held (the run's, G left out, two halves), G + 1 scorings per step sharing one
+    forward pass and the bases' moments (``shared_macs``: once), each with its own pass over
+    its targets; the once-per-statistics work G + 3 times (the halves' cross product, once, is
+    about one more norm)."""
     if G < 2:
         return plan
-    return replace(plan, targets=plan.targets * (G + 3), dense_macs=plan.dense_macs * (G + 1),
+    own = plan.dense_macs - plan.shared_macs
+    return replace(plan, targets=plan.targets * (G + 3),
+                   dense_macs=plan.shared_macs + own * (G + 1),
                    sparse_macs=plan.sparse_macs * (G + 1), once_macs=plan.once_macs * (G + 4),
                    groups=G)
+
+
+def one_set_at_a_time(plan: Plan) -> Plan:
+    """A :func:`with_groups` plan with the replicate target sets prepared one at a time: the
+    run's targets, one replicate's and, while the ceiling is computed once, the second half's
+    held (3 sets), and a forward pass per scoring (the same numbers, less memory)."""
+    G = plan.groups
+    if not G or not plan.together:
+        return plan
+    own = (plan.dense_macs - plan.shared_macs) / (G + 1)
+    return replace(plan, targets=plan.targets / (G + 3) * 3,
+                   dense_macs=(plan.shared_macs + own) * (G + 1), together=False)
 
 
 # ---- --targets auto --------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pythia_probe.corpus import content_digest
 from pythia_probe.hubio import tool_cache
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
+from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.stats.job import StatsConfig, compute
 
 FORMAT = "pythia_probe.recipe/2"
@@ -47,9 +48,9 @@ class Recipe:
     split: str = "train"
     text_field: str = "text"
     data_dir: str | None = None  # a hub dataset's folder (its shards are in the key anyway)
-    groups: int = 0
-    """G document groups kept (``stats compute --groups``; ``CorpusStats.subset``): 0 here,
-    so a recipe asks for them explicitly (the sweep's intervals and ceiling: 10)."""
+    groups: int = DEFAULT_GROUPS
+    """G document groups kept (``stats compute --groups``; ``CorpusStats.subset``), read by
+    the sweep's ceiling and interval columns; 0: none (and no such columns)."""
 
 
 PAPER = Recipe()

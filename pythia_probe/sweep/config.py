@@ -27,6 +27,7 @@ import torch
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
 from pythia_probe.stats.recipe import RECIPES
 from pythia_probe.steps import StepError, parse_steps
 
@@ -87,6 +88,7 @@ class StatisticsConfig:
     seq_len: int = 128
     top_k: str = "full"
     tokenizer: str | None = None
+    groups: int = DEFAULT_GROUPS
 
     def used(self) -> dict:
         """What the run records: the file alone when given, else the recipe's fields."""
@@ -109,6 +111,10 @@ class ScoringConfig:
     text: str | None = None
     text_rows: int = 32
     intervals: bool = True  # ceiling and ci columns where the statistics have groups
+    together: bool = True
+    """The interval replicates' target sets held at once (one forward pass per step) or, where
+    they do not fit the device (the plan's choice, :func:`~pythia_probe.sweep.plan.fit_plan`),
+    prepared one at a time (a forward pass per set); the same numbers either way."""
 
     @property
     def per_head(self) -> bool | list[int]:
@@ -240,6 +246,10 @@ class SweepConfig:
     full (memory never chooses the vocabulary, only how the work is chunked)."""
     tokenizer: str | None = None
     """Tokenizer of the statistics (default: the one the model ships)."""
+    groups: int = DEFAULT_GROUPS
+    """Statistics recipe: G document groups (document ordinal mod G) kept beside the totals,
+    for the ceiling (two halves) and the jackknife intervals (G left out); 0: none, and the
+    results then have value and chance only."""
     device: str = "auto"
     """auto (cuda when there is one, else cpu), cpu, cuda, cuda:N."""
     dtype: Literal["float32", "float64"] = "float32"
@@ -295,6 +305,7 @@ class SweepConfig:
 
     def __post_init__(self):
         get_analyses(list(self.analyses))  # raises naming the valid analyses
+        check_groups(self.groups)
         if self.dtype not in DTYPES:
             raise BadInputError(f"--dtype {self.dtype!r} not supported; valid: {', '.join(DTYPES)}")
         if self.heads not in ("all", "none") and not all(
@@ -351,7 +362,8 @@ class SweepConfig:
         if self.recipe is not None:
             dataset, data_dir = RECIPES[self.recipe].dataset, RECIPES[self.recipe].data_dir
         return StatisticsConfig(self.stats, dataset, data_dir, self.recipe, self.docs,
-                                self.min_chars, self.seq_len, self.top_k, self.tokenizer)
+                                self.min_chars, self.seq_len, self.top_k, self.tokenizer,
+                                self.groups)
 
 
 def check_recipe(name: str, dataset: str, data_dir: str | None) -> None:

@@ -1,8 +1,9 @@
 """How long a sweep will take, before it starts, from rates measured now (never assumed):
 
-- scoring: the planned flops of every checkpoint to score (``analysis/plan.py``, from the
-  analyses' declared costs) at the rate of a float32 matmul timed on the scoring device now
-  (:func:`matmul_rate`); the analyses reach at most that, so this is a lower bound;
+- scoring: the planned multiply-adds of every checkpoint to score (``analysis/plan.py``, dense
+  and sparse) at the dense and sparse rates measured on the scoring device now
+  (:mod:`pythia_probe.analysis.rates`, the rates the plan's per-step line uses); the products
+  reach at most those, so this is a lower bound;
 - downloads: the bytes still to fetch at the rate the planning fetches reached (the tokenizer
   files each model's first revision ships, when they were not cached: :class:`Rate`); with
   nothing fetched yet the download time is unknown, and said so (the progress display measures
@@ -13,10 +14,7 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-
-import torch
 
 from pythia_probe.resources import human_bytes
 
@@ -37,29 +35,17 @@ class Rate:
         return self.nbytes / self.seconds
 
 
-def matmul_rate(device: str, n: int = 512, repeats: int = 8) -> float:
-    """Float32 flops per second of an n x n matmul on ``device``, timed now (after a warm-up)."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
-    (a @ b).sum().item()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        c = a @ b
-    c.sum().item()  # waits for the device
-    return 2 * n**3 * repeats / max(time.perf_counter() - start, 1e-9)
-
-
 def hms(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def estimate(flops: float, nbytes: float, flop_rate: float, fetch: Rate | None,
-             prefetch: int) -> str:
-    """One line: scoring time, download time and the two together."""
-    score = flops / flop_rate
-    parts = [f"scoring >= {hms(score)} ({flops:.2e} flops at {flop_rate / 1e9:.1f} GFLOP/s of "
-             "a float32 matmul timed here now)"]
+def estimate(score: float, flops: float, rates: dict[str, float], nbytes: float,
+             fetch: Rate | None, prefetch: int) -> str:
+    """One line: scoring time (``score`` seconds: ``flops`` at the measured ``rates``),
+    download time and the two together."""
+    parts = [f"scoring >= {hms(score)} ({flops:.2e} flops at {rates['dense'] / 1e9:.1f} dense, "
+             f"{rates['sparse'] / 1e9:.2f} sparse G multiply-adds/s measured here now)"]
     bandwidth = None if fetch is None else fetch.per_second
     if nbytes == 0:
         parts.append("nothing to download")

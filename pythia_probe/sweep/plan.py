@@ -18,6 +18,7 @@ from pythia_probe.analysis.plan import (
     StepShape,
     choose_targets,
     memory_plan,
+    one_set_at_a_time,
     with_groups,
 )
 from pythia_probe.arch import NeoXConfig
@@ -26,7 +27,7 @@ from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.resources import human_bytes, memory_budget
 from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
-from pythia_probe.sweep.estimate import Rate, estimate, matmul_rate
+from pythia_probe.sweep.estimate import Rate, estimate
 from pythia_probe.sweep.layout import Layout
 
 
@@ -44,7 +45,8 @@ def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
                        dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
                        chunk=sc.chunk, mode=mode, max_rank=sc.max_rank, nnz=nnz,
                        per_head_layers=heads, batch_size=sc.batch_size)
-    return with_groups(plan, groups if sc.intervals else 0)
+    plan = with_groups(plan, groups if sc.intervals else 0)
+    return plan if sc.together else one_set_at_a_time(plan)
 
 
 def memory_need(sc: ScoringConfig, c: NeoXConfig, rows: int, stats_bytes: int) -> float:
@@ -74,18 +76,28 @@ def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: i
 
 
 def check_step_fits(plan: Plan, sc: ScoringConfig,
-                    budget: tuple[float | None, str] | None = None) -> None:
-    """Refuse up front, with the numbers, a step whose planned peak exceeds the device's
-    budget (before any weight is fetched or any target built)."""
+                    budget: tuple[float | None, str] | None = None) -> Plan:
+    """The plan one step runs under: ``plan`` when its peak fits the device's budget, else
+    with the interval replicates' target sets one at a time where that fits
+    (:func:`~pythia_probe.analysis.plan.one_set_at_a_time`); else refused up front, with the
+    numbers (before any weight is fetched or any target built)."""
     limit, how = budget if budget is not None else memory_budget(sc.device)
-    if limit is not None and plan.total > limit:
-        parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in (
-            ("targets", plan.targets), ("streams", plan.residuals), ("weights", plan.weights),
-            ("products", plan.transient)))
-        raise ResourceError(f"one step with --targets {plan.mode} needs {plan.total / 1e9:.1f} "
-                            f"GB on {sc.device} ({parts}), more than the budget "
-                            f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
-                            "--targets streamed (dense statistics), or a larger device")
+    if limit is None or plan.total <= limit:
+        return plan
+    alone = one_set_at_a_time(plan)
+    if alone.total <= limit:
+        return alone
+    parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in (
+        ("targets", alone.targets), ("streams", plan.residuals), ("weights", plan.weights),
+        ("products", plan.transient)))
+    sets = (f", of which {plan.groups + 2} more target sets for the ceiling and intervals, "
+            f"held one at a time (--no-intervals: {plan.targets / (plan.groups + 3) / 1e9:.2f} "
+            "GB of targets)" if plan.groups else "")
+    raise ResourceError(f"one step with --targets {plan.mode} needs {alone.total / 1e9:.1f} "
+                        f"GB on {sc.device} ({parts}{sets}), more than the budget "
+                        f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
+                        "--targets streamed (dense statistics), "
+                        f"{'--no-intervals, ' if plan.groups else ''}or a larger device")
 
 
 def measure_rates(device: str, dtype: torch.dtype) -> dict[str, float]:
@@ -178,7 +190,7 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
              f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
              f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
              f"<= {human_bytes(dl.held(src.prefetch))} ({src.prefetch + 1} checkpoints){limit}",
-             f"targets: {requested} -> {mode} ({why})"]
+             f"targets: {requested} -> {mode} ({why})", intervals_line(sc, groups)]
     if not memory:
         return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}): peak total "
                         f"{plan.total / 1e9:.2f} GB"]
@@ -186,17 +198,31 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
                     *("  " + line for line in plan.lines(rates))]
 
 
+def intervals_line(sc: ScoringConfig, groups: int) -> str:
+    """Whether the rows get ceiling, ci_low and ci_high, and why not where they do not."""
+    if not sc.intervals:
+        return "ceiling and intervals: off (--no-intervals): value and chance only"
+    if groups < 2:
+        return ("ceiling and intervals: none: the statistics keep no document groups (build "
+                "them with --groups 10, the default, or `stats compute --groups 10`)")
+    return (f"ceiling and intervals: on, from G = {groups} document groups (two halves; "
+            f"a delete-a-group jackknife, {groups} replicates)")
+
+
 def total_lines(src: SourceConfig, sc: ScoringConfig, runs, dls: dict,
-                targets: dict, shapes: dict) -> list[str]:
+                targets: dict, shapes: dict, rates: dict[str, float]) -> list[str]:
     """The whole run: tasks, downloads and disk over every model, and how long it should take
-    (:mod:`.estimate`: rates measured now; ``shapes``: each statistics file's (nnz, groups))."""
-    flops = sum(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
-                                *shapes[r.stats.path]).flops_per_step
-                * len(dls[r.name].fetch) for r in runs)
+    (:mod:`.estimate`: each step's plan at the dense and sparse ``rates`` measured now, the
+    ones the per-step lines use; ``shapes``: each statistics file's (nnz, groups))."""
+    plans = [(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
+                              *shapes[r.stats.path]), len(dls[r.name].fetch)) for r in runs]
+    seconds = sum(p.seconds(rates) * n for p, n in plans)
+    flops = sum(p.flops_per_step * n for p, n in plans)
     nbytes = sum(d.bytes for d in dls.values())
-    rates = [r.fetch_rate for r in runs if r.fetch_rate is not None]
-    rate = Rate(sum(x.nbytes for x in rates), sum(x.seconds for x in rates)) if rates else None
-    when = estimate(flops, nbytes, matmul_rate(sc.device), rate, src.prefetch)
+    fetches = [r.fetch_rate for r in runs if r.fetch_rate is not None]
+    rate = Rate(sum(x.nbytes for x in fetches), sum(x.seconds for x in fetches)) \
+        if fetches else None
+    when = estimate(seconds, flops, rates, nbytes, rate, src.prefetch)
     if len(runs) == 1:
         return [f"time: {when}"]
     tasks = sum(len(r.steps) for r in runs)

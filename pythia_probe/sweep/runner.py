@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -209,8 +210,9 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
                                              r.stats.rows, r.stats.file_bytes(),
                                              r.stats.factored) for r in runs}
     shapes = {path: _shape(runs, path, mode) for path, (mode, _) in targets.items()}
-    _check_fits(sc, runs, targets, shapes, [r for r in runs if r.stats.exact_nnz
-                                            or targets[r.stats.path][0] != "factored"])
+    parts = _check_fits(parts, runs, targets, shapes, [r for r in runs if r.stats.exact_nnz
+                                                       or targets[r.stats.path][0] != "factored"])
+    sc = parts.scoring
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
     layout = Layout(parts.output.out, tuple(r.name for r in runs))
@@ -231,8 +233,8 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
             lazies = _statistics(parts, runs, ranks, progress)
             built = [r for r in runs if not r.stats.exact_nnz
                      and targets[r.stats.path][0] == "factored"]
-            _check_fits(sc, runs, targets, {p: (part_counts(p), g) for p, (_, g) in
-                                            shapes.items()}, built)  # before any weight
+            parts = _check_fits(parts, runs, targets, {p: (part_counts(p), g) for p, (_, g)
+                                                       in shapes.items()}, built)  # no weight yet
             record = RunRecord(parts.output.out, {**parts.record(), "stats_id": run_stats_id(runs,
                                lazies)}, argv, run_steps(runs), run_choices(parts, runs, lazies,
                                targets), ranks, models=models_record(runs, lazies))
@@ -252,13 +254,18 @@ def _largest(runs: list[ModelRun], stats) -> ModelRun:
     return max(mine, key=lambda r: (r.config.d_model * r.config.n_layers, r.config.d_vocab))
 
 
-def _check_fits(sc, runs, targets, shapes, which) -> None:
+def _check_fits(parts: SweepParts, runs, targets, shapes, which) -> SweepParts:
     """Refuse, with the numbers, a model whose one step cannot fit the device's budget: up
     front where the statistics' non-zeros are known, else right after their build, before any
-    weight is fetched (a recipe's bound would refuse runs that fit)."""
-    for r in which:
-        check_step_fits(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
-                                        *shapes[r.stats.path]), sc)
+    weight is fetched (a recipe's bound would refuse runs that fit). ``parts`` back, with the
+    interval replicates' target sets one at a time where a step fits only that way."""
+    sc = parts.scoring
+    fitted = [check_step_fits(checkpoint_plan(sc, r.config, r.stats.rows,
+                                              targets[r.stats.path][0], *shapes[r.stats.path]),
+                              sc) for r in which]
+    if all(p.together for p in fitted):
+        return parts
+    return replace(parts, scoring=replace(sc, together=False))
 
 
 def _shape(runs: list[ModelRun], path, mode: str) -> tuple[dict[str, int] | None, int]:
@@ -283,7 +290,8 @@ def _plan(parts, runs, dls, targets, shapes, rates, shard) -> list[str]:
                             parts.targets.mode, *shapes[r.stats.path], rates=rates,
                             memory=len(runs) == 1)
         lines += ledger_lines(r.ledger, r.model)
-    lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets, shapes)
+    lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets, shapes,
+                                               rates)
     if shard[1] > 1:
         i, n = shard
         lines.append(f"this process: share {i} of {n} (the plan's groups of identical weights "

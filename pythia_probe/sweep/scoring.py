@@ -26,7 +26,7 @@ from pythia_probe.analysis import Analysis, Needs, Options, StepTensors
 from pythia_probe.analysis.attention_text import model_attention
 from pythia_probe.analysis.basis import Basis
 from pythia_probe.analysis.intervals import add_intervals
-from pythia_probe.analysis.layers import Layer, score_layers
+from pythia_probe.analysis.layers import Layer, score_layers_sets
 from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
 from pythia_probe.sweep.config import ScoringConfig
@@ -76,30 +76,39 @@ class Scorer:
     def rows(self, config: Mapping, weights: NeoXWeights,
              targets: Mapping[str, object] | None = None) -> list[dict]:
         """Every analysis's rows for one checkpoint (``config``: its config.json), against
-        ``targets`` (default: the run's), range-checked: per-layer analyses share one
-        layer-major pass (:func:`~pythia_probe.analysis.layers.score_layers`)."""
+        ``targets`` (default: the run's, with the scale columns when the run has them),
+        range-checked: per-layer analyses share one layer-major pass
+        (:func:`~pythia_probe.analysis.layers.score_layers`)."""
         if targets is None and self.scale is not None:
             return self.rows_with_scale(config, weights, self.scale.left_out,
                                         self.scale.ceilings)
-        targets = self.targets if targets is None else targets
+        return self.rows_sets(config, weights, [self.targets if targets is None else targets])[0]
+
+    def rows_sets(self, config: Mapping, weights: NeoXWeights,
+                  target_sets: Sequence[Mapping[str, object]]) -> list[list[dict]]:
+        """:meth:`rows` against each of ``target_sets``, from ONE forward pass: the layers'
+        residual streams and their moments are computed once and scored against every set
+        (:func:`~pythia_probe.analysis.layers.score_layers_sets`)."""
         sc = self.scoring
         opts = Options(chunk=sc.chunk, per_head=sc.per_head, max_rank=sc.max_rank, raw=self.raw)
         layered = [(a.name, a.layered) for a in self.analyses if a.layered is not None]
         kinds = {k for _, spec in layered for k in spec.kinds}
-        by_layer = score_layers(self.layers(weights, kinds), layered, targets, opts) \
-            if layered else {}
+        by_layer = score_layers_sets(self.layers(weights, kinds), layered, target_sets, opts) \
+            if layered else [{} for _ in target_sets]
         x = self.step_tensors(weights)
         if self.needs.text:
             x.text_tokens = self.text
             x.text_attn = model_attention(config, weights.sd, self.text, self.scoring.device)
-        rows = []
-        for a in self.analyses:
-            got = by_layer[a.name] if a.layered is not None else a.run(
-                x, {n: targets[n] for n in a.needs.targets}, opts)
-            check_range(got, a, TOLERANCE[sc.dtype])
-            rows += got
-        return rows
-
+        out = []
+        for targets, layer_rows in zip(target_sets, by_layer, strict=True):
+            rows = []
+            for a in self.analyses:
+                got = layer_rows[a.name] if a.layered is not None else a.run(
+                    x, {n: targets[n] for n in a.needs.targets}, opts)
+                check_range(got, a, TOLERANCE[sc.dtype])
+                rows += got
+            out.append(rows)
+        return out
 
     def rows_with_scale(self, config: Mapping, weights: NeoXWeights,
                         left_out: Sequence[Mapping[str, object]],
@@ -108,9 +117,15 @@ class Scorer:
         leave-one-group-out target sets ``left_out``) and ``ceiling`` (per target, computed
         once per statistics: :func:`~pythia_probe.analysis.intervals.ceiling`); each interval
         is checked to hold its value and cut at the analysis's range, each ceiling checked
-        against it. G + 1 scorings of the same weights."""
-        rows = self.rows(config, weights, self.targets)
-        replicates = [self.rows(config, weights, t) for t in left_out]
+        against it. One forward pass, G + 1 passes over the targets; where ``left_out`` holds
+        functions (the sets do not fit at once: ``ScoringConfig.together``), each set is
+        prepared when its turn comes and scored with a forward pass of its own."""
+        if all(isinstance(t, Mapping) for t in left_out):
+            rows, *replicates = self.rows_sets(config, weights, [self.targets, *left_out])
+        else:
+            rows = self.rows_sets(config, weights, [self.targets])[0]
+            replicates = [self.rows_sets(config, weights, [t if isinstance(t, Mapping)
+                                                           else t()])[0] for t in left_out]
         target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
         out = add_intervals(rows, replicates, ceilings, target_of)
         bounds = {a.name: a.bounds for a in self.analyses}

@@ -160,7 +160,7 @@ def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict |
     V = tokenizer_d_vocab(tok)
     top_k, why = choose_vocab(st, V)
     recipe = Recipe(st.dataset, st.docs, st.min_chars, st.seq_len, top_k,
-                    data_dir=st.data_dir)
+                    data_dir=st.data_dir, groups=st.groups)
     path = cache_path(recipe, fingerprint)
     meta = read_stats_meta(path, fingerprint) if path.is_file() else None
     if meta is None:

@@ -14,8 +14,9 @@ differs) and streamed in blocks per checkpoint, so no V x V matrix stays in memo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from torch import Tensor
@@ -90,10 +91,11 @@ def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringCo
 @dataclass(frozen=True)
 class Scale:
     """What the ceiling and interval columns are scored from, prepared once per run: the
-    target sets of the G leave-one-group-out statistics and each target's ceiling (its two
+    target sets of the G leave-one-group-out statistics (held, or where they do not fit at
+    once, functions preparing each when its scoring comes) and each target's ceiling (its two
     halves against each other)."""
 
-    left_out: list[dict]
+    left_out: list[dict | Callable[[], dict]]
     ceilings: dict[str, float]
 
 
@@ -101,18 +103,29 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mod
                   scoring: ScoringConfig, progress: bool = True) -> Scale | None:
     """The run's :class:`Scale` from statistics built with groups (meta ``groups.G`` > 1:
     ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
-    the run's targets in a cache subfolder of that id); None without groups or with intervals
-    off (``scoring.intervals``)."""
+    the run's targets in a cache subfolder of that id; ``scoring.together`` False: the
+    left-out sets are prepared one at a time, when scored); None without groups or with
+    intervals off (``scoring.intervals``)."""
     G = int((stats.meta.get("groups") or {}).get("G", 0))  # from the header: no tensor read
     if not scoring.intervals or G < 2:
         return None
     st = stats.load()
     names = sorted(set(names))
     cache = tc.cache_dir(stats.path)
-    left = [part_targets(st.leave_out(g), names, cache, mode, scoring)
-            for g in tqdm(range(G), desc="left-out targets", disable=not progress)]
     A, B = (part_targets(h, names, cache, mode, scoring) for h in st.halves())
-    return Scale(left, {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names})
+    ceilings = {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names}
+    del A, B
+    prepare = [partial(_left_out, st, g, names, cache, mode, scoring) for g in range(G)]
+    if not scoring.together:
+        return Scale(prepare, ceilings)
+    return Scale([p() for p in tqdm(prepare, desc="left-out targets", disable=not progress)],
+                 ceilings)
+
+
+def _left_out(st, g: int, names: Sequence[str], cache: Path, mode: str,
+              scoring: ScoringConfig) -> dict:
+    """The targets of the statistics without group ``g`` (formed now, not before)."""
+    return part_targets(st.leave_out(g), names, cache, mode, scoring)
 
 
 def part_targets(st, names: Sequence[str], cache: Path, mode: str,
