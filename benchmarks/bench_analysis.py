@@ -239,6 +239,8 @@ class BenchConfig:
     part_counts), nnz(C) scaled with W, at the rates measured in the run."""
     skip_dense_tl: bool = False
     """--pythia: skip the TransformerLens-style procedure (e.g. a --docs scaling run)."""
+    repeats: int = 1
+    """--pythia: run the full and top-5,000 steps this many times, alternated; the best of each."""
     parts_ab: bool = False
     """--pythia: instead, the factored parts before / after (products, Grams, moments) at the
     full step's shapes, alternated in one process."""
@@ -256,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench_step import run_pythia
 
         run_pythia(a.layers, a.docs, a.threads, 4096, a.dense_full, not a.skip_dense_tl,
-                   a.plan_nnz)
+                   a.plan_nnz, a.repeats)
         return 0
     V, d = a.vocab, a.d_model
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:

@@ -270,6 +270,15 @@ def _print_split(res: dict, rates: dict, layers: int, nnz: dict) -> None:
           f"{at_peak:.1f} s, plus the d-space algebra as measured in top5000 ({dspace:.1f} s, the "
           f"same in both): {at_peak + dspace:.1f} s = {(at_peak + dspace) / top_s:.2f}x the "
           f"top5000 step with free sparse products")
+    top = res["top5000"]
+    tmacs = _part_macs(V_TOP, layers, None, None)
+    same = sum(macs[k] / max(tmacs[k] / top["split"][k], macs[k] / full["split"][k])
+               for k in ("forward", "moments", "grams"))
+    print(f"floor at the best rate either step achieved for each of forward pass, moments and "
+          f"Grams (load-robust: the two steps ran at different moments of a shared machine): "
+          f"{same:.1f} s + d-space {dspace:.1f} s = {(same + dspace) / top_s:.2f}x the top5000 "
+          f"step; the forward pass alone {macs['forward'] / tmacs['forward']:.2f}x its forward = "
+          f"{macs['forward'] / tmacs['forward'] * top['split']['forward'] / top_s:.2f}x the step")
 
 
 def _print_scaled_plan(full: dict, rates: dict, layers: int, nnz: dict, plan_nnz: int,
@@ -288,7 +297,7 @@ def _print_scaled_plan(full: dict, rates: dict, layers: int, nnz: dict, plan_nnz
 
 
 def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: bool,
-               dense_tl: bool = True, plan_nnz: int = 0) -> dict:
+               dense_tl: bool = True, plan_nnz: int = 0, repeats: int = 1) -> dict:
     """Every method, the rates, the plans; printed and returned."""
     rates = _rates(threads)
     print(f"matmul peak (float32 GEMM 2048^3, {threads} threads): {rates['dense'] / 1e9:.1f} G "
@@ -299,8 +308,17 @@ def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: boo
     print(f"sparse parts of {docs:,} Zipf documents x {T + 1} tokens in "
           f"{time.perf_counter() - t0:.1f} s: nnz {nnz}")
     n_params = 2 * PYTHIA["d_vocab"] * 2048 + layers * (4 * 2048**2 + 2 * 2048 * 8192)
-    res = {"full": _run(step_full, (layers, parts, chunk), threads),
-           "top5000": _run(step_top, (layers, chunk), threads)}
+    res: dict = {}
+    for _ in range(repeats):  # alternated, the best of each (a shared machine's load drifts)
+        for name, fn, args in (("top5000", step_top, (layers, chunk)),
+                               ("full", step_full, (layers, parts, chunk))):
+            r = _run(fn, args, threads)
+            if name not in res or r["s"] < res[name]["s"]:
+                res[name] = r
+    peak = _rates(threads)["dense"]
+    rates["dense"] = max(rates["dense"], peak)
+    print(f"matmul peak again after the steps: {peak / 1e9:.1f} G multiply-adds/s (the larger "
+          "is used)")
     if dense_tl:
         res["dense-TL top5000"] = _run(step_dense, (layers, V_TOP), threads)
     if dense_full:
