@@ -229,10 +229,10 @@ def _run(fn, args, threads: int) -> dict:
 
 
 def _rates(threads: int) -> dict:
-    from pythia_probe.analysis.rates import dense_rate, sparse_rate
+    from pythia_probe.analysis.rates import dense_rate, measure
 
     torch.set_num_threads(threads)
-    return {"dense": dense_rate(n=2048), "sparse": sparse_rate()}
+    return {"dense": dense_rate(n=2048), "sparse": measure()["sparse"]}
 
 
 def _part_macs(V: int, layers: int, live: dict | None, nnz: dict | None) -> dict:
