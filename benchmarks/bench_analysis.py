@@ -234,15 +234,31 @@ class BenchConfig:
     """--pythia: Zipf documents the sparse parts are counted from."""
     dense_full: bool = False
     """--pythia: also run the dense procedure at the full vocabulary (10 GB per matrix)."""
+    plan_nnz: int = 0
+    """--pythia: also the plan's full step at nnz(W) = nnz(Qbar) = this (e.g. a real file's
+    part_counts), nnz(C) scaled with W, at the rates measured in the run."""
+    skip_dense_tl: bool = False
+    """--pythia: skip the TransformerLens-style procedure (e.g. a --docs scaling run)."""
+    repeats: int = 1
+    """--pythia: run the full and top-5,000 steps this many times, alternated; the best of each."""
+    parts_ab: bool = False
+    """--pythia: instead, the factored parts before / after (products, Grams, moments) at the
+    full step's shapes, alternated in one process."""
 
 
 def main(argv: list[str] | None = None) -> int:
     (fields,) = parse_configs([BenchConfig], argv, "python benchmarks/bench_analysis.py")
     a = BenchConfig(**fields)
+    if a.pythia and a.parts_ab:
+        from bench_step import run_parts_ab
+
+        run_parts_ab(a.docs, a.threads)
+        return 0
     if a.pythia:
         from bench_step import run_pythia
 
-        run_pythia(a.layers, a.docs, a.threads, 4096, a.dense_full)
+        run_pythia(a.layers, a.docs, a.threads, 4096, a.dense_full, not a.skip_dense_tl,
+                   a.plan_nnz, a.repeats)
         return 0
     V, d = a.vocab, a.d_model
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:

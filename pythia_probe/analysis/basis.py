@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror
+
 DEFAULT_CHUNK = 4096
 
 
@@ -77,9 +79,10 @@ class Basis:
             ybar = self.Y.sum(dim=0, dtype=torch.float64) / self.V
             Gc = torch.zeros(self.width, self.width, dtype=torch.float64, device=self.device)
             shift = ybar.to(self.dtype)
-            for s in range(0, self.V, self.chunk):
-                Yb = self.Y[s:s + self.chunk] - shift
-                Gc += (Yb.T @ Yb).to(torch.float64)
+            rows = max(self.chunk, GRAM_ROWS)
+            for s in range(0, self.V, rows):
+                add_gram(Gc, self.Y[s:s + rows] - shift)
+            mirror(Gc)
             self._moments = (Gc + self.V * torch.outer(ybar, ybar), Gc, self.V * ybar)
         return self._moments
 

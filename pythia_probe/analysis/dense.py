@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 DEFAULT_CHUNK = 4096
+GRAM_BLOCK = 1100  # column block of a Gram's upper triangle (d + 1 = 2,049: two blocks)
+GRAM_ROWS = 8192  # rows per block product of a Gram (at least; a deep product keeps the peak)
 
 
 def row_centre(X: Tensor) -> Tensor:
@@ -70,6 +72,36 @@ class Target:
         return blocked_grams(F, edges, self.column_blocks(chunk))
 
 
+def add_gram(M: Tensor, X: Tensor) -> Tensor:
+    """M += X^T X on the upper block triangle only (column blocks of about GRAM_BLOCK: the
+    lower blocks, about half the multiply-adds, are skipped), each block's product in X's
+    dtype, added to float64 M; :func:`mirror` completes M once every term is in."""
+    k = X.shape[1]
+    nb = max(1, -(-k // GRAM_BLOCK))
+    e = [k * i // nb for i in range(nb + 1)]
+    for a, b in zip(e, e[1:], strict=False):
+        M[a:b, a:] += (X[:, a:b].T @ X[:, a:]).to(torch.float64)
+    return M
+
+
+def gram_macs(rows: int, k: int) -> int:
+    """Multiply-adds of :func:`add_gram` over ``rows`` rows of width k (about half of k^2)."""
+    nb = max(1, -(-k // GRAM_BLOCK))
+    e = [k * i // nb for i in range(nb + 1)]
+    return rows * sum((b - a) * (k - a) for a, b in zip(e, e[1:], strict=False))
+
+
+def mirror(M: Tensor) -> Tensor:
+    """The symmetric matrix whose upper block triangle (:func:`add_gram`) is M's, in place."""
+    k = M.shape[0]
+    nb = max(1, -(-k // GRAM_BLOCK))
+    e = [k * i // nb for i in range(nb + 1)]
+    for a, b in zip(e, e[1:], strict=False):
+        M[a:b, a:b] = torch.triu(M[a:b, a:b]) + torch.triu(M[a:b, a:b], 1).T
+        M[b:, a:b] = M[a:b, b:].T
+    return M
+
+
 def blocked_grams(F: Tensor, edges: Sequence[int],
                   blocks: Iterable[tuple[int, Tensor]]) -> list[Tensor]:
     """For each column group F_i = F[:, edges[i]:edges[i+1]]: (F_i^T C_T)(F_i^T C_T)^T,
@@ -80,9 +112,8 @@ def blocked_grams(F: Tensor, edges: Sequence[int],
     for _, Cb in blocks:
         P = F.T @ Cb
         for i in range(len(PPt)):
-            Pi = P[edges[i]:edges[i + 1]]
-            PPt[i] += (Pi @ Pi.T).to(torch.float64)
-    return PPt
+            add_gram(PPt[i], P[edges[i]:edges[i + 1]].T)
+    return [mirror(M) for M in PPt]
 
 
 def target_terms(th: Target, chunk: int = DEFAULT_CHUNK) -> tuple[float, float, float]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -35,9 +36,10 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from pythia_probe.analysis.dense import row_scales
+from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror, row_scales
 
 NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT")
+CPU_TILE = 128  # columns of a dense factor per sparse product on the CPU (Parts.tiled)
 
 
 def _csr(m: sp.spmatrix, dtype: torch.dtype, device) -> Tensor:
@@ -93,6 +95,25 @@ class Parts:
 
     def t_mul(self, name: str, Y: Tensor) -> Tensor:
         """T^T Y for the target ``name`` (Y [V, k] in this dtype and device)."""
+        return self.tiled(lambda J: self.t_mul_tile(name, Y[:, J].contiguous()), Y.shape[1])
+
+    def tiled(self, tile_fn, k: int) -> Tensor:
+        """[V, k] from ``tile_fn(J)`` = its columns J, :data:`CPU_TILE` at a time on the CPU.
+
+        A sparse product streams one row of the dense factor per non-zero: a tile's rows
+        (128 float32 = 512 B, 25 MB for V = 50,277) stay in the cache where a whole row
+        (16 KB at k = 4,098) comes from memory each time, and the corrections then run on
+        a cached tile too. Each entry is the same sum as the untiled product's."""
+        tile = CPU_TILE if self.device.type == "cpu" else k
+        if tile >= k:
+            return tile_fn(slice(0, k))
+        out = torch.empty(self.V, k, dtype=self.dtype, device=self.device)
+        for s in range(0, k, tile):
+            out[:, s:s + tile] = tile_fn(slice(s, s + tile))
+        return out
+
+    def t_mul_tile(self, name: str, Y: Tensor) -> Tensor:
+        """T^T Y for one (contiguous) tile of columns."""
         if name == "PhiBT":
             return self.bbar(self.phibar(Y))
         if name == "Qbar":
@@ -144,10 +165,15 @@ class FactoredTarget:
     def ct_t(self, X: Tensor) -> Tensor:
         """C_T^T X = T^T (D X) - 1 (m^T X)."""
         d = self.parts
-        scale = self.vectors.scale.to(d.device, d.dtype)
-        out = d.t_mul(self.name, X * scale[:, None])
-        out -= (self.vectors.mean.to(d.device, d.dtype) @ X)[None, :]
-        return out
+        scale = self.vectors.scale.to(d.device, d.dtype)[:, None]
+        mean = self.vectors.mean.to(d.device, d.dtype)
+
+        def tile(J: slice) -> Tensor:
+            out = d.t_mul_tile(self.name, X[:, J] * scale)
+            out -= (mean @ X[:, J])[None, :]
+            return out
+
+        return d.tiled(tile, X.shape[1])
 
     def weighted_column_blocks(self, chunk: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
         """(weights, C_T[:, J]) over the columns of C_T, float64 on the host: the columns the
@@ -164,18 +190,37 @@ class FactoredTarget:
             Tb = torch.from_numpy(_columns(self.name, p, cols[s:s + chunk]))
             yield weight[s:s + chunk], Tb * v.scale[:, None] - v.mean[:, None]
 
+    @cached_property
+    def live_rows(self) -> tuple[Tensor, int]:
+        """(rows of C_T^T X that can differ, how many equal rows the last one stands for): the
+        rows of :func:`shared_columns` (equal columns of C_T, so equal rows of C_T^T X, bit
+        for bit: their sparse part is empty) count once, weighted."""
+        shared = shared_columns(self.name, self.parts.raw)
+        rows = np.flatnonzero(~shared)
+        if shared.any():
+            rows = np.append(rows, np.flatnonzero(shared)[0])
+        return torch.from_numpy(rows).to(self.parts.device), int(shared.sum())
+
     def grams(self, F: Tensor, edges: Sequence[int], chunk: int = 4096) -> list[Tensor]:
-        """(F_i^T C_T)(F_i^T C_T)^T for each column group of F, one group at a time (row
-        blocks of C_T^T F_i squared in F's dtype, summed in float64)."""
-        out = []
-        for s, e in zip(edges, edges[1:], strict=False):
-            Z = self.ct_t(F[:, s:e].to(self.parts.device, self.parts.dtype))
-            M = torch.zeros(e - s, e - s, dtype=torch.float64, device=Z.device)
-            for r in range(0, Z.shape[0], chunk):
-                Zb = Z[r:r + chunk]
-                M += (Zb.T @ Zb).to(torch.float64)
-            out.append(M)
-        return out
+        """(F_i^T C_T)(F_i^T C_T)^T = Z_i^T Z_i, Z_i = C_T^T F_i, for each column group of F,
+        one group at a time: row blocks of Z_i's live rows (:attr:`live_rows`) squared in F's
+        dtype on the upper block triangle (:func:`~pythia_probe.analysis.dense.add_gram`),
+        summed in float64, plus the shared row's square times its count."""
+        return [self.gram(self.ct_t(F[:, s:e].to(self.parts.device, self.parts.dtype)), chunk)
+                for s, e in zip(edges, edges[1:], strict=False)]
+
+    def gram(self, Z: Tensor, chunk: int = 4096) -> Tensor:
+        """Z^T Z (float64) for Z = C_T^T X: its live rows, the shared one times its count."""
+        rows, n_shared = self.live_rows
+        M = torch.zeros(Z.shape[1], Z.shape[1], dtype=torch.float64, device=Z.device)
+        live = rows[:-1] if n_shared else rows
+        chunk = max(chunk, GRAM_ROWS)
+        for r in range(0, live.numel(), chunk):
+            add_gram(M, Z.index_select(0, live[r:r + chunk]))
+        if n_shared:
+            z = Z[rows[-1]].to(torch.float64)
+            M += n_shared * torch.outer(z, z)
+        return mirror(M)
 
 
 # ---- once per statistics (float64) ---------------------------------------------------------

@@ -11,7 +11,9 @@ d_mlp, parameters), the analyses, the compute dtype and how the targets are held
 
 A step is scored layer by layer (:mod:`pythia_probe.analysis.layers`): the forward pass holds
 one layer's streams, each stream becomes a basis of width d_model + 1 whose Gram and whose
-product with each target are computed once (:mod:`pythia_probe.analysis.basis`). Work is
+product with each target are computed once (:mod:`pythia_probe.analysis.basis`); a Gram costs
+its upper block triangle (:func:`~pythia_probe.analysis.dense.gram_macs`, about half of
+V (d + 1)^2). Work is
 counted in multiply-adds, split into dense (GEMM) and sparse products, so the expected seconds
 per step follow from the two rates measured on the device (:mod:`pythia_probe.analysis.rates`).
 """
@@ -22,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pythia_probe.analysis.base import Shape as CostShape
+from pythia_probe.analysis.dense import gram_macs
 from pythia_probe.analysis.registry import get_analyses
 from pythia_probe.resources import GPU_SAFETY, memory_budget  # noqa: F401 - the plan's budget
 
@@ -162,12 +165,12 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
     transient = {"memory": V * group * b + 2 * V * chunk * b + group * chunk * b,
                  "streamed": V * group * b + 2 * V * chunk * b + group * chunk * b,
                  "factored": V * group * b + 3 * V * w * b}[mode] + 12 * w * w * 8
-    dense = layered * V * L * (2 * d * d + 2 * d * s.d_mlp) + n_bases * V * w * w
+    dense = layered * V * L * (2 * d * d + 2 * d * s.d_mlp) + n_bases * gram_macs(V, w)
     shared = dense
     dense += sum(c.macs for c in costs.values())
     sparse, once = 0.0, 0.0
     for t, n in per_target.items():
-        dense += n * V * w * w
+        dense += n * gram_macs(V, w)  # factored: at most (the rows the corpus fills)
         if mode == "factored":
             sparse += n * w * sum(parts[p] for p in PRODUCT_PARTS[t])
             once += 2 * V * sum(parts[p] for p in PRODUCT_PARTS[t])
