@@ -200,9 +200,14 @@ def test_dry_run_prints_a_plan_and_writes_nothing(setup, tmp_path, monkeypatch, 
 
 
 def test_resume_into_a_different_run_is_refused(setup, clean_run):
+    """Refused before anything is written: no file of the folder changes (its ledger once did)."""
     root, repo, stats = setup
+    files = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in clean_run[0].rglob("*")
+             if p.is_file()}
     with pytest.raises(ValueError, match="different run"):
         sweep_main(_argv(repo, stats, clean_run[0], "--heads", "none"))
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in clean_run[0].rglob("*")
+            if p.is_file()} == files
 
 
 def test_sweep_over_the_loopback_hub_matches_local_and_evicts(setup, clean_run, tmp_path,

@@ -238,9 +238,6 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
             record = RunRecord(parts.output.out, {**parts.record(), "stats_id": run_stats_id(runs,
                                lazies)}, argv, run_steps(runs), run_choices(parts, runs, lazies,
                                targets), ranks, models=models_record(runs, lazies))
-            if ranks.is_main:
-                write_ledger(pd.concat([r.ledger for r in runs], ignore_index=True),
-                             Path(parts.output.out) / REVISIONS)
             return _sweep(parts, runs, plan, layout, analyses, lazies, targets, record, ranks,
                           progress, shard, run_id, dls)
         finally:
@@ -364,7 +361,9 @@ def _sweep(parts, runs, plan, layout, analyses, lazies, targets, record: RunReco
            ranks: Ranks, progress, shard, run_id, dls) -> int:
     out = parts.output.out
     run_id = record.start(parts.identity(), record.config["stats_id"], run_checkpoints(runs),
-                          run_id)
+                          run_id)  # refuses a folder of another run before anything is written
+    if ranks.is_main:
+        write_ledger(pd.concat([r.ledger for r in runs], ignore_index=True), Path(out) / REVISIONS)
     infos = {r.source.model: ShardInfo(out, r.name, run_id, r.status, layout) for r in runs}
     try:
         scorers = _scorers(parts, runs, analyses, lazies, targets, ranks)
