@@ -124,8 +124,7 @@ class Scorer:
             rows, *replicates = self.rows_sets(config, weights, [self.targets, *left_out])
         else:
             rows = self.rows_sets(config, weights, [self.targets])[0]
-            replicates = [self.rows_sets(config, weights, [t if isinstance(t, Mapping)
-                                                           else t()])[0] for t in left_out]
+            replicates = [self.rows_sets(config, weights, [t()])[0] for t in left_out]
         target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
         out = add_intervals(rows, replicates, ceilings, target_of)
         bounds = {a.name: a.bounds for a in self.analyses}
