@@ -199,15 +199,28 @@ def test_dry_run_prints_a_plan_and_writes_nothing(setup, tmp_path, monkeypatch, 
     assert not (tmp_path / "plan").exists()
 
 
-def test_resume_into_a_different_run_is_refused(setup, clean_run):
-    """Refused before anything is written: no file of the folder changes (its ledger once did)."""
+@pytest.mark.parametrize("flag,key", [(("--heads", "none"), "heads"),
+                                      (("--no-intervals",), "intervals")])
+def test_resume_into_a_different_run_is_refused(setup, clean_run, flag, key):
+    """Refused before anything is written: no file of the folder changes (its ledger once did).
+    Rows without the scale columns are another run too: resuming with --no-intervals would
+    mix shards with and without ceiling/ci."""
     root, repo, stats = setup
     files = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in clean_run[0].rglob("*")
              if p.is_file()}
-    with pytest.raises(ValueError, match="different run"):
-        sweep_main(_argv(repo, stats, clean_run[0], "--heads", "none"))
+    with pytest.raises(ValueError, match=f"different run.*'{key}'"):
+        sweep_main(_argv(repo, stats, clean_run[0], *flag))
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in clean_run[0].rglob("*")
             if p.is_file()} == files
+
+
+def test_an_earlier_manifest_without_intervals_in_its_identity_still_resumes():
+    from pythia_probe.sweep.manifest import recorded
+
+    assert recorded({"scoring": {"intervals": True}}, "intervals") is True  # session 5
+    assert recorded({"scoring": {}}, "intervals") is False  # before the scale columns
+    assert recorded({"intervals": False, "scoring": {"intervals": True}}, "intervals") is False
+    assert recorded({"heads": "all"}, "heads") == "all"
 
 
 def test_sweep_over_the_loopback_hub_matches_local_and_evicts(setup, clean_run, tmp_path,

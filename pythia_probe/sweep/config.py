@@ -191,7 +191,7 @@ class SweepParts:
         """What must match for a rerun to resume into the same folder."""
         s = self.scoring
         return {"model": self.source.model, "analyses": list(s.analyses), "dtype": s.dtype,
-                "heads": s.heads, "text": s.text}
+                "heads": s.heads, "text": s.text, "intervals": s.intervals}
 
     def record(self) -> dict:
         """The run's configuration as used, part by part (the manifest's ``config``)."""

@@ -29,6 +29,14 @@ class _ManifestLock(FolderLock):
     NAME = ".manifest.lock"
 
 
+def recorded(config: dict, key: str):
+    """An identity field as an earlier run recorded it; a manifest from before ``intervals``
+    was part of the identity says it under ``scoring`` (and before that, had none)."""
+    if key == "intervals" and key not in config:
+        return config.get("scoring", {}).get("intervals", False)
+    return config.get(key)
+
+
 def previous_run_id(out: str, identity: dict) -> str:
     """The run id a launch proposes: the folder's earlier run's when its identity is this one
     (a resume), else a new one (a different earlier run is refused later, naming the
@@ -37,7 +45,7 @@ def previous_run_id(out: str, identity: dict) -> str:
         old = read_manifest(out) if (Path(out) / MANIFEST).exists() else None
     except ResultsError:
         old = None  # refused with its one line when the run starts
-    if old and all(old.get("config", {}).get(k) == v for k, v in identity.items()):
+    if old and all(recorded(old.get("config", {}), k) == v for k, v in identity.items()):
         return old.get("run_id") or new_run_id()
     return new_run_id()
 
@@ -48,7 +56,7 @@ def check_resume(out: str, identity: dict, stats_id: str) -> str | None:
         return None
     old = read_manifest(out)
     want = {**identity, "stats_id": stats_id}
-    have = {k: old.get("config", {}).get(k) for k in want}
+    have = {k: recorded(old.get("config", {}), k) for k in want}
     if have != want:
         diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
         raise MismatchError(f"{out} holds a different run ({diff}: old, new); choose a new "
