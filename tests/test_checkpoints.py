@@ -16,6 +16,7 @@ from pythia_probe.errors import (
     StepError,
     UnsafeCheckpointError,
 )
+from pythia_probe.testing.dist import free_port
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import (
     DEFAULT_STEPS,
@@ -198,13 +199,9 @@ def test_offline_from_populated_cache(src, hub, monkeypatch):
 
 def test_resolve_cached_needs_no_network(src, hub, tmp_path):
     """What a dry run or a plan uses when the hub cannot be reached: the cache alone."""
-    import socket
-
     revs = src.resolve([0, 4])
     assert len(list(src.stream(revs, keep=True))) == 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"
     off = CheckpointSource(REPO, cache_dir=src.cache_dir, endpoint=dead, retry=FAST)
     with pytest.raises(HubUnreachableError, match="HF_HUB_OFFLINE=1"):
         off.resolve([0])

@@ -18,6 +18,7 @@ from pythia_probe.errors import (
     HubUnreachableError,
     UserError,
 )
+from pythia_probe.testing.dist import free_port
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 
@@ -177,10 +178,7 @@ def test_a_callers_own_timeout_is_kept():
 
 
 # ---- a host that cannot be reached is not retried -----------------------------------------------
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+closed_port = free_port
 
 
 @pytest.mark.parametrize("endpoint,why", [

@@ -5,21 +5,20 @@ ranks, shards or batch sizes; leave_out and halves partition the documents."""
 
 from __future__ import annotations
 
-import os
-import socket
 import types
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from pythia_probe import ranks
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats import CorpusStats, batch_stats, groups
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.pass1 import Windows
 from pythia_probe.stats.reference import reference_q_given
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer
+from pythia_probe.testing.dist import stats_in_processes
 from pythia_probe.testing.shards import IdShard, encode_ids
 
 V, T, G = 11, 6, 4
@@ -187,21 +186,8 @@ def test_assignment_ignores_shards_batch_size_and_packing_origin(tmp_path):
     assert seq.origins == [0, 1, 3]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, work: str, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    stats = run.compute_stats(shards_of(documents(), 5), spec(Path(work), "sparse"), {},
-                              ranks.from_env("cpu"))
-    if stats is not None:
-        stats.save(out)
-    torch.distributed.destroy_process_group()
+def _job(work: str):
+    return shards_of(documents(), 5), spec(Path(work), "sparse")
 
 
 def test_two_processes_assign_the_same_groups(tmp_path):
@@ -209,8 +195,7 @@ def test_two_processes_assign_the_same_groups(tmp_path):
     a scan of the documents before them."""
     single = run.compute_stats(shards_of(documents(), 5), spec(tmp_path / "one", "sparse"), {})
     out = tmp_path / "two.safetensors"
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path / "two"),
-                                               str(out)), nprocs=2)
+    stats_in_processes(partial(_job, str(tmp_path / "two")), out)
     two = CorpusStats.load(out)
     assert two.meta["groups"] == single.meta["groups"] and two.stats_id == single.stats_id
     for g in range(G):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import socket
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pythia_probe import ranks
 from pythia_probe.stats import CorpusStats, batch_stats
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.pass1 import Windows
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches
+from pythia_probe.testing.dist import stats_in_processes
 from pythia_probe.testing.shards import IdShard, encode_ids
 
 NAMES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
@@ -149,28 +148,14 @@ def test_sequence_policy_packed_keep_short_and_oov():
         SequencePolicy(3, mode="sliding")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, work: str, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    stats = run.compute_stats(make_shards(), spec(Path(work), max_docs=25), {},
-                              ranks.from_env("cpu"))
-    if stats is not None:
-        stats.save(out)
-    torch.distributed.destroy_process_group()
+def _job(work: str):
+    return make_shards(), spec(Path(work), max_docs=25)
 
 
 def test_two_processes_equal_one(tmp_path):
     single = run.compute_stats(make_shards(), spec(tmp_path / "one", max_docs=25), {})
     out = tmp_path / "two.safetensors"
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path / "two"),
-                                               str(out)), nprocs=2)
+    stats_in_processes(partial(_job, str(tmp_path / "two")), out)
     two = CorpusStats.load(out)
     assert two.meta["ledger"] == single.meta["ledger"] and two.stats_id == single.stats_id
     for n in ("Bbar", "Phibar", "SigmaB", "Gbar"):  # exact integer counts underneath

@@ -9,9 +9,8 @@ backend, kill-and-resume and process count; ids absent from the corpus (the 1/V 
 
 from __future__ import annotations
 
-import os
 import random
-import socket
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pythia_probe import ranks
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
 from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native, plan
 from pythia_probe.stats import driver as run
@@ -32,6 +30,7 @@ from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import engine as sparse_engine
 from pythia_probe.stats.sparse import second
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
+from pythia_probe.testing.dist import stats_in_processes
 from pythia_probe.testing.shards import IdShard, encode_ids
 
 NAMES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
@@ -358,29 +357,15 @@ def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
         assert torch.equal(resumed[name], clean[name]), name
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, work: str, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    stats = run.compute_stats(make_shards(), spec(Path(work), "sparse", max_docs=20,
-                                                  budget_bytes=1), {}, ranks.from_env("cpu"))
-    if stats is not None:
-        stats.save(out)
-    torch.distributed.destroy_process_group()
+def _job(work: str):
+    return make_shards(), spec(Path(work), "sparse", max_docs=20, budget_bytes=1)
 
 
 def test_two_processes_equal_one(tmp_path):
     one = run.compute_stats(make_shards(), spec(tmp_path / "one", "sparse", max_docs=20,
                                                 budget_bytes=1), {})
     out = tmp_path / "two.safetensors"
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path / "two"),
-                                               str(out)), nprocs=2)
+    stats_in_processes(partial(_job, str(tmp_path / "two")), out)
     two = CorpusStats.load(out)
     assert two.meta["ledger"] == one.meta["ledger"] and two.stats_id == one.stats_id
     assert_same_stats(two, one)

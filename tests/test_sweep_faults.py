@@ -281,13 +281,10 @@ def test_offline_with_the_model_in_the_cache_prints_the_whole_plan(setup, tmp_pa
 
 
 def test_an_unreachable_hub_is_one_line_with_the_offline_advice(tmp_path, capsys, monkeypatch):
-    import socket
-
     from pythia_probe import hubio
+    from pythia_probe.testing.dist import free_port
 
-    with socket.socket() as s:  # a port nobody listens on: connection refused at once
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens on it: connection refused at once
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setattr(hubio, "DEFAULT_RETRY", hubio.RetryPolicy(attempts=1))
     monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
