@@ -38,6 +38,7 @@ parent first touches --warm-gb and frees it, which spares mostly the first child
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -167,10 +168,16 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def measure(**spec) -> dict:
-    """Run ``child(spec)`` in a fresh interpreter and return its JSON result."""
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+def measure(tree: str | None = None, **spec) -> dict:
+    """Run ``child(spec)`` in a fresh interpreter and return its JSON result; ``tree``: the
+    child of another checkout of this project (its own benchmarks/bench_stats_sparse.py and
+    package first on the path)."""
+    script, env = Path(__file__), None
+    if tree is not None:
+        script = Path(tree) / "benchmarks" / Path(__file__).name
+        env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    cmd = [sys.executable, str(script), "--child", json.dumps(spec)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -183,10 +190,10 @@ def describe(name: str, r: dict) -> str:
             f"{r['rss'] / GB:.2f} GB; {phases}")
 
 
-def rates(r: dict) -> tuple[float, float]:
-    wall = sum(w for w, _ in r["phases"].values())
-    cpu = sum(c for _, c in r["phases"].values())
-    return r["tokens"] / wall, r["tokens"] / cpu
+def rates(r: dict, skip: tuple[str, ...] = ()) -> tuple[float, float]:
+    """Tokens per wall second and per CPU second over the phases not in ``skip``."""
+    phases = [v for k, v in r["phases"].items() if k not in skip]
+    return r["tokens"] / sum(w for w, _ in phases), r["tokens"] / sum(c for _, c in phases)
 
 
 def largest_dense_vocab(budget: float, k: int) -> int:
@@ -249,6 +256,11 @@ class BenchConfig:
     """Memory to touch first (default: the auto budget)."""
     quick: bool = False
     """5,000 documents, (b) at 4,096."""
+    baseline_tree: str | None = None
+    """(a): also the top-K build of another checkout of this project, built in place, on the
+    same Zipf stream in the same run (its own child; no groups): the issue's baseline
+    "top-5,000 today" is the tree it was filed against, git worktree add DIR 4d5c57e, then
+    python setup.py build_ext --inplace in DIR."""
     child: str | None = None
     """Internal: the JSON settings of one measurement, run in a child process."""
 
@@ -301,9 +313,20 @@ def full_vocab(a, budget: float, how: str, common: dict) -> None:
                   f"{r['qbar_pairs']:,}; distinct (target, context) pairs "
                   f"{r['context_pairs']:,}, bigrams {r['bigrams']:,}; peak RSS / 12 GB target "
                   f"= {r['rss'] / 12e9:.2f}")
+        if a.baseline_tree:
+            res["baseline"] = r = measure(tree=a.baseline_tree, engine="sparse",
+                                          d_vocab=PYTHIA_VOCAB, docs=a.docs, k=K, **common)
+            print("    " + describe(f"sparse, top-{K:,}, the tree at {a.baseline_tree}", r))
     (fw, fc), (tw, tc) = rates(res["full vocabulary"]), rates(res[f"top-{K:,}"])
     print(f"    full vocabulary / top-{K:,} tokens/s: {fw / tw:.2f}x wall, {fc / tc:.2f}x CPU "
           "(target >= 1)")
+    if a.baseline_tree:
+        # the baseline's child writes no file: the save phase is left out of both sides
+        (fw, fc), (bw, bc) = rates(res["full vocabulary"], ("save",)), rates(res["baseline"])
+        print(f"    full vocabulary / top-{K:,} of {a.baseline_tree} tokens/s (without the "
+              f"file's write): {fw / bw:.2f}x wall, {fc / bc:.2f}x CPU (target >= 1)"
+              + ("" if a.groups == 0 else f"; the full vocabulary keeps {a.groups} document "
+                 "groups and the baseline none: --groups 0 compares like with like"))
 
 
 def through_driver(a, common: dict) -> None:
