@@ -10,6 +10,9 @@ from pathlib import Path
 
 import torch
 
+from pythia_probe import ranks
+from pythia_probe.stats import driver
+
 
 def free_port() -> int:
     """A loopback port nobody listens on (bound, then released)."""
@@ -19,9 +22,6 @@ def free_port() -> int:
 
 
 def _stats_rank(rank: int, world: int, port: int, job: Callable, out: str) -> None:
-    from pythia_probe import ranks
-    from pythia_probe.stats import driver
-
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
