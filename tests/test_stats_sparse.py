@@ -185,6 +185,29 @@ def test_absent_ids_get_the_centring_of_the_full_vocabulary():
     assert not s.Bbar[absent].any()  # an absent current token has an all-zero row
 
 
+def test_the_product_sums_each_entry_in_the_order_of_the_sparse_entries():
+    """sc_spmm (its packed rows prefetched ahead of use) is bit-identical to a loop that adds
+    a * x in A's order, then corrects and scales: long rows, empty rows, the last entries."""
+    g = np.random.default_rng(3)
+    rows, nx, w = 29, 41, 70  # three column blocks, the last one partial
+    counts = g.integers(0, 30, rows)
+    counts[[0, 5, rows - 1]] = [0, 40, 33]  # empty, longer than a row of X, last
+    col = np.concatenate([np.sort(g.choice(nx, min(c, nx), replace=False)) for c in counts])
+    ip = np.concatenate(([0], np.cumsum([min(c, nx) for c in counts]))).astype(np.int64)
+    val, X = g.standard_normal(col.size), g.standard_normal((nx, w))
+    u, v, scale = g.standard_normal(rows), g.standard_normal(w), 0.3
+    want = np.zeros((rows, w))
+    for r in range(rows):
+        for c in range(w):
+            acc = 0.0
+            for p in range(ip[r], ip[r + 1]):
+                acc += val[p] * X[col[p], c]
+            want[r, c] = (acc - u[r] * v[c]) * scale
+    for threads in (1, 2):
+        got = sparsecount.spmm(ip, col.astype(np.int64), val, X, threads, True, u, v, scale)
+        assert np.array_equal(got, want.T)
+
+
 def test_compiled_kernels_equal_their_numpy_twins():
     g = np.random.default_rng(0)
     A = scipy.sparse.random(37, 23, density=0.3, format="csr", random_state=1) * 7
