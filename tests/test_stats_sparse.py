@@ -191,9 +191,9 @@ def test_the_product_sums_each_entry_in_the_order_of_the_sparse_entries():
     g = np.random.default_rng(3)
     rows, nx, w = 29, 41, 70  # three column blocks, the last one partial
     counts = g.integers(0, 30, rows)
-    counts[[0, 5, rows - 1]] = [0, 40, 33]  # empty, longer than a row of X, last
-    col = np.concatenate([np.sort(g.choice(nx, min(c, nx), replace=False)) for c in counts])
-    ip = np.concatenate(([0], np.cumsum([min(c, nx) for c in counts]))).astype(np.int64)
+    counts[[0, 5, rows - 1]] = [0, 40, 33]  # empty, far longer than the prefetch distance, last
+    col = np.concatenate([np.sort(g.choice(nx, c, replace=False)) for c in counts])
+    ip = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     val, X = g.standard_normal(col.size), g.standard_normal((nx, w))
     u, v, scale = g.standard_normal(rows), g.standard_normal(w), 0.3
     want = np.zeros((rows, w))
