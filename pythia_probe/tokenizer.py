@@ -30,10 +30,12 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 
+from huggingface_hub import hf_hub_download
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from pythia_probe import hubio
 from pythia_probe.errors import BadInputError, HubError, MissingFileError
 from pythia_probe.fileio import atomic_write
 
@@ -92,19 +94,28 @@ def word_tokenizer_from_vocab(words: list[str], name: str = "word-level") -> \
     return tok
 
 
-def build_word_tokenizer(docs: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+WORD_TIES = ("string", "first_seen")
+
+
+def build_word_tokenizer(docs: Iterable[str], vocab_size: int,
+                         ties: str = "string") -> PreTrainedTokenizerFast:
     """The paper's word-level tokenizer built from `docs` with a top-k vocabulary.
 
     The k = min(vocab_size, number of distinct tokens) most frequent tokens get ids 0..k-1 in
-    descending frequency (ties broken by the token string), and "[UNK]" gets id k.
+    descending frequency, and "[UNK]" gets id k. Ties: ``"string"`` (by the token string, the
+    default) or ``"first_seen"`` (in the order the tokens first appear in `docs`, as the
+    authors' tiny-tokenize-natural.py ranks them with Counter.most_common).
     """
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise BadInputError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
+    if ties not in WORD_TIES:
+        raise BadInputError(f"word tokenizer ties {ties!r}; valid: {', '.join(WORD_TIES)}")
     counts, n_docs = _count_words(docs)
     if not counts:
         raise BadInputError(f"cannot build a vocabulary from an empty corpus ({n_docs} documents, "
                             "0 tokens): give at least one non-blank document")
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ranked = (counts.most_common() if ties == "first_seen" else  # a stable sort by count
+              sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     words = [w for w, _ in ranked[:vocab_size] if w != UNK]
     return word_tokenizer_from_vocab(words, name=f"word-level-top{len(words)}")
 
@@ -200,6 +211,38 @@ def tokenizer_fingerprint(tok: PreTrainedTokenizerFast) -> dict:
     return {"name": tok.name_or_path or "unnamed",
             "sha256": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
             "d_vocab": d_vocab(tok), "scheme": FINGERPRINT_SCHEME}
+
+
+def model_vocab_size(name_or_path: str | Path) -> tuple[int | None, str | None]:
+    """(vocab_size, where it was read) of the model config.json beside a tokenizer: in its
+    folder (a tokenizer.json file's folder), or its hub repository; (None, None) when there is
+    none. This is the model's embedding rows (Pythia: 50,304), which may exceed the
+    tokenizer's ids (50,277)."""
+    path = Path(name_or_path)
+    if path.exists():
+        found = (path.parent if path.is_file() else path) / "config.json"
+        if not found.is_file():
+            return None, None
+        return _vocab_size(found.read_text(), str(found)), str(found)
+    name = str(name_or_path)
+    try:
+        local = hubio.call(lambda: hf_hub_download(name, "config.json"),
+                           f"config.json of {name}",
+                           hint="give --d-vocab (the model's embedding rows) instead")
+    except MissingFileError:
+        return None, None
+    return _vocab_size(Path(local).read_text(), f"{name}/config.json"), f"{name}/config.json"
+
+
+def _vocab_size(text: str, where: str) -> int:
+    try:
+        value = json.loads(text).get("vocab_size")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise BadInputError(f"{where} is not a JSON object ({e}); give --d-vocab instead") from e
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BadInputError(f"{where} has no integer vocab_size >= 1 (got {value!r}); give "
+                            "--d-vocab (the model's embedding rows) instead")
+    return value
 
 
 def save_tokenizer(tok: PreTrainedTokenizerFast, path: str | Path) -> Path:

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats import CorpusStats, batch_stats
+from pythia_probe.stats import CorpusStats, batch_stats, native
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.checkpoint import write_atomic
 from pythia_probe.stats.pass1 import Windows
@@ -101,6 +101,26 @@ def test_engines_agree_through_the_file(tmp_path):
             assert torch.equal(loaded.subset(g).QbarHead, st.subset(g).QbarHead)
     close(a.QbarHead, b.QbarHead, sc["QbarHead"])
     close(a.subset([1]).QbarHead, b.subset([1]).QbarHead, sc["QbarHead"])
+
+
+def test_gbar_head_tiles_in_c_equal_their_scipy_twins(tmp_path):
+    """GbarHead's tiles: the C kernels (sc_spgemm_dense, sc_spmm reading X transposed) against
+    scipy on the same factors, and against the literal reference."""
+    tokens, lengths = ragged(7, V=17, N=12)
+    st = batch_stats(tokens, 17, lengths=lengths, engine="sparse")
+    f = st.store.factors
+    cols = np.array([0, 3, 4, 9, 16])
+    with native.use_backend("c"):
+        c = (f.head_rows(cols), f.gbar_head_tile(cols))
+    f = CorpusStats.load(st.save(tmp_path / "s.safetensors")).store.factors  # nothing cached
+    with native.use_backend("torch"):
+        twin = (f.head_rows(cols), f.gbar_head_tile(cols))
+    ref = reference_stats_ragged(seqs_of(tokens, lengths), 17)
+    for a, b in zip(c, twin, strict=True):
+        close(torch.from_numpy(a), torch.from_numpy(b), float(np.abs(b).max()))
+    close(torch.from_numpy(c[1]), ref["GbarHead"][:, cols].T, scales(ref)["GbarHead"])
+    assert np.array_equal(f.w_rows[0], np.searchsorted(
+        np.sort(f.context.arrays()[0] % 17), np.arange(18)))  # W by target rows
 
 
 V, T, G = 11, 6, 3

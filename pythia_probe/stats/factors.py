@@ -61,14 +61,17 @@ class Csr:
         return self.indptr.nbytes + self.col.nbytes + self.val.nbytes
 
     def matmul(self, X: np.ndarray, transposed: bool = False, u: np.ndarray | None = None,
-               v: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+               v: np.ndarray | None = None, scale: float = 1.0,
+               x_transposed: bool = False) -> np.ndarray:
         """(self @ X - u v^T) * scale for a dense X [n_cols, w] (u None: ones; v None: no
         rank-one term), by the compiled kernel in one pass, else scipy; ``transposed``: the
-        result's transpose as a contiguous [w, rows] array."""
+        result's transpose as a contiguous [w, rows] array; ``x_transposed``: X is given as
+        its transpose [w, n_cols]."""
         if sparsecount.use_c():
             return sparsecount.spmm(self.indptr, self.col, self.val, X,
-                                    torch.get_num_threads(), transposed, u, v, scale)
-        out = np.asarray(self.scipy() @ X)
+                                    torch.get_num_threads(), transposed, u, v, scale,
+                                    x_transposed)
+        out = np.asarray(self.scipy() @ (X.T if x_transposed else X))
         if v is not None:
             out -= np.outer(np.ones(out.shape[0]) if u is None else u, v)
         if scale != 1.0:
@@ -214,29 +217,30 @@ class Factors:
         return indptr, col, val
 
     def head_rows(self, cols: np.ndarray) -> np.ndarray:
-        """P^2 (Bbar[cols, :] Phibar)^T = (C[cols, :] W - n[cols] w^T / V)^T, [V, len(cols)]
-        (Bbar's rows sum to 0 and 1^T W = w^T, so the rank-one terms collapse to one): the
-        bigrams of ``cols`` times the W rows of their next tokens (a sparse x sparse product
-        in C, scipy without the library), never W times a dense block."""
+        """P^2 Bbar[cols, :] Phibar = C[cols, :] W - n[cols] w^T / V, [len(cols), V] (Bbar's
+        rows sum to 0 and 1^T W = w^T, so the rank-one terms collapse to one): the bigrams of
+        ``cols`` times the W rows of their next tokens (a sparse x sparse product in C, scipy
+        without the library), never W times a dense block."""
         V = self.d_vocab
         Z = self.C.take_rows(cols)
+        u, v = self.n[cols] / V, self.colsum.numpy()
         if sparsecount.use_c():
-            H = sparsecount.spgemm_dense((Z.indptr, Z.col, Z.val), self.w_rows, V,
-                                         torch.get_num_threads())
-        else:
-            wi, wc, wv = self.w_rows
-            W = scipy.sparse.csr_matrix((wv, wc.astype(np.int64), wi), shape=(V, V))
-            H = np.asarray((Z.scipy() @ W).todense())
-        H -= np.outer(self.n[cols] / V, self.colsum.numpy())
-        return np.ascontiguousarray(H.T)
+            return sparsecount.spgemm_dense((Z.indptr, Z.col, Z.val), self.w_rows, V,
+                                            torch.get_num_threads(), u, v)
+        wi, wc, wv = self.w_rows
+        W = scipy.sparse.csr_matrix((wv, wc.astype(np.int64), wi), shape=(V, V))
+        H = np.asarray((Z.scipy() @ W).todense())
+        H -= np.outer(u, v)
+        return H
 
     def gbar_head_tile(self, cols: np.ndarray) -> np.ndarray:
         """GbarHead[:, cols]^T = (Bbar[cols, :] Phibar Bbar), contiguous [len(cols), V]:
         (H C - (H n) 1^T / V) / P^3 with H = P^2 Bbar[cols, :] Phibar. Its columns sum to 0
         (Bbar's rows do), like Gbar's."""
         P, V = float(self.n_positions), self.d_vocab
-        X = self.head_rows(cols)
-        return self.CT.matmul(X, transposed=True, v=(self.n @ X) / V, scale=P ** -3)
+        H = self.head_rows(cols)
+        return self.CT.matmul(H, transposed=True, v=(H @ self.n) / V, scale=P ** -3,
+                              x_transposed=True)
 
     def w_columns(self, cols: np.ndarray) -> np.ndarray:
         """W[:, cols] as a dense float64 [V, len(cols)] array (hi + lo 2^-F per entry)."""

@@ -13,11 +13,12 @@ from pythia_probe import corpus, tokenizer
 from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
+from pythia_probe.stats import conventions, kept, plan
 from pythia_probe.stats import driver as run
-from pythia_probe.stats import plan
+from pythia_probe.stats.conventions import Rules
 from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
 from pythia_probe.stats.result import CorpusStats
-from pythia_probe.stats.sequences import MODES, SequencePolicy
+from pythia_probe.stats.sequences import AUTHORS, MODES, SequencePolicy
 
 log = logging.getLogger(__name__)
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -61,7 +62,17 @@ class StatsConfig:
     groups 0..G/2-1 and G/2..G-1); default 10; 0: none."""
     top_k: str | int | None = None
     """'full' (the default: every id of the tokenizer) or K: restrict to the K most frequent
-    tokens (composed at full vocabulary, then sliced)."""
+    tokens (composed at full vocabulary, then sliced; --conventions authors: ranked and
+    composed as pythia.py does)."""
+    conventions: Literal["paper", "authors"] = "paper"
+    """'paper' (the spec's definitions, as always) or 'authors' (exactly what the authors'
+    pythia.py computes: BOS first and the documents' first T tokens zero-padded with the last
+    target 0, the model's d_vocab, their top-K rule, compositions over the kept ids; with
+    word:K only their word ranking, ties in first-seen order). See stats/conventions.py."""
+    d_vocab: int | None = None
+    """Statistics' vocabulary side and centring 1/V (default: the tokenizer's ids; with
+    --conventions authors the vocab_size of the tokenizer's model config.json, e.g. Pythia's
+    50,304 embedding rows, when there is one). Ids beyond the tokenizer's have empty rows."""
     device: str = "cpu"
     """torch device for counting and compositions ('cuda' uses this rank's GPU)."""
     batch_size: int = 256
@@ -103,6 +114,10 @@ class StatsConfig:
             raise BadInputError(f"--doc-split {self.doc_split!r}; valid: "
                                 f"{', '.join(corpus.DOC_SPLITS)}")
         object.__setattr__(self, "top_k", parse_top_k(self.top_k))
+        conventions.check(self.conventions)
+        if self.d_vocab is not None and (not isinstance(self.d_vocab, int) or self.d_vocab < 1):
+            raise BadInputError(f"--d-vocab must be an integer >= 1 (the model's embedding "
+                                f"rows, e.g. 50304 for Pythia), got {self.d_vocab!r}")
         check_groups(self.groups)
         if self.budget_gb is not None and not self.budget_gb > 0:
             raise BadInputError(f"--budget-gb must be > 0 (GiB for matmul tiles), got "
@@ -127,42 +142,52 @@ def parse_top_k(value: str | int | None) -> int | None:
 
 
 def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
-            progress: JobProgress | None = None, shards: list | None = None
-            ) -> CorpusStats | None:
+            progress: JobProgress | None = None, shards: list | None = None,
+            rules: Rules | None = None) -> CorpusStats | None:
     """Run both passes for ``cfg``; save and return the stats on rank 0 (None on other ranks).
 
     ``tok``: the tokenizer already loaded (else from ``cfg.tokenizer``); ``progress``: the
     job's display the passes report into (else bars of their own); ``shards``: the corpus
-    shards already listed (else listed from ``cfg.dataset``)."""
+    shards already listed (else listed from ``cfg.dataset``); ``rules``: which of the
+    authors' differences to apply (default: those of ``cfg.conventions``; a partial set
+    measures each one alone, analyses/conventions_effect.py)."""
+    rules = rules if rules is not None else Rules.named(cfg.conventions)
     work = Path(cfg.work_dir or cfg.out + ".work")
     line = plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, cfg.device, work)
     log.info(line)
     if shards is None:
         shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
                                       doc_split=cfg.doc_split, **_builtin_opts(cfg))
-    extra = (cfg.bos is not None) + (cfg.eos is not None)
-    bytes_ = _text_bytes(shards)
-    plan.check_window_length(cfg.seq_len, bytes_, extra * (1 if cfg.mode == "first" else
-                                                           (bytes_ or 0)))
-    tok = tok if tok is not None else _tokenizer(cfg, shards)
+    tok = tok if tok is not None else _tokenizer(cfg, shards, rules)
+    name = rules.name  # recorded as asked; what applies depends on the tokenizer's kind
+    rules = rules.for_tokenizer(tokenizer.is_word_tokenizer(tok))
+    if not rules.windows:
+        extra = (cfg.bos is not None) + (cfg.eos is not None)
+        bytes_ = _text_bytes(shards)
+        plan.check_window_length(cfg.seq_len, bytes_, extra * (1 if cfg.mode == "first" else
+                                                               (bytes_ or 0)))
     unk = cfg.oov == "unk" and tokenizer.is_word_tokenizer(tok)
-    V = tokenizer.d_vocab(tok) + unk  # --oov unk: the [UNK] id k is statistic id k
+    V = statistics_vocab(cfg, tok, tokenizer.d_vocab(tok) + unk, rules)  # --oov unk: [UNK] = k
     fp = tokenizer.tokenizer_fingerprint(tok)
-    bos = None if cfg.bos is None else _token_id(tok, cfg.bos)
-    eos = None if cfg.eos is None else _token_id(tok, cfg.eos)
-    policy = SequencePolicy(cfg.seq_len, cfg.mode, "keep" if cfg.keep_short else "skip",
-                            cfg.oov, bos, eos)
+    policy = _policy(cfg, tok, rules)
+    extra_ident = {} if name == "paper" else {"conventions": name}
+    if cfg.d_vocab is not None or rules.d_vocab:
+        extra_ident["d_vocab"] = V
     ident = run.spec_identity(dataset=cfg.dataset, tokenizer=_canonical(fp), policy=policy,
                               min_chars=cfg.min_chars, docs=cfg.docs, split=cfg.split,
                               text_field=cfg.text_field, doc_split=cfg.doc_split,
-                              shards=[s.fingerprint() for s in shards], groups=cfg.groups)
+                              shards=[s.fingerprint() for s in shards], groups=cfg.groups,
+                              **extra_ident)
     spec = run.RunSpec(V, policy, lambda docs: tokenizer.encode_documents(tok, docs), ident,
                        work, cfg.min_chars, cfg.docs, cfg.batch_size, cfg.checkpoint_every,
                        cfg.device, cfg.top_k,
                        None if cfg.budget_gb is None else int(cfg.budget_gb * 2**30),
                        progress if progress is not None else cfg.progress, engine=cfg.engine,
-                       groups=cfg.groups)
-    meta = {"tokenizer": fp, "dataset": cfg.dataset, "config": _jsonable(cfg)}
+                       groups=cfg.groups, top_rule="documents" if rules.top_k else "windows",
+                       compose=kept.KEPT if rules.compose and cfg.top_k is not None
+                       else kept.FULL)
+    meta = {"tokenizer": fp, "dataset": cfg.dataset, "config": _jsonable(cfg),
+            "conventions": name}
     if cfg.tokenizer.startswith("word:"):
         meta["tokenizer_file"] = Path(cfg.out).name + ".tokenizer.json"
     stats = run.compute_stats(shards, spec, meta, ranks)
@@ -173,6 +198,49 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
         if not cfg.keep_work:
             run.remove_work(work)
     return stats
+
+
+def statistics_vocab(cfg: StatsConfig, tok, V_tok: int, rules: Rules) -> int:
+    """The statistics' d_vocab: --d-vocab, else (the authors' d_vocab rule) the vocab_size of
+    the tokenizer's model config.json when there is one, else the tokenizer's ids; logged with
+    where it came from. Never below the tokenizer's ids."""
+    V, why = V_tok, "the tokenizer's ids"
+    if cfg.d_vocab is not None:
+        V, why = cfg.d_vocab, "--d-vocab"
+    elif rules.d_vocab:
+        found, where = tokenizer.model_vocab_size(cfg.tokenizer)
+        if found is not None:
+            V, why = found, f"vocab_size of {where} (the model's embedding rows)"
+        else:
+            why = f"the tokenizer's ids ({cfg.tokenizer} has no model config.json)"
+    if V < V_tok:
+        raise BadInputError(f"d_vocab {V:,} ({why}) is below the tokenizer's {V_tok:,} ids; "
+                            f"valid: >= {V_tok:,} (the model's embedding rows, e.g. 50,304 for "
+                            "Pythia)")
+    log.info("d_vocab %s: %s", f"{V:,}", why)
+    return V
+
+
+def _policy(cfg: StatsConfig, tok, rules: Rules) -> SequencePolicy:
+    """The sequence policy: the command's flags, or pythia.py's windows (BOS = the
+    tokenizer's bos_token_id, first T tokens zero-padded, last target 0)."""
+    if not rules.windows:
+        bos = None if cfg.bos is None else _token_id(tok, cfg.bos)
+        eos = None if cfg.eos is None else _token_id(tok, cfg.eos)
+        return SequencePolicy(cfg.seq_len, cfg.mode, "keep" if cfg.keep_short else "skip",
+                              cfg.oov, bos, eos)
+    if cfg.mode != "first" or cfg.bos is not None or cfg.eos is not None:
+        raise BadInputError("--conventions authors makes pythia.py's windows (BOS first, each "
+                            "document's first T tokens, zero-padded); valid with it: --mode "
+                            "first and no --bos/--eos, or --conventions paper")
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        name = tok.name_or_path or cfg.tokenizer
+        raise BadInputError(f"--conventions authors prepends the tokenizer's BOS token as "
+                            f"TransformerLens' to_tokens does, but {name!r} has none; valid: a "
+                            "tokenizer with a bos_token (Pythia's folder or hub id: "
+                            "<|endoftext|>, id 0), or --conventions paper")
+    return SequencePolicy(cfg.seq_len, AUTHORS, "skip", cfg.oov, int(bos), None)
 
 
 def _text_bytes(shards: list) -> int | None:
@@ -196,11 +264,13 @@ def _builtin_opts(cfg: StatsConfig) -> dict:
     return {"n_stories": cfg.stories, "stories_per_shard": cfg.stories_per_shard}
 
 
-def _tokenizer(cfg: StatsConfig, shards: list):
-    """Load a tokenizer, or build the paper's word-level one from the counted documents."""
+def _tokenizer(cfg: StatsConfig, shards: list, rules: Rules):
+    """Load a tokenizer, or build the paper's word-level one from the counted documents (ties
+    in first-seen order under the authors' ``word_ties``)."""
     if not cfg.tokenizer.startswith("word:"):
         return tokenizer.load_tokenizer(cfg.tokenizer)
-    return tokenizer.build_word_tokenizer(_docs(shards, cfg), int(cfg.tokenizer[5:]))
+    return tokenizer.build_word_tokenizer(_docs(shards, cfg), int(cfg.tokenizer[5:]),
+                                          "first_seen" if rules.word_ties else "string")
 
 
 def _docs(shards: list, cfg: StatsConfig):

@@ -13,9 +13,14 @@ the same tokenizer (all Pythia sizes share one), reads it without touching the c
 
 The paper's Pythia recipe (:data:`PAPER`): Skylion007/openwebtext, the first 100,000 documents
 of >= 512 characters, each document's first T+1 = 129 tokens with the model's own tokenizer.
-Where this departs from the authors' code: no BOS token is prepended (Pythia was trained
-without one); documents shorter than T+1 tokens are skipped, not padded; the centring uses
-U = 1/d_vocab with d_vocab the tokenizer's 50,277 ids, not the model's 50,304 rows.
+Where this departs from the authors' code (``conventions="paper"``, the default): no BOS token
+is prepended (Pythia was trained without one); documents shorter than T+1 tokens are skipped,
+not padded; the last target is the real next token; the centring uses U = 1/d_vocab with
+d_vocab the tokenizer's 50,277 ids, not the model's 50,304 rows; a top-K is ranked by the
+windows' counts and composed over the full vocabulary. ``conventions="authors"`` does what
+pythia.py does instead (``stats/conventions.py``; ``d_vocab``: the model's embedding rows, else
+read from the tokenizer's model config.json). The two never share a cache file (the key and the
+file name hold the conventions), nor a stats_id.
 """
 
 from __future__ import annotations
@@ -30,10 +35,14 @@ from pythia_probe.corpus import content_digest
 from pythia_probe.hubio import tool_cache
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
+from pythia_probe.stats.conventions import check as check_conventions
 from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.stats.job import StatsConfig, compute
 
 FORMAT = "pythia_probe.recipe/2"
+UNKEYED = (("groups", 0), ("conventions", "paper"), ("d_vocab", None))
+"""Recipe fields left out of the key at these values (the keys of files built before they
+existed are kept)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,15 @@ class Recipe:
     groups: int = DEFAULT_GROUPS
     """G document groups kept (``stats compute --groups``; ``CorpusStats.subset``), read by
     the sweep's ceiling and interval columns; 0: none (and no such columns)."""
+    conventions: str = "paper"
+    """'paper' or 'authors' (``stats compute --conventions``, ``stats/conventions.py``)."""
+    d_vocab: int | None = None
+    """The statistics' vocabulary side and centring (``stats compute --d-vocab``; None: the
+    tokenizer's ids, or under 'authors' its model config.json's vocab_size): the model's
+    embedding rows under the authors' conventions (Pythia: 50,304)."""
+
+    def __post_init__(self) -> None:
+        check_conventions(self.conventions)
 
 
 PAPER = Recipe()
@@ -63,7 +81,7 @@ def recipe_key(recipe: Recipe, fingerprint: dict, shards: list) -> str:
     """16 hex digits naming ``recipe`` over the content of ``shards`` (each a corpus Shard)
     with the tokenizer of ``fingerprint``."""
     fields = {k: v for k, v in asdict(recipe).items()
-              if k not in ("dataset", "data_dir") and not (k == "groups" and v == 0)}
+              if k not in ("dataset", "data_dir") and (k, v) not in UNKEYED}
     ident = {"format": FORMAT, **fields,
              "tokenizer": {k: fingerprint.get(k) for k in ("sha256", "d_vocab", "scheme")},
              "shards": [content_digest(s.fingerprint()) for s in shards]}
@@ -82,6 +100,7 @@ def cache_path(recipe: Recipe, fingerprint: dict, root: str | Path | None = None
     content key (``shards``: the recipe's shards when already listed)."""
     vocab = "full" if recipe.top_k is None else f"top{recipe.top_k}"
     vocab += f"-G{recipe.groups}" if recipe.groups else ""
+    vocab += f"-{recipe.conventions}" if recipe.conventions != "paper" else ""
     key = recipe_key(recipe, fingerprint, recipe_shards(recipe) if shards is None else shards)
     name = f"{Path(recipe.dataset).name}-T{recipe.seq_len}-{vocab}-{key}.safetensors"
     return Path(root or tool_cache("stats")) / name
@@ -94,7 +113,8 @@ def stats_config(recipe: Recipe, tokenizer: str, out: Path, device: str,
                        seq_len=recipe.seq_len, docs=recipe.docs, min_chars=recipe.min_chars,
                        mode="first", top_k=recipe.top_k, device=device,
                        text_field=recipe.text_field, split=recipe.split, progress=progress,
-                       groups=recipe.groups)
+                       groups=recipe.groups, conventions=recipe.conventions,
+                       d_vocab=recipe.d_vocab)
 
 
 def ensure(recipe: Recipe, tok, fingerprint: dict, device: str, ranks: Ranks | None = None,

@@ -16,9 +16,9 @@
  * Compositions: sc_spmm, out = (A X - u v^T) * scale for a CSR matrix A and a dense row-major
  *   X (blocks of 32 columns packed, kept in registers; each output entry summed in the order
  *   of A's entries, then corrected: the sparse-minus-rank-one products in one pass).
- * sc_spgemm_dense, out[r, :] += sum_p A[r, p] B[p, :] for CSR matrices A (int64 columns) and
- *   B (int32 columns) into a dense row-major block: GbarHead's tiles (C[tile, :] W, the
- *   bigrams of the tile's tokens times the W rows of their next tokens), each output entry
+ * sc_spgemm_dense, out[r, :] = -u[r] v + sum_p A[r, p] B[p, :] for CSR matrices A (int64
+ *   columns) and B (int32 columns) into a dense row-major block: GbarHead's tiles (C[tile, :] W,
+ *   the bigrams of the tile's tokens times the W rows of their next tokens), each output entry
  *   summed in the order of A's entries, then B's.
  * Pass 2 by column tiles of Gbar (context tokens a of one tile, Gc^T [w, V] row-major); Qbar
  * of a tile is a dense block B [w, side] (row = the key's place in the tile, column = the
@@ -174,21 +174,29 @@ int64_t sc_merge(const int64_t *ka, const int64_t *ha, const int64_t *la, int64_
  * c0 <= c < c1 (c0 a multiple of 32) are computed, so threads can split the columns. Each
  * block of 32 columns of X is first copied into `pack` ([nx, 32], contiguous: the random row
  * reads then stay within a few MB). out is [rows, w] row-major, or [w, rows] when
- * `transposed`. Per entry: the sum in A's order, then (sum - u[r] * v[c]) * scale.
+ * `transposed`; `x_transposed`: X is given as its transpose [w, nx] row-major (the same
+ * numbers packed). Per entry: the sum in A's order, then (sum - u[r] * v[c]) * scale.
  * The packed rows are read in A's column order, i.e. at random: each is prefetched AHEAD
  * entries before it is needed (twice the speed at Pythia's 50,277 ids; no change to any sum). */
 SC_CLONES
 void sc_spmm(int64_t rows, const int64_t *indptr, const int64_t *col, const double *val,
              const double *X, int64_t nx, int64_t w, int64_t c0, int64_t c1, double *pack,
              double *out, int64_t transposed, const double *u, const double *v,
-             double scale) {
+             double scale, int64_t x_transposed) {
     enum { B = 32, AHEAD = 12 };
     const int64_t nnz = indptr[rows];
     for (int64_t b0 = c0; b0 < c1; b0 += B) {
         const int64_t cw = c1 - b0 < B ? c1 - b0 : B;
-        for (int64_t j = 0; j < nx; ++j) {
-            for (int64_t k = 0; k < cw; ++k) pack[j * B + k] = X[j * w + b0 + k];
-            for (int64_t k = cw; k < B; ++k) pack[j * B + k] = 0.0;
+        if (x_transposed) {  /* X given as its transpose [w, nx]: cw rows read side by side */
+            for (int64_t j = 0; j < nx; ++j) {
+                for (int64_t k = 0; k < cw; ++k) pack[j * B + k] = X[(b0 + k) * nx + j];
+                for (int64_t k = cw; k < B; ++k) pack[j * B + k] = 0.0;
+            }
+        } else {
+            for (int64_t j = 0; j < nx; ++j) {
+                for (int64_t k = 0; k < cw; ++k) pack[j * B + k] = X[j * w + b0 + k];
+                for (int64_t k = cw; k < B; ++k) pack[j * B + k] = 0.0;
+            }
         }
         for (int64_t r = 0; r < rows; ++r) {
             double acc[B];
@@ -374,12 +382,18 @@ int64_t sc_compact(double *block, uint64_t *touched, int64_t n, int32_t *flat, d
 
 /* Version of this ABI (checked by the binding). */
 /* Rows r0..r1 of A (CSR: a_indptr, int64 a_col, a_val) times B (CSR over A's columns:
- * b_indptr, int32 b_col < ncols, b_val) added into out [rows of A, ncols] row-major. */
+ * b_indptr, int32 b_col < ncols, b_val) into out [rows of A, ncols] row-major, each row first
+ * set to -u[r] v (u, v NULL: 0). */
 void sc_spgemm_dense(int64_t r0, int64_t r1, const int64_t *a_indptr, const int64_t *a_col,
                      const double *a_val, const int64_t *b_indptr, const int32_t *b_col,
-                     const double *b_val, int64_t ncols, double *out) {
+                     const double *b_val, int64_t ncols, double *out, const double *u,
+                     const double *v) {
     for (int64_t r = r0; r < r1; ++r) {
         double *o = out + r * ncols;
+        if (v)
+            for (int64_t a = 0; a < ncols; ++a) o[a] = -(u[r] * v[a]);
+        else
+            memset(o, 0, (size_t)ncols * sizeof(double));
         for (int64_t p = a_indptr[r]; p < a_indptr[r + 1]; ++p) {
             const double a = a_val[p];
             const int64_t y = a_col[p];

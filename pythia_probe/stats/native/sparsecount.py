@@ -44,9 +44,10 @@ def _lib() -> ctypes.CDLL | None:
     lib.sc_merge.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr]
     lib.sc_merge.restype = i64
     lib.sc_spmm.argtypes = [i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr,
-                            ptr, ctypes.c_double]
+                            ptr, ctypes.c_double, i64]
     lib.sc_spmm.restype = None
-    lib.sc_spgemm_dense.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr]
+    lib.sc_spgemm_dense.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr,
+                                    ptr]
     lib.sc_spgemm_dense.restype = None
     lib.sc_sweep.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64,
                              ptr, ptr, ptr, ptr, ptr]
@@ -170,14 +171,17 @@ def merge(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...], frac_bits
 
 def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
          threads: int = 1, transposed: bool = False, u: np.ndarray | None = None,
-         v: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+         v: np.ndarray | None = None, scale: float = 1.0, x_transposed: bool = False
+         ) -> np.ndarray:
     """(A @ X - u v^T) * scale for a CSR matrix A (int64 indptr/col, float64 val) and dense X
     [*, w] (u None: ones; v None: no correction); ``transposed``: the result's transpose,
-    [w, rows] contiguous. Threads split the columns (blocks of 32).
+    [w, rows] contiguous; ``x_transposed``: X is given as its transpose [w, *] (the same sums,
+    no transposed copy made). Threads split the columns (blocks of 32).
 
-    The caller guarantees 0 <= col < X.shape[0] (checked once where the CSR is built)."""
+    The caller guarantees 0 <= col < X's rows (checked once where the CSR is built)."""
     X = _contig(X, np.float64)
-    rows, w = indptr.size - 1, X.shape[1]
+    nx, w = (X.shape[1], X.shape[0]) if x_transposed else X.shape
+    rows = indptr.size - 1
     _need("indptr", indptr, np.int64)
     _need("col", col, np.int64, int(indptr[-1]))
     _need("val", val, np.float64, int(indptr[-1]))
@@ -192,10 +196,10 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
     cuts = [min(w, 32 * (blocks * i // threads)) for i in range(threads + 1)]
 
     def part(i: int) -> None:  # ctypes releases the GIL: column blocks run in parallel
-        pack = np.empty(X.shape[0] * 32, dtype=np.float64)
-        lib.sc_spmm(rows, _p(indptr), _p(col), _p(val), _p(X), X.shape[0], w, cuts[i],
+        pack = np.empty(nx * 32, dtype=np.float64)
+        lib.sc_spmm(rows, _p(indptr), _p(col), _p(val), _p(X), nx, w, cuts[i],
                     cuts[i + 1], _p(pack), _p(out), int(transposed), _p(u), _p(v),
-                    float(scale))
+                    float(scale), int(x_transposed))
 
     if threads == 1:
         part(0)
@@ -207,14 +211,22 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
 
 def spgemm_dense(a: tuple[np.ndarray, np.ndarray, np.ndarray],
                  b: tuple[np.ndarray, np.ndarray, np.ndarray], ncols: int,
-                 threads: int = 1) -> np.ndarray:
-    """A @ B as a dense [rows of A, ncols] float64 array for CSR matrices A = (int64 indptr,
-    int64 col, float64 val) and B = (int64 indptr, int32 col, float64 val) whose rows are A's
-    columns; each entry summed in the order of A's entries, then B's. Threads split A's rows.
+                 threads: int = 1, u: np.ndarray | None = None,
+                 v: np.ndarray | None = None) -> np.ndarray:
+    """A @ B - u v^T as a dense [rows of A, ncols] float64 array for CSR matrices A = (int64
+    indptr, int64 col, float64 val) and B = (int64 indptr, int32 col, float64 val) whose rows
+    are A's columns (u, v None: no correction); each entry is -u[r] v[a], then the products
+    added in the order of A's entries, then B's. Threads split A's rows.
 
     The caller guarantees A's columns index B's rows and B's columns are < ncols."""
     (ai, ac, av), (bi, bc, bv) = a, b
     rows = ai.size - 1
+    u = None if u is None else _contig(u, np.float64)
+    v = None if v is None else _contig(v, np.float64)
+    if (u is None) != (v is None):
+        raise KernelError("spgemm_dense: give both u and v, or neither")
+    _need("u", u, np.float64, rows)
+    _need("v", v, np.float64, ncols)
     for name, x, dt, size in (("a_indptr", ai, np.int64, None),
                               ("a_col", ac, np.int64, int(ai[-1])),
                               ("a_val", av, np.float64, int(ai[-1])),
@@ -222,14 +234,14 @@ def spgemm_dense(a: tuple[np.ndarray, np.ndarray, np.ndarray],
                               ("b_col", bc, np.int32, int(bi[-1])),
                               ("b_val", bv, np.float64, int(bi[-1]))):
         _need(name, x, dt, size)
-    out = np.zeros((rows, ncols))
+    out = np.empty((rows, ncols))
     lib = _lib()
     threads = max(1, min(threads, rows))
     cuts = [rows * i // threads for i in range(threads + 1)]
 
     def part(i: int) -> None:  # ctypes releases the GIL: row blocks run in parallel
         lib.sc_spgemm_dense(cuts[i], cuts[i + 1], _p(ai), _p(ac), _p(av), _p(bi), _p(bc),
-                            _p(bv), ncols, _p(out))
+                            _p(bv), ncols, _p(out), _p(u), _p(v))
 
     if threads == 1:
         part(0)

@@ -123,6 +123,9 @@ class Sweep:
             self.occ, self.occ_tok = shared.occ, shared.occ_tok
         else:
             self.occ, self.occ_tok = occurrences(tokens, lengths)
+            if ctx is not None:  # only the tiled keys' occurrences (kept ids: not a range)
+                mine = np.isin(self.occ_tok, ctx)
+                self.occ, self.occ_tok = self.occ[mine], self.occ_tok[mine]
         if shared is not None:
             self.groups, self.col_of = shared.groups, shared.col_of
             self.block, self.touched = shared.block, shared.touched
