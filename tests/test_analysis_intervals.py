@@ -79,13 +79,13 @@ def test_intervals_and_ceiling_join_the_rows_of_replicates(corpus):
 
     left_out = [rows(_target(torch.cat([g for j, g in enumerate(groups) if j != i])))
                 for i in range(G)]
-    got = add_intervals(rows(full), left_out, {"Qbar": 0.8}, {"attention": "Qbar"})[0]
+    got = add_intervals(rows(full), left_out, {"Qbar": 0.8}, lambda a, m: "Qbar")[0]
     theta = got["value"]
     assert got["ci_low"] <= theta <= got["ci_high"]
     assert (got["ci_low"], got["ci_high"]) == pytest.approx(
         jackknife(theta, [r[0]["value"] for r in left_out]))
     assert got["ceiling"] == 0.8 and "settings" not in got
-    low = add_intervals(rows(full), left_out, {"Qbar": -1.0}, {"attention": "Qbar"})[0]
+    low = add_intervals(rows(full), left_out, {"Qbar": -1.0}, lambda a, m: "Qbar")[0]
     assert low["settings"].startswith("chance_not_below_ceiling=")  # in the row, not silently
     with pytest.raises(ValueError, match="missing"):
         add_intervals(rows(full), [[], *left_out[1:]])

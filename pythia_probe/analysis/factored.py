@@ -6,13 +6,14 @@ context), w = 1^T W, P the positions, V the vocabulary, Qbar sparse on the pairs
 
     Bbar = (C - n 1^T / V) / P,   Phibar = (W - 1 w^T / V) / P,   PhiBT = Phibar^T Bbar^T.
 
-A target T (PhiBT, Qbar, Bbar or Bbar^T) enters a cosine only through C_T = D T - m 1^T
-(D = diag(1 / row norms), m = row means of D T), and the scoring needs only C_T^T X for the
-stacked bases X [V, k]:
+A target T (PhiBT, Qbar, Bbar, Bbar^T, Qbar^T or QbarHead^T) enters a cosine only through
+C_T = D T - m 1^T (D = diag(1 / row norms), m = row means of D T), and the scoring needs only
+C_T^T X for the stacked bases X [V, k]:
 
     C_T^T X = T^T (D X) - 1 (m^T X),
     PhiBT^T Y = Bbar (Phibar Y) = (C Z - n (1^T Z) / V) / P,  Z = (W Y - 1 (w^T Y) / V) / P,
-    Qbar^T Y (sparse),  Bbar^T Y = (C^T Y - 1 (n^T Y) / V) / P,  Bbar Y = (C Y - n (1^T Y)/V)/P
+    Qbar^T Y,  (Qbar^T)^T Y = Qbar Y  (sparse; QbarHead likewise),
+    Bbar^T Y = (C^T Y - 1 (n^T Y) / V) / P,  Bbar Y = (C Y - n (1^T Y)/V)/P
 
 i.e. sparse products (nnz x k) plus vector corrections, on the scoring device in the compute
 dtype. What depends on the statistics alone is computed once in float64 (:func:`target_vectors`)
@@ -38,7 +39,9 @@ from torch import Tensor
 
 from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror, row_scales
 
-NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT")
+NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT", "QbarT", "QbarHeadT")
+#: the sparse statistic behind each target read as a matrix of its own (T = Q or Q^T)
+SPARSE = {"Qbar": ("Qbar", False), "QbarT": ("Qbar", True), "QbarHeadT": ("QbarHead", True)}
 CPU_TILE = 128  # columns of a dense factor per sparse product on the CPU (Parts.tiled)
 
 
@@ -64,7 +67,7 @@ class Parts:
         vec = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
         self.raw = parts  # the host's scipy parts (column blocks of a target, once per stats)
         self.n, self.w = vec(parts["n"]), vec(parts["w"])
-        C, W, Q = parts["C"], parts["W"], parts["Qbar"]
+        C, W = parts["C"], parts["W"]
         self.m = {}
         if need & {"PhiBT", "BbarT"}:
             self.m["C"] = _csr(C, dtype, device)
@@ -72,8 +75,10 @@ class Parts:
             self.m["CT"] = _csr(C.T, dtype, device)
         if "PhiBT" in need:
             self.m["W"] = _csr(W, dtype, device)
-        if "Qbar" in need:
-            self.m["QT"] = _csr(Q.T, dtype, device)
+        for name in need & set(SPARSE):  # T^T as CSR: T^T Y is one sparse product
+            stat, transposed = SPARSE[name]
+            Q = parts[stat]
+            self.m[name] = _csr(Q if transposed else Q.T, dtype, device)
 
     def bbar(self, Y: Tensor) -> Tensor:
         """Bbar Y."""
@@ -116,8 +121,8 @@ class Parts:
         """T^T Y for one (contiguous) tile of columns."""
         if name == "PhiBT":
             return self.bbar(self.phibar(Y))
-        if name == "Qbar":
-            return self.m["QT"] @ Y
+        if name in SPARSE:
+            return self.m[name] @ Y
         return self.bbar_t(Y) if name == "Bbar" else self.bbar(Y)
 
 
@@ -228,8 +233,8 @@ def _row_norms_sums(name: str, p: Mapping[str, Any], chunk: int) -> tuple[Tensor
     """T's row L2 norms and row sums in float64, from the parts."""
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     C, n = sp.csr_matrix(p["C"]), np.asarray(p["n"], dtype=np.float64)
-    if name == "Qbar":
-        Q = sp.coo_matrix(p["Qbar"])
+    if name in SPARSE:
+        Q = _sparse(name, p).tocoo()
         sq = np.bincount(Q.row, Q.data ** 2, minlength=V)
         sums = np.bincount(Q.row, Q.data, minlength=V)
     elif name == "Bbar":
@@ -256,8 +261,8 @@ def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
     """T[:, cols] dense float64 [V, len(cols)] from the parts."""
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     n = np.asarray(p["n"], dtype=np.float64)
-    if name == "Qbar":
-        return sp.csc_matrix(p["Qbar"])[:, cols].toarray()
+    if name in SPARSE:
+        return _sparse(name, p)[:, cols].toarray()
     if name == "Bbar":
         return (sp.csc_matrix(p["C"])[:, cols].toarray() - n[:, None] / V) / P
     Brows = (sp.csr_matrix(p["C"])[cols].toarray() - n[cols, None] / V) / P  # Bbar[cols, :]
@@ -268,12 +273,28 @@ def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
     return (np.asarray(W.T @ X) - np.outer(w, X.sum(axis=0) / V)) / P
 
 
+def _sparse(name: str, p: dict[str, Any]) -> sp.csc_matrix:
+    """The sparse target ``name`` itself (Qbar, Qbar^T or QbarHead^T) from the parts, as CSC:
+    converted once and kept in ``p`` (under ``"_csc:<name>"``), since its column blocks and
+    shared columns are read many times."""
+    key = f"_csc:{name}"
+    if key not in p:
+        stat, transposed = SPARSE[name]
+        if p.get(stat) is None:
+            raise ValueError(f"these statistics hold no {stat} (built before it existed): "
+                             f"target {name!r} cannot be scored; rebuild the statistics")
+        Q = sp.csc_matrix(p[stat])
+        p[key] = sp.csc_matrix(Q.T) if transposed else Q
+    return p[key]
+
+
 def shared_columns(name: str, p: Mapping[str, Any]) -> np.ndarray:
     """Columns of T that all equal one vector (the corpus never shows their token in that
-    role): zero columns of PhiBT, Bbar^T (no bigram starts there) and Qbar (never a key),
+    role): zero columns of PhiBT, Bbar^T (no bigram starts there), Qbar and QbarHead (never a
+    key) and Qbar^T, QbarHead^T (never a query),
     the columns -n / (V P) of Bbar (no bigram ends there)."""
-    if name == "Qbar":
-        return np.diff(sp.csc_matrix(p["Qbar"]).indptr) == 0
+    if name in SPARSE:
+        return np.diff(_sparse(name, p).indptr) == 0
     if name == "Bbar":
         return np.asarray(sp.csr_matrix(p["C"]).sum(axis=0)).ravel() == 0
     return np.asarray(p["n"]) == 0

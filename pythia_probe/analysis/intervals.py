@@ -27,7 +27,7 @@ a bootstrap would need, and which pass 2's Gbar conditioning does not allow chea
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from scipy.stats import t as student_t
@@ -70,10 +70,11 @@ def ceiling(A, B, chunk: int = 1024) -> float:
 
 def add_intervals(rows: list[dict], left_out: Sequence[list[dict]],
                   ceilings: Mapping[str, float] | None = None,
-                  target_of: Mapping[str, str] | None = None) -> list[dict]:
+                  target_of: Callable[[str, str], str | None] | None = None) -> list[dict]:
     """``rows`` with ``ci_low``/``ci_high`` from the rows of the same cells scored against the
     G leave-one-group-out targets (joined on analysis, layer, head, metric), and ``ceiling``
-    per analysis's target; a cell whose chance is not below its ceiling says so in its
+    of the cell's target (``target_of(analysis, metric)``, None: no ceiling); a cell whose
+    chance is not below its ceiling says so in its
     ``settings`` (``chance_not_below_ceiling=<chance>>=<ceiling>``: the two halves agree no
     better than unrelated models, so the value has no scale there), never silently."""
     by_cell = [{tuple(r.get(k) for k in KEY): r["value"] for r in rep} for rep in left_out]
@@ -85,8 +86,9 @@ def add_intervals(rows: list[dict], left_out: Sequence[list[dict]],
             raise ValueError(f"cell {cell} missing from left-out replicate(s) {missing}")
         low, high = jackknife(r["value"], [rep[cell] for rep in by_cell])
         row = {**r, "ci_low": low, "ci_high": high}
-        if ceilings is not None and target_of is not None and r["analysis"] in target_of:
-            row["ceiling"] = ceilings[target_of[r["analysis"]]]
+        target = None if target_of is None else target_of(r["analysis"], r["metric"])
+        if ceilings is not None and target is not None:
+            row["ceiling"] = ceilings[target]
             chance = r.get("chance")
             if chance is not None and not chance < row["ceiling"]:
                 flag = f"chance_not_below_ceiling={chance:.4g}>={row['ceiling']:.4g}"

@@ -107,7 +107,7 @@ def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats,
             targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring,
                                       progress and turn)
             scale = prepare_scale(lazy, names, parts.targets, mode, parts.scoring,
-                                  progress and turn)
+                                  progress and turn, needs.raw)
         if turn:
             ranks.barrier()
     return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)

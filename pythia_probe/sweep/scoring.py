@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from safetensors.torch import load_file
@@ -31,6 +31,7 @@ from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
 from pythia_probe.sweep.config import ScoringConfig
 from pythia_probe.sweep.statistics import LazyStats
+from pythia_probe.sweep.targets import RAW
 
 #: rounding a value may carry beyond its analysis's bounds, by compute dtype
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8}
@@ -101,10 +102,10 @@ class Scorer:
             x.text_attn = model_attention(config, weights.sd, self.text, self.scoring.device)
         out = []
         for targets, layer_rows in zip(target_sets, by_layer, strict=True):
-            rows = []
+            rows, own = [], replace(opts, raw=targets.get(RAW, self.raw))  # the set's statistics
             for a in self.analyses:
                 got = layer_rows[a.name] if a.layered is not None else a.run(
-                    x, {n: targets[n] for n in a.needs.targets}, opts)
+                    x, {n: targets[n] for n in a.needs.targets}, own)
                 check_range(got, a, TOLERANCE[sc.dtype])
                 rows += got
             out.append(rows)
@@ -125,8 +126,7 @@ class Scorer:
         else:
             rows = self.rows_sets(config, weights, [self.targets])[0]
             replicates = [self.rows_sets(config, weights, [t()])[0] for t in left_out]
-        target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
-        out = add_intervals(rows, replicates, ceilings, target_of)
+        out = add_intervals(rows, replicates, ceilings, self.target_of)
         bounds = {a.name: a.bounds for a in self.analyses}
         for r in out:  # an interval past the analysis's range is cut at it
             lo, hi = bounds[r["analysis"]]
@@ -140,6 +140,12 @@ class Scorer:
                                       f"[{r['ci_low']}, {r['ci_high']}] misses its value "
                                       f"{r['value']}: a bug; not written")
         return out
+
+
+    def target_of(self, analysis: str, metric: str) -> str | None:
+        """The target a cell of a per-layer analysis is scored against (None: not per layer)."""
+        spec = next((a.layered for a in self.analyses if a.name == analysis), None)
+        return None if spec is None else spec.target_of(metric)
 
 
 def check_range(rows: list[dict], analysis: Analysis, tol: float,

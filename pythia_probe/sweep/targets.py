@@ -88,6 +88,16 @@ def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringCo
             for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
 
 
+RAW = "raw"
+"""Key of a target set's raw statistics (``Needs.raw``: attention_text's Qbar and Delta), so a
+left-out set's analyses read the left-out statistics, not the full corpus's."""
+
+
+def raw_statistics(st, names: Sequence[str]) -> dict:
+    """``{RAW: {name: st[name]}}`` for the raw statistics ``names`` of ``st`` (empty: {})."""
+    return {RAW: {n: st[n] for n in names}} if names else {}
+
+
 @dataclass(frozen=True)
 class Scale:
     """What the ceiling and interval columns are scored from, prepared once per run: the
@@ -100,12 +110,14 @@ class Scale:
 
 
 def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
-                  scoring: ScoringConfig, progress: bool = True) -> Scale | None:
+                  scoring: ScoringConfig, progress: bool = True,
+                  raw: Sequence[str] = ()) -> Scale | None:
     """The run's :class:`Scale` from statistics built with groups (meta ``groups.G`` > 1:
     ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
     the run's targets in a cache subfolder of that id; ``scoring.together`` False: the
     left-out sets are prepared one at a time, when scored); None without groups or with
-    intervals off (``scoring.intervals``)."""
+    intervals off (``scoring.intervals``). ``raw``: the raw statistics the analyses read
+    (``Needs.raw``), taken from each left-out statistics too."""
     G = int((stats.meta.get("groups") or {}).get("G", 0))  # from the header: no tensor read
     if not scoring.intervals or G < 2:
         return None
@@ -115,7 +127,7 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mod
     A, B = (part_targets(h, names, cache, mode, scoring) for h in st.halves())
     ceilings = {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names}
     del A, B
-    prepare = [partial(_left_out, st, g, names, cache, mode, scoring) for g in range(G)]
+    prepare = [partial(_left_out, st, g, names, cache, mode, scoring, raw) for g in range(G)]
     if not scoring.together:
         return Scale(prepare, ceilings)
     return Scale([p() for p in tqdm(prepare, desc="left-out targets", disable=not progress)],
@@ -123,9 +135,11 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mod
 
 
 def _left_out(st, g: int, names: Sequence[str], cache: Path, mode: str,
-              scoring: ScoringConfig) -> dict:
-    """The targets of the statistics without group ``g`` (formed now, not before)."""
-    return part_targets(st.leave_out(g), names, cache, mode, scoring)
+              scoring: ScoringConfig, raw: Sequence[str] = ()) -> dict:
+    """The targets (and ``raw`` statistics) of the statistics without group ``g`` (formed
+    now, not before)."""
+    part = st.leave_out(g)
+    return {**part_targets(part, names, cache, mode, scoring), **raw_statistics(part, raw)}
 
 
 def part_targets(st, names: Sequence[str], cache: Path, mode: str,
