@@ -9,11 +9,13 @@ numbers are held:
   -> self``, exact ``merge``, ``state()`` for checkpoints, ``checksum()`` for ``stats_id``;
 - ``reduce_counts`` (reduce): the exact sum of every rank's counts, on every rank;
 - ``first_pass``: the final pass-1 statistics (Bbar, Phibar and what pass 2 needs of Gbar);
-- ``second_pass``: Qbar (its non-zero sums, a ``factors.SparseQ``) and Delta sums over the
-  windows again (reduced over the ranks), resuming from a checkpoint written with the driver's
-  one checkpoint writer; with document groups, each group's sums too (the same Gbar);
+- ``second_pass``: Qbar and QbarHead (their non-zero sums, ``factors.SparseQ``, by name) and
+  Delta sums over the windows again (reduced over the ranks), resuming from a checkpoint
+  written with the driver's one checkpoint writer; with document groups, each group's sums too
+  (the same Gbar, GbarHead); over kept ids (``stats/kept.py``) with their K x K compositions;
 - ``assemble``: the frozen :class:`~pythia_probe.stats.result.CorpusStats`, factored (the
-  non-zero pass-1 counts, Qbar's non-zeros and Delta: the same file from both engines).
+  non-zero pass-1 counts, Qbar's and QbarHead's non-zeros and Delta: the same file from both
+  engines).
 
 ``stats/dense/`` keeps V x V tensors (any device, torch kernels); ``stats/sparse/`` keeps
 counts where the corpus has them and composes Gbar by column tiles (CPU, C kernels). Both give
@@ -60,16 +62,27 @@ class Engine(ABC):
 
     @abstractmethod
     def second_pass(self, fp: Any, windows: Any, ids: Tensor | None, spec: Any,
-                    d: Ranks) -> tuple[SparseQ, Tensor, list | None]:
-        """(Qbar sums on the pairs that occur, Delta sum [T], and with ``spec.groups`` each
-        group's (Qbar, Delta) sums with this same Gbar, else None) over every rank's windows,
-        on rank 0 at least."""
+                    d: Ranks) -> tuple[dict[str, SparseQ], Tensor, list | None]:
+        """({"Qbar", "QbarHead"} sums on the pairs that occur, Delta sum [T], and with
+        ``spec.groups`` each group's ({"Qbar", "QbarHead"}, Delta) sums with this same Gbar,
+        GbarHead, else None) over every rank's windows, on rank 0 at least."""
 
     @abstractmethod
-    def assemble(self, fp: Any, Q: SparseQ, D: Tensor, meta: dict[str, Any],
-                 ids: Tensor | None, spec: Any, groups: list | None = None) -> CorpusStats:
+    def assemble(self, fp: Any, Q: SparseQ | dict[str, SparseQ], D: Tensor,
+                 meta: dict[str, Any], ids: Tensor | None, spec: Any,
+                 groups: list | None = None) -> CorpusStats:
         """The frozen statistics (divided by the positions; restricted to ``ids``; with the
-        groups' counts and sums, ``stats/groups.py``)."""
+        groups' counts and sums, ``stats/groups.py``). ``Q``: the pass-2 sums by name (a
+        lone SparseQ: Qbar, no QbarHead)."""
+
+
+def divided(Q: SparseQ | dict[str, SparseQ], P: int) -> dict[str, SparseQ]:
+    """Pass 2's sums by name (a lone SparseQ is Qbar), each divided by the positions P in
+    place."""
+    qs = Q if isinstance(Q, dict) else {"Qbar": Q}
+    for q in qs.values():
+        q.vals /= P
+    return qs
 
 
 def check_mergeable(a: Any, b: Any) -> None:

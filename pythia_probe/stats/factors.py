@@ -6,6 +6,7 @@ hi + lo 2^-42), w = 1^T W its column sums and P the number of positions:
 
   Bbar   = (C - n 1^T / V) / P            Phibar = (W - 1 w^T / V) / P
   SigmaB = Bbar^T Bbar     PhiBT = Phibar^T Bbar^T     Gbar = SigmaB Phibar
+  GbarHead = Bbar^T Phibar^T Bbar^T = Bbar^T PhiBT  (pythia-per-head.py's G_bar, transposed)
 
 so every block and every product with a dense X is a sparse product plus vector corrections:
 ``Bbar X = (C X) / P - n (1^T X) / (P V)``, ``Bbar^T X = (C^T X) / P - 1 (n^T X) / (P V)``,
@@ -190,6 +191,53 @@ class Factors:
         P, V = self.n_positions, self.d_vocab
         return self.WT.matmul(X, u=self.colsum.numpy(), v=X.sum(0) / V, scale=1.0 / P)
 
+    @cached_property
+    def w_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """W by target rows as CSR arrays (int64 indptr, int32 context columns ascending,
+        float64 hi + lo 2^-F: 12 B an entry), by a counting sort of the context table's
+        chunks (context-major keys a * V + y); never a copy of the whole table."""
+        V = self.d_vocab
+        counts = np.zeros(V, dtype=np.int64)
+        for k, _, _ in self.context.chunks:
+            counts += np.bincount(k % V, minlength=V)
+        indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        col, val = np.empty(int(indptr[-1]), dtype=np.int32), np.empty(int(indptr[-1]))
+        filled = indptr[:-1].copy()
+        for k, h, low in self.context.chunks:
+            y = k % V
+            order = np.argsort(y, kind="stable")
+            ys = y[order]
+            dest = filled[ys] + np.arange(ys.size) - np.searchsorted(ys, ys, side="left")
+            col[dest] = (k[order] // V).astype(np.int32)
+            val[dest] = h[order] + low[order] * 2.0 ** -F
+            filled += np.bincount(y, minlength=V)
+        return indptr, col, val
+
+    def head_rows(self, cols: np.ndarray) -> np.ndarray:
+        """P^2 (Bbar[cols, :] Phibar)^T = (C[cols, :] W - n[cols] w^T / V)^T, [V, len(cols)]
+        (Bbar's rows sum to 0 and 1^T W = w^T, so the rank-one terms collapse to one): the
+        bigrams of ``cols`` times the W rows of their next tokens (a sparse x sparse product
+        in C, scipy without the library), never W times a dense block."""
+        V = self.d_vocab
+        Z = self.C.take_rows(cols)
+        if sparsecount.use_c():
+            H = sparsecount.spgemm_dense((Z.indptr, Z.col, Z.val), self.w_rows, V,
+                                         torch.get_num_threads())
+        else:
+            wi, wc, wv = self.w_rows
+            W = scipy.sparse.csr_matrix((wv, wc.astype(np.int64), wi), shape=(V, V))
+            H = np.asarray((Z.scipy() @ W).todense())
+        H -= np.outer(self.n[cols] / V, self.colsum.numpy())
+        return np.ascontiguousarray(H.T)
+
+    def gbar_head_tile(self, cols: np.ndarray) -> np.ndarray:
+        """GbarHead[:, cols]^T = (Bbar[cols, :] Phibar Bbar), contiguous [len(cols), V]:
+        (H C - (H n) 1^T / V) / P^3 with H = P^2 Bbar[cols, :] Phibar. Its columns sum to 0
+        (Bbar's rows do), like Gbar's."""
+        P, V = float(self.n_positions), self.d_vocab
+        X = self.head_rows(cols)
+        return self.CT.matmul(X, transposed=True, v=(self.n @ X) / V, scale=P ** -3)
+
     def w_columns(self, cols: np.ndarray) -> np.ndarray:
         """W[:, cols] as a dense float64 [V, len(cols)] array (hi + lo 2^-F per entry)."""
         V = self.d_vocab
@@ -278,13 +326,26 @@ class Factors:
                                                                 scale=P ** -3))
         return out
 
+    def gbar_head_block(self, rows: np.ndarray, cols: np.ndarray) -> Tensor:
+        """GbarHead[rows][:, cols]: by columns from :meth:`gbar_head_tile`; with fewer rows
+        than columns by rows, as (GbarHead^T[:, rows])^T = (Bbar Phibar Bbar[:, rows])^T."""
+        if rows.size < cols.size:
+            Y = self.b_mul(self.phi_mul(self.bbar_block(None, rows).numpy()))
+            return torch.from_numpy(np.ascontiguousarray(Y[cols].T))
+        out = torch.empty(rows.size, cols.size, dtype=torch.float64)
+        for j0 in range(0, cols.size, CHUNK_COLS):
+            J = cols[j0:j0 + CHUNK_COLS]
+            out[:, j0:j0 + J.size] = torch.from_numpy(self.gbar_head_tile(J)[:, rows].T)
+        return out
+
     # -- products with a dense X [V, d], never forming a V x V matrix -------------------------
     def mul(self, name: str, X: np.ndarray) -> np.ndarray:
-        """``name`` @ X for Bbar, Phibar, SigmaB, PhiBT, Gbar (X: [V, d] float64)."""
+        """``name`` @ X for Bbar, Phibar, SigmaB, PhiBT, Gbar, GbarHead (X: [V, d] float64)."""
         ops = {"Bbar": lambda Z: self.b_mul(Z), "Phibar": lambda Z: self.phi_mul(Z),
                "SigmaB": lambda Z: self.bt_mul(self.b_mul(Z)),
                "PhiBT": lambda Z: self.phi_t_mul(self.bt_mul(Z)),
-               "Gbar": lambda Z: self.bt_mul(self.b_mul(self.phi_mul(Z)))}
+               "Gbar": lambda Z: self.bt_mul(self.b_mul(self.phi_mul(Z))),
+               "GbarHead": lambda Z: self.bt_mul(self.phi_t_mul(self.bt_mul(Z)))}
         return _chunked(ops[name], X)
 
     def t_mul(self, name: str, X: np.ndarray) -> np.ndarray:
@@ -292,7 +353,8 @@ class Factors:
         ops = {"Bbar": lambda Z: self.bt_mul(Z), "Phibar": lambda Z: self.phi_t_mul(Z),
                "SigmaB": lambda Z: self.bt_mul(self.b_mul(Z)),
                "PhiBT": lambda Z: self.b_mul(self.phi_mul(Z)),
-               "Gbar": lambda Z: self.phi_t_mul(self.bt_mul(self.b_mul(Z)))}
+               "Gbar": lambda Z: self.phi_t_mul(self.bt_mul(self.b_mul(Z))),
+               "GbarHead": lambda Z: self.b_mul(self.phi_mul(self.b_mul(Z)))}
         return _chunked(ops[name], X)
 
 

@@ -5,12 +5,13 @@ characters, within --docs, counted from 0 across the shards in order), so the as
 same whatever the shards, ranks, batch size or resume. A window belongs to the group of its
 document (mode 'packed': the document of its first token).
 
-Per group the file keeps the exact pass-1 counts in factored form (token counts, the bigram
-counts C and the fixed-point context weights W where the group has them: :class:`GroupCounts`)
-and the pass-2 sums of Qbar (on the group's pairs) and Delta, computed with the FULL corpus's
-Gbar: a part's Qbar and Delta are conditioned on the full-corpus Gbar (the exact ones would need
-another pass over the windows per part, each with its own Gbar). ``CorpusStats.subset`` sums the
-groups asked for (integers exactly; Qbar and Delta in float64) and divides by their positions.
+Per group the file keeps the exact pass-1 counts in factored form (token counts, the bigram counts C
+and the fixed-point context weights W where the group has them: :class:`GroupCounts`) and the pass-2
+sums of Qbar and QbarHead (on the group's pairs) and Delta, computed with the FULL corpus's Gbar and
+GbarHead: a part's Qbar, QbarHead and Delta are conditioned on the full-corpus Gbar (the exact ones
+would need another pass over the windows per part, each with its own Gbar). ``CorpusStats.subset``
+sums the groups asked for (integers exactly; Qbar and Delta in float64) and divides by their
+positions.
 
 Pass 2 needs only the total's counts, so while it runs each group's pass-1 tables wait on disk
 (:class:`Spill`: written as the group is counted, read back once pass 2 is done): the groups'
@@ -39,10 +40,27 @@ from pythia_probe.stats.sparse.tables import CountTable, FixedTable
 DEFAULT_GROUPS = 10
 
 
+def q_tensors(prefix: str, q: SparseQ | None) -> dict[str, Tensor]:
+    """The tensors of a Qbar-like ``SparseQ`` in a file (none for None)."""
+    if q is None:
+        return {}
+    return {f"{prefix}_indptr": torch.from_numpy(q.indptr),
+            f"{prefix}_rows": torch.from_numpy(q.rows), f"{prefix}_vals": torch.from_numpy(q.vals)}
+
+
+def read_q(t: dict[str, Tensor], prefix: str, side: int) -> SparseQ | None:
+    """The ``SparseQ`` stored under ``prefix`` (None when the file has none: QbarHead in a file
+    built before it existed)."""
+    if f"{prefix}_indptr" not in t:
+        return None
+    return SparseQ(side, t[f"{prefix}_indptr"].numpy(), t[f"{prefix}_rows"].numpy(),
+                   t[f"{prefix}_vals"].numpy())
+
+
 @dataclass
 class GroupCounts:
-    """One group's exact pass-1 counts (sparse) and its pass-2 sums (Qbar's raw sums on the
-    group's pairs, Delta's; both None until pass 2 is done)."""
+    """One group's exact pass-1 counts (sparse) and its pass-2 sums (Qbar's and QbarHead's raw
+    sums on the group's pairs, Delta's; None until pass 2 is done)."""
 
     token_counts: Tensor
     bigram_keys: np.ndarray
@@ -53,15 +71,15 @@ class GroupCounts:
     n_tokens: int
     qbar: SparseQ | None = None
     delta: Tensor | None = None
+    qbar_head: SparseQ | None = None
 
     def counts(self) -> dict[str, int]:
         return {"sequences": self.n_sequences, "positions": self.n_positions,
                 "tokens": self.n_tokens}
 
     def tensors(self, g: int) -> dict[str, Tensor]:
-        t = dict(self.count_tensors(), qbar_indptr=torch.from_numpy(self.qbar.indptr),
-                 qbar_rows=torch.from_numpy(self.qbar.rows),
-                 qbar_vals=torch.from_numpy(self.qbar.vals), Delta=self.delta)
+        t = dict(self.count_tensors(), **q_tensors("qbar", self.qbar),
+                 **q_tensors("qbar_head", self.qbar_head), Delta=self.delta)
         return {f"group.{g}.{k}": v for k, v in t.items()}
 
     def count_tensors(self) -> dict[str, Tensor]:
@@ -83,11 +101,11 @@ class GroupCounts:
         p = f"group.{g}."
         chunks = [tuple(t[f"{p}context_{q}.{i}"].numpy() for q in ("keys", "hi", "lo"))
                   for i in range(layout["context_chunks"])]
-        q = SparseQ(side, t[p + "qbar_indptr"].numpy(), t[p + "qbar_rows"].numpy(),
-                    t[p + "qbar_vals"].numpy())
+        mine = {k[len(p):]: v for k, v in t.items() if k.startswith(p)}
         return cls(t[p + "token_counts"], t[p + "bigram_keys"].numpy(),
                    t[p + "bigram_counts"].numpy(), FixedTable(chunks), layout["sequences"],
-                   layout["positions"], layout["tokens"], q, t[p + "Delta"].double())
+                   layout["positions"], layout["tokens"], read_q(mine, "qbar", side),
+                   t[p + "Delta"].double(), read_q(mine, "qbar_head", side))
 
 
 def tables_of(engine_name: str, acc) -> tuple[Tensor, np.ndarray, np.ndarray, FixedTable]:

@@ -28,6 +28,8 @@ from pythia_probe.fileio import remove
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import checkpoint
+from pythia_probe.stats.doctop import KEYS as DOC_KEYS
+from pythia_probe.stats.doctop import DocTokens
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer, batches, describe_skips
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,13 @@ class RunSpec:
     groups: int = 0
     """G: documents in G groups by their ordinal in the corpus stream (ordinal mod G), each
     group's statistics kept beside the totals (0: none)."""
+    top_rule: str = "windows"
+    """How the top-k ids are ranked: 'windows' (the tokens counted in the windows, ties by
+    id) or 'documents' (pythia.py's find_top_tokens: every token of each document, BOS
+    first, up to 2,048, ties in first-seen order; ``stats/doctop.py``)."""
+    compose: str = "full_then_slice"
+    """How a top-k vocabulary's SigmaB, PhiBT, Gbar, GbarHead and pass 2 are made:
+    'full_then_slice' or 'kept' (the authors': over the kept ids only, ``stats/kept.py``)."""
 
 
 def doc_counts(ledger: list[dict]) -> dict[str, int]:
@@ -151,8 +160,10 @@ def read_windows(shard, spec: RunSpec, quota: int | None, each=None, offset: int
     lengths)`` sees every batch."""
     seq = Sequencer(spec.policy, spec.d_vocab)
     docs = _DocFilter(shard.documents(), spec.min_chars, quota)
+    counted = DocTokens(spec.d_vocab, spec.policy.bos) if spec.top_rule == "documents" else None
+    encoded = spec.encode(docs) if counted is None else counted.watch(spec.encode(docs))
     ids, lens = [torch.zeros(0, dtype=torch.int32)], [torch.zeros(0, dtype=torch.int64)]
-    for tokens, lengths in batches(seq.windows(spec.encode(docs)), spec.policy.seq_len,
+    for tokens, lengths in batches(seq.windows(encoded), spec.policy.seq_len,
                                    spec.batch_size):
         if each is not None:
             each(tokens, lengths)
@@ -162,6 +173,8 @@ def read_windows(shard, spec: RunSpec, quota: int | None, each=None, offset: int
     cache = {"ids": torch.cat(ids), "lengths": torch.cat(lens)}
     if spec.groups:
         cache["groups"] = (offset + torch.tensor(seq.origins, dtype=torch.int64)) % spec.groups
+    if counted is not None:
+        cache.update(counted.tensors())
     return seq, docs, cache
 
 
@@ -177,11 +190,13 @@ def padded(cache: dict[str, torch.Tensor], T: int) -> dict[str, torch.Tensor]:
 
 
 def cache_digest(cache: dict[str, torch.Tensor]) -> str:
-    """sha256 of a token cache (the windows' tokens and lengths, and groups when kept)."""
+    """sha256 of a token cache (the windows' tokens and lengths, and groups and the document
+    counts of the authors' top-K rule when kept)."""
     h = hashlib.sha256(cache["ids"].to(torch.int32).contiguous().numpy().tobytes())
     h.update(cache["lengths"].to(torch.int64).contiguous().numpy().tobytes())
-    if "groups" in cache:
-        h.update(cache["groups"].to(torch.int64).contiguous().numpy().tobytes())
+    for key in ("groups", *DOC_KEYS):
+        if key in cache:
+            h.update(cache[key].to(torch.int64).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -192,9 +207,15 @@ def _save_cache(spec: RunSpec, name: str, cache: dict, content: str, digest: str
 
 def cached_windows(spec: RunSpec, entry: dict[str, Any], shard) -> dict[str, torch.Tensor]:
     """The windows of a counted shard (padded, as :func:`padded`) from its token cache,
-    checked against its pass-1 ledger entry: a cache that is missing, corrupt or holds other
-    windows (another shard's copied over it) is rebuilt from the shard, which must still give
-    the windows pass 1 counted."""
+    checked against its pass-1 ledger entry (:func:`cached`)."""
+    return padded(cached(spec, entry, shard), spec.policy.seq_len)
+
+
+def cached(spec: RunSpec, entry: dict[str, Any], shard) -> dict[str, torch.Tensor]:
+    """The token cache of a counted shard as pass 1 wrote it, checked against its pass-1
+    ledger entry: a cache that is missing, corrupt or holds other windows (another shard's
+    copied over it) is rebuilt from the shard, which must still give the windows pass 1
+    counted."""
     if "cache_sha256" not in entry:
         raise MismatchError(f"the work folder {spec.work_dir} was written by an older version "
                             "(its ledger records no token-cache digests); delete it to start "
@@ -203,7 +224,7 @@ def cached_windows(spec: RunSpec, entry: dict[str, Any], shard) -> dict[str, tor
     try:
         cache, _ = checkpoint.load_state(path)
         if cache_digest(cache) == entry["cache_sha256"]:
-            return padded(cache, spec.policy.seq_len)
+            return cache
         why = "holds other windows than pass 1 counted"
     except (CorruptFileError, MissingFileError, KeyError) as err:
         why = f"cannot be read ({err})"
@@ -217,7 +238,7 @@ def cached_windows(spec: RunSpec, entry: dict[str, Any], shard) -> dict[str, tor
                             f"token cache {path} {why}; delete the work folder {spec.work_dir} "
                             "to count from scratch")
     _save_cache(spec, entry["shard"], cache, entry["content"], entry["cache_sha256"])
-    return padded(cache, spec.policy.seq_len)
+    return cache
 
 
 class _DocFilter:
@@ -316,15 +337,16 @@ class Windows:
     """The windows pass 2 reads again, unit by unit: each counted shard of this rank (its
     checked token cache), or one batch held in memory. ``units`` are ledger entries."""
 
-    def __init__(self, units: list[dict[str, Any]], load) -> None:
-        self.units, self._load = units, load
+    def __init__(self, units: list[dict[str, Any]], load, raw=None) -> None:
+        self.units, self._load, self._raw = units, load, raw
 
     @classmethod
     def of_shards(cls, spec: RunSpec, ledger: list[dict[str, Any]], mine: list) -> Windows:
         """This rank's counted shards, in ledger order."""
         by_name = {s.name: s for _, s in mine}
         units = [e for e in ledger if e["shard"] in by_name]
-        return cls(units, lambda e: cached_windows(spec, e, by_name[e["shard"]]))
+        return cls(units, lambda e: cached_windows(spec, e, by_name[e["shard"]]),
+                   lambda e: cached(spec, e, by_name[e["shard"]]))
 
     @classmethod
     def of_batch(cls, tokens: torch.Tensor, lengths: torch.Tensor | None,
@@ -341,3 +363,11 @@ class Windows:
     def load(self, unit: dict[str, Any]) -> dict[str, torch.Tensor]:
         """One unit's windows: int32 tokens [n, T+1] padded with 0, int64 lengths."""
         return self._load(unit)
+
+    def doc_tokens(self, unit: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """One unit's token cache as pass 1 wrote it (checked): its document counts
+        (``stats/doctop.py``). Only shards have them."""
+        if self._raw is None:
+            raise BadInputError("the authors' top-K rule counts the tokens of documents: it "
+                                "needs corpus shards, not a batch of windows")
+        return self._raw(unit)

@@ -2,17 +2,20 @@
 
 dense (``stats/dense/``): V x V tensors of 8 B, "1 VV" = 8 V^2 bytes (20.2 GB at
 V = 50,277). Pass 1 holds 3 VV (bigram counts and two fixed-point limbs); on the host the peak
-is 5 VV (Bbar, Phibar, SigmaB, Gbar; pass 2's centred Gc and Qbar), plus the matmul tiles. Its
+is 5 VV (Bbar, Phibar, SigmaB, Gbar, then Bbar, Phibar, Gbar, PhiBT, GbarHead; pass 2's
+centred Gc and GcHead with Qbar and QbarHead), plus the matmul tiles. Its
 pass 2 runs the torch kernels on every device: a batch needs their per-pair workspace
 (B x T(T+1)/2 pairs). Its statistics are factored like the sparse engine's.
 
 sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^2:
-  24 B per distinct (target, context) pair, 64 B per distinct bigram (table, C and C^T),
+  36 B per distinct (target, context) pair (the table, and W by target rows for GbarHead's
+  tiles), 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
   padded to T+1 slots), the pair buffer (16 B x max(sparse.BUFFER, one window's pairs)),
   column tiles (4 arrays of V x width float64, width from the tile budget), one tile's Qbar
-  block (8 B and a bit x width x V), the head block (8 B x sparse.HEAD^2) and Qbar on the
-  (query, key) pairs that occur (12 B each). No V x V array at any vocabulary.
+  block (8 B and a bit x width x V), the head block (8 B x sparse.HEAD^2) and Qbar and
+  QbarHead on the (query, key) pairs that occur (12 B each, twice; GbarHead's tiles need W by
+  target rows, 12 B per (target, context) pair). No V x V array at any vocabulary.
 
 ``choose_engine``: "auto" follows the plan: dense when its peak fits the device's budget (free
 CUDA memory x 0.9, or the host's available RAM x 0.8) and is below the sparse engine's (its
@@ -30,6 +33,7 @@ from typing import Any
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
 from pythia_probe.resources import memory_budget
+from pythia_probe.stats import kept
 from pythia_probe.stats.dense import compose
 from pythia_probe.stats.native import fastcount
 from pythia_probe.stats.sparse import count as sparse
@@ -37,8 +41,9 @@ from pythia_probe.stats.sparse import tables as sparse_tables
 
 GB = 1e9
 ENGINES = ("auto", "dense", "sparse")
-PAIR_BYTES = 24
-QBAR_PAIR_BYTES = 12  # a (query, key) pair of Qbar: int32 query + float64 value (+ its tile place)
+PAIR_BYTES = 36  # a (target, context) pair: the table (24 B) and W by target rows (12 B)
+QBAR_PAIR_BYTES = 24  # a (query, key) pair of Qbar and of QbarHead: int32 query + float64 value
+# (+ its tile place), each
 QBAR_BLOCK_BYTES = 8  # a tile's dense Qbar block: float64 per (key, query), + a touched bit
 BIGRAM_BYTES = 64
 POSITION_BYTES = 28
@@ -66,19 +71,31 @@ def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int
     """Peak bytes of the dense engine on the memory that decides whether it fits.
 
     CPU: the host peak, 5 VV (pass 1's 3 VV and the factors taken from them; then Bbar,
-    Phibar, SigmaB, Gbar; pass 2's centred Gc and Qbar) + matmul tiles (the tile budget, or
-    two V x V tiles when the whole matrix is smaller). With G document groups: pass 2 holds G
-    Qbar sums instead of one, and the groups are counted one at a time beside the total's
-    3 VV (6 VV).
+    Phibar, SigmaB, Gbar, and Bbar, Phibar, Gbar, PhiBT, GbarHead; pass 2's centred Gc and
+    GcHead with one Qbar and one QbarHead sum per group, at least one) + matmul tiles (the tile
+    budget, or two V x V tiles when the whole matrix is smaller). With G document groups: the
+    groups are counted one at a time beside the total's 3 VV (6 VV).
     CUDA: pass 1's 3 VV on the device (later phases stream tiles through it or hold less;
-    with groups 6 VV while they are counted, G Qbar sums in pass 2).
+    with groups 6 VV while they are counted; pass 2 as on the host).
     """
     VV = 8 * d_vocab * d_vocab
     side = d_vocab if top_k is None else top_k + 1
-    extra = max(groups - 1, 0) * 8 * side * side
+    pass2 = 2 * VV + 2 * max(groups, 1) * 8 * side * side
     if device.startswith("cuda"):
-        return max(3 * VV, 6 * VV if groups else 0, 2 * VV + extra) + (1 << 30)
-    return max(5 * VV + extra, 6 * VV if groups else 0) + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
+        return max(3 * VV, 6 * VV if groups else 0, pass2) + (1 << 30)
+    return max(5 * VV, pass2, 6 * VV if groups else 0) + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
+
+
+def check_kept(k: int, groups: int = 0, budget: tuple[float | None, str] | None = None) -> None:
+    """Refuse up front a composition over k kept ids (``stats/kept.py``: dense K x K
+    matrices, and the dense engine's per-group pass-2 sums) that cannot fit."""
+    need = 8 * (k + 1) ** 2 * (kept.KEPT_ARRAYS + 2 * max(groups, 1))
+    limit, how = budget if budget is not None else memory_budget("cpu")
+    if limit is not None and need > limit:
+        raise ResourceError(f"composing over the {k:,} kept ids (--conventions authors at "
+                            f"--top-k {k}) needs {need / GB:.1f} GB of K x K matrices, more "
+                            f"than the budget {limit / GB:.1f} GB ({how}); use a smaller "
+                            "--top-k, or the full vocabulary (--top-k full)")
 
 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
@@ -221,14 +238,15 @@ def file_bytes(rows: int, top_k: int | None, docs: int | None = None, T: int | N
                groups: int = 0, d_vocab: int | None = None) -> int:
     """Upper bound of a statistics file's size (and of its memory once loaded) before it is
     built. The file is factored: 24 B per distinct (target, context) pair, 16 B per distinct
-    bigram, 12 B per Qbar pair, 8 B per id, each pair kept once more with groups; with
+    bigram, 24 B per Qbar pair (Qbar and QbarHead), 8 B per id, each pair kept once more with
+    groups; with
     ``docs`` and T the pairs are bounded by the occurrences (docs x T(T+1)/2), else by V^2
     (``d_vocab``: the full vocabulary a top-k file is counted over; default ``rows``)."""
     V = d_vocab or rows
     pairs = V * V if docs is None or T is None else min(V * V, docs * T * (T + 1) // 2)
     bigrams = V * V if docs is None or T is None else min(V * V, docs * T)
     qbar = min(rows * rows, pairs)
-    return (2 if groups else 1) * (24 * pairs + 16 * bigrams + 12 * qbar) + 8 * V
+    return (2 if groups else 1) * (24 * pairs + 16 * bigrams + 24 * qbar) + 8 * V
 
 
 def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:

@@ -2,6 +2,7 @@
 
 Everything is built the way the paper writes it: dense one-hot X_i and Y_i (T x |V|), the
 uniform matrix U, uniform causal attention A0 and the softmax-Jacobian einsum of Eq. 16.
+QbarHead is the same pass 2 with GbarHead = Bbar^T Phibar^T Bbar^T in place of Gbar.
 Memory is O(N T |V| + |V|^2): for tests on small random corpora only. The fast engine must
 equal this (counts exactly, floats to 1e-10 relative).
 """
@@ -37,7 +38,7 @@ def reference_stats(tokens: Tensor, d_vocab: int) -> dict[str, Tensor]:
 
     Returns Bbar, SigmaB, Phibar, PhiBT (= Phibar^T Bbar^T), Gbar, M (per-sequence scores
     [N, T, T]), Q ([N, T, T]), Qbar and Delta (length T, Delta[r] for offset r = query - key),
-    and ``positions`` (NT, the int every average divides by).
+    GbarHead, QbarHead and ``positions`` (NT, the int every average divides by).
     """
     X, Y = one_hot_xy(tokens, d_vocab)
     N, T, V = X.shape
@@ -54,8 +55,12 @@ def reference_stats(tokens: Tensor, d_vocab: int) -> dict[str, Tensor]:
     Qbar = torch.einsum("ntv,nts,nsw->vw", X, Q, X) / NT
     Delta = torch.stack([torch.diagonal(Q, offset=-r, dim1=1, dim2=2).sum() for r in range(T)])
     Delta = Delta / NT
+    GbarHead = Bbar.T @ Phibar.T @ Bbar.T
+    MH = torch.einsum("ntv,vw,nsw->nts", Y - U, GbarHead, X)
+    QbarHead = torch.einsum("ntv,nts,nsw->vw", X, torch.einsum("tjk,ntk->ntj", J, MH), X) / NT
     return {"Bbar": Bbar, "SigmaB": SigmaB, "Phibar": Phibar, "PhiBT": Phibar.T @ Bbar.T,
-            "Gbar": Gbar, "M": M, "Q": Q, "Qbar": Qbar, "Delta": Delta, "positions": NT}
+            "Gbar": Gbar, "M": M, "Q": Q, "Qbar": Qbar, "Delta": Delta, "GbarHead": GbarHead,
+            "QbarHead": QbarHead, "positions": NT}
 
 
 def reference_stats_ragged(seqs: list[Tensor], d_vocab: int) -> dict[str, Tensor]:
@@ -63,32 +68,27 @@ def reference_stats_ragged(seqs: list[Tensor], d_vocab: int) -> dict[str, Tensor
 
     Sequence i contributes its own T_i = len - 1 positions with its own X_i, Y_i, U and A0;
     every average divides by the total number of positions sum_i T_i (= NT when all equal).
-    Returns Bbar, SigmaB, Phibar, PhiBT, Gbar, Qbar and Delta (length max T_i).
+    Returns Bbar, SigmaB, Phibar, PhiBT, Gbar, Qbar and Delta (length max T_i), GbarHead and
+    QbarHead.
     """
     parts = [one_hot_xy(s[None, :], d_vocab) for s in seqs]
     P = sum(X.shape[1] for X, _ in parts)
-    Tmax = max(X.shape[1] for X, _ in parts)
     Bbar = sum(torch.einsum("ntv,ntw->vw", X, Y - 1.0 / d_vocab) for X, Y in parts) / P
     Phibar = sum(torch.einsum("ntv,ts,nsw->vw", Y - 1.0 / d_vocab, uniform_causal(X.shape[1]), X)
                  for X, Y in parts) / P
     SigmaB = Bbar.T @ Bbar
     Gbar = SigmaB @ Phibar
-    Qbar = torch.zeros(d_vocab, d_vocab, dtype=torch.float64)
-    Delta = torch.zeros(Tmax, dtype=torch.float64)
-    for X, Y in parts:
-        T = X.shape[1]
-        M = torch.einsum("ntv,vw,nsw->nts", Y - 1.0 / d_vocab, Gbar, X)
-        Q = torch.einsum("tjk,ntk->ntj", softmax_jacobian_uniform(T), M)
-        Qbar += torch.einsum("ntv,nts,nsw->vw", X, Q, X)
-        for r in range(T):
-            Delta[r] += torch.diagonal(Q, offset=-r, dim1=1, dim2=2).sum()
+    GbarHead = Bbar.T @ Phibar.T @ Bbar.T
+    q, qh = reference_q_given(seqs, d_vocab, Gbar), reference_q_given(seqs, d_vocab, GbarHead)
     return {"Bbar": Bbar, "SigmaB": SigmaB, "Phibar": Phibar, "PhiBT": Phibar.T @ Bbar.T,
-            "Gbar": Gbar, "Qbar": Qbar / P, "Delta": Delta / P, "positions": P}
+            "Gbar": Gbar, "Qbar": q["Qbar"], "Delta": q["Delta"], "GbarHead": GbarHead,
+            "QbarHead": qh["Qbar"], "positions": P}
 
 
 def reference_q_given(seqs: list[Tensor], d_vocab: int, Gbar: Tensor) -> dict[str, Tensor]:
     """Literal Qbar and Delta of sequences (each >= 2 tokens) with a GIVEN Gbar (e.g. the full
-    corpus's, for a part of it: ``CorpusStats.subset``), divided by their own positions."""
+    corpus's, for a part of it: ``CorpusStats.subset``; GbarHead for QbarHead), divided by
+    their own positions."""
     P = sum(int(s.numel()) - 1 for s in seqs)
     Tmax = max(int(s.numel()) - 1 for s in seqs)
     Qbar = torch.zeros(d_vocab, d_vocab, dtype=torch.float64)

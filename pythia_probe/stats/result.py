@@ -1,19 +1,22 @@
 """CorpusStats: the frozen section-2 statistics, apart from the engines that fit them.
 
-Every statistic is read one way, ``st.block(name, rows, cols)``: the dense float64 entries of
-Bbar, Phibar, SigmaB, PhiBT, Gbar or Qbar at any index tensors (positions 0..d_vocab-1 of
-these statistics; ``token_ids`` maps them to tokenizer ids when the vocabulary is restricted),
-``st.block("Delta")`` the Delta vector. The properties (``st.Bbar`` ...) and ``st[name]`` are
-the whole matrix, ``block(name)``: fine at small vocabularies, V x V at the full one. Products
-with a dense X [d_vocab, d] never form a V x V matrix: ``st.mul(name, X)`` = B X and
-``st.tmul(name, X)`` = X^T B; ``st.parts()`` exposes the sparse parts and vectors.
+Every statistic is read one way, ``st.block(name, rows, cols)``: the dense float64 entries of Bbar,
+Phibar, SigmaB, PhiBT, Gbar, Qbar, GbarHead or QbarHead at any index tensors (positions 0..d_vocab-1
+of these statistics; ``token_ids`` maps them to tokenizer ids when the vocabulary is restricted),
+``st.block("Delta")`` the Delta vector. The properties (``st.Bbar`` ...) and ``st[name]`` are the
+whole matrix, ``block(name)``: fine at small vocabularies, V x V at the full one. Products with a
+dense X [d_vocab, d] never form a V x V matrix: ``st.mul(name, X)`` = B X and ``st.tmul(name, X)`` =
+X^T B; ``st.parts()`` exposes the sparse parts and vectors.
 
-Storage is factored (leading-terms section 6, ``stats/factors.py``): the bigram counts C and
-the context weights W where the corpus has them (exact integers), the token counts, Qbar on the
-(query, key) pairs that occur, and Delta; Bbar, Phibar, SigmaB, PhiBT and Gbar are composed from
-them when read (Bbar and Phibar bit-identical to the dense engine, the rest to float64
-rounding). A file of the first format (dense tensors) still loads; ``meta["stats_id"]``
-(:func:`stats_id`) names what decided the numbers.
+Storage is factored (leading-terms section 6, ``stats/factors.py``): the bigram counts C and the
+context weights W where the corpus has them (exact integers), the token counts, Qbar and QbarHead on
+the (query, key) pairs that occur, and Delta; Bbar, Phibar, SigmaB, PhiBT, Gbar and GbarHead are
+composed from them when read (Bbar and Phibar bit-identical to the dense engine, the rest to float64
+rounding). QbarHead is pass 2 run with GbarHead = Bbar^T Phibar^T Bbar^T in place of Gbar (the
+per-head target of pythia-per-head.py, transposed: rows = query token, like Qbar); a file built
+before it existed still loads (``st.has("QbarHead")`` is False). A file of the first format (dense
+tensors) still loads; ``meta["stats_id"]`` (:func:`stats_id`) names what decided the numbers,
+``meta["conventions"]`` whose conventions (``stats/conventions.py``).
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from pythia_probe.stats.stores import DenseStore, FactoredStore
 FORMAT = "pythia_probe.stats/2"
 DENSE_FORMAT = "pythia_probe.stats/1"
 """The first format (dense V x V tensors), still read."""
-MATRICES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "Delta")
-PRODUCTS = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar")
-DERIVED = ("SigmaB", "PhiBT", "Gbar")
+MATRICES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "GbarHead", "QbarHead",
+            "Delta")
+PRODUCTS = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "GbarHead", "QbarHead")
+DERIVED = ("SigmaB", "PhiBT", "Gbar", "GbarHead")
 """Never stored: composed from the factors when read (the one stored-or-recomposed policy)."""
 DERIVED_LIMIT = 16384
 """The d_vocab up to which a first-format (dense) file stored the derived matrices too."""
@@ -75,6 +79,7 @@ class CorpusStats:
         0..d_vocab-1 of these statistics."""
         if name not in MATRICES:
             raise BadInputError(f"unknown statistic {name!r}; valid: {', '.join(MATRICES)}")
+        self._require(name)
         if name == "Delta":
             return self.store.delta
         r, c = self.indices(rows, "row"), self.indices(cols, "column")
@@ -83,6 +88,18 @@ class CorpusStats:
         if ri is not None:
             out = out.index_select(0, ri.to(out.device))
         return out if ci is None else out.index_select(1, ci.to(out.device))
+
+    def has(self, name: str) -> bool:
+        """Whether these statistics hold ``name`` (False for QbarHead in a file built before
+        it existed; unknown names are False)."""
+        return name in MATRICES and self.store.has(name)
+
+    def _require(self, name: str) -> None:
+        if not self.store.has(name):
+            raise BadInputError(
+                f"statistics {self.meta.get('stats_id', '?')} hold no {name} (pass 2 with "
+                "GbarHead, the per-head target): they were built before it existed; rebuild "
+                "them with `python -m pythia_probe.stats compute ...`")
 
     def indices(self, idx, what: str = "row") -> Tensor | None:
         """``idx`` as a LongTensor of positions, checked against 0..d_vocab-1 (None: all)."""
@@ -109,6 +126,7 @@ class CorpusStats:
     def _product_name(self, name: str, X: Tensor) -> str:
         if name not in PRODUCTS:
             raise BadInputError(f"no product with {name!r}; valid: {', '.join(PRODUCTS)}")
+        self._require(name)
         if X.ndim != 2 or X.shape[0] != self.d_vocab:
             raise BadInputError(f"X must be [d_vocab, d] = [{self.d_vocab}, d], got "
                                 f"{tuple(X.shape)}")
@@ -117,7 +135,7 @@ class CorpusStats:
     def parts(self) -> dict[str, Any]:
         """The sparse parts and rank-one vectors (factored statistics only): C, W (scipy CSR,
         token ids), n = C 1, w = 1^T W, the positions P, the full d_vocab, the restriction's
-        ids, Qbar (scipy CSC over positions, / P) and Delta."""
+        ids, Qbar and (when held) QbarHead (scipy CSC over positions, / P) and Delta."""
         if not isinstance(self.store, FactoredStore):
             raise BadInputError("these statistics are dense tensors (a first-format file): "
                                 "recompute them for the factored parts")
@@ -132,6 +150,8 @@ class CorpusStats:
     PhiBT = property(lambda self: self.block("PhiBT"), doc="Phibar^T Bbar^T.")
     Gbar = property(lambda self: self.block("Gbar"), doc="SigmaB Phibar.")
     Qbar = property(lambda self: self.block("Qbar"), doc="(1/NT) sum X^T Q X (query, key).")
+    GbarHead = property(lambda self: self.block("GbarHead"), doc="Bbar^T Phibar^T Bbar^T.")
+    QbarHead = property(lambda self: self.block("QbarHead"), doc="Qbar with GbarHead for Gbar.")
     Delta = property(lambda self: self.block("Delta"), doc="Delta[r], r = query - key offset.")
 
     @property
@@ -172,6 +192,7 @@ class CorpusStats:
         meta.update(counts=counts, subset={"of": self.stats_id, "groups": which,
                                            "G": self.groups,
                                            "qbar_delta": "conditioned on the full corpus's Gbar"})
+        # (QbarHead likewise on the full corpus's GbarHead)
         blob = json.dumps({"of": self.stats_id, "groups": which, "G": self.groups})
         meta["stats_id"] = hashlib.sha256(blob.encode()).hexdigest()[:12]
         return CorpusStats(store, meta)
@@ -225,8 +246,9 @@ class CorpusStats:
         if meta["format"] == DENSE_FORMAT:
             return cls(tensors, meta)
         try:
-            store = FactoredStore.from_tensors(tensors, meta["layout"],
-                                               meta.get("vocab", {}).get("ids"))
+            vocab = meta.get("vocab", {})
+            store = FactoredStore.from_tensors(tensors, meta["layout"], vocab.get("ids"),
+                                               vocab.get("compose"))
         except (KeyError, ValueError, IndexError) as e:
             raise CorruptFileError(f"{path}: the factored statistics are incomplete ({e}); "
                                    "recompute them with `python -m pythia_probe.stats "
@@ -245,14 +267,15 @@ def _unique(idx: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
 
 # -- identity -----------------------------------------------------------------------------------
 def stats_meta(meta: dict[str, Any], ids: Tensor | None, V: int, fp: Any,
-               kernel: dict[str, Any]) -> dict[str, Any]:
+               kernel: dict[str, Any], compose: str = "full_then_slice") -> dict[str, Any]:
     """Metadata and stats_id of a statistics file; ``fp`` has n_sequences, n_positions,
-    n_tokens and the pass-1 checksum (either engine's first pass)."""
+    n_tokens and the pass-1 checksum (either engine's first pass); ``compose``: how a
+    restricted vocabulary's compositions are made (``stats/kept.py``)."""
     meta = dict(meta)
     meta.update(format=FORMAT, code_version=CODE_VERSION, full_d_vocab=V,
                 counts=dict(meta.get("counts", {}), sequences=fp.n_sequences,
                             positions=fp.n_positions, tokens=fp.n_tokens))
-    meta["vocab"] = {"restricted": ids is not None, "compose": "full_then_slice",
+    meta["vocab"] = {"restricted": ids is not None, "compose": compose,
                      "ids": None if ids is None else ids.tolist(), "full_d_vocab": V}
     meta["kernel"] = kernel  # recorded, not part of the identity (nor is meta["engine"])
     meta["stats_id"] = stats_id(meta, fp.checksum)
@@ -262,8 +285,9 @@ def stats_meta(meta: dict[str, Any], ids: Tensor | None, V: int, fp: Any,
 def stats_id(meta: dict[str, Any], checksum: list[int]) -> str:
     """12 hex digits naming what decided the numbers: the tokenizer's canonical fingerprint
     (not its name or where it was loaded from), the sequence policy, every shard's content
-    digest and counts (not its name: a local shard's name is its path), the vocabulary and the
-    pass-1 checksum. The same recipe built anywhere gets the same stats_id."""
+    digest and counts (not its name: a local shard's name is its path), the vocabulary, the
+    conventions (when not the paper's: a paper file keeps the id it had before conventions
+    existed) and the pass-1 checksum. The same recipe built anywhere gets the same stats_id."""
     tok = meta.get("tokenizer")
     ident = {"tokenizer": None if tok is None else {k: tok.get(k) for k in
                                                     ("sha256", "d_vocab", "scheme")},
@@ -272,6 +296,8 @@ def stats_id(meta: dict[str, Any], checksum: list[int]) -> str:
              "format": FORMAT, "checksum": checksum}
     if meta.get("groups"):  # G is part of the recipe (a file without groups keeps its id)
         ident["groups"] = meta["groups"]
+    if meta.get("conventions", "paper") != "paper":
+        ident["conventions"] = meta["conventions"]
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 

@@ -3,7 +3,12 @@
 mode "first" (the paper): the first T+1 tokens of each document; mode "packed": documents
 concatenated (optionally separated by ``eos``) and cut into consecutive, non-overlapping
 windows of T+1 tokens, as Pythia's training packs its 2049-token sequences; the stream restarts
-at every shard so shards stay independent units. Documents (or a packed remainder) shorter than
+at every shard so shards stay independent units; mode "authors" (``--conventions authors``,
+pythia.py's windows): the document as TransformerLens' to_tokens gives it (``bos`` first, cut
+at N_CTX = 2,048 tokens), its first T tokens zero-padded to T as the inputs and the inputs
+shifted by one with the last target 0 as the targets, i.e. pad(ids[:T], T, 0) + [0]: every
+document gives one window of T+1 tokens whose T positions all count (the padding too), and
+none is skipped for being short or empty. Documents (or a packed remainder) shorter than
 T+1 tokens are skipped and counted (``short="skip"``) or kept as variable-length rows whose
 padding is never counted (``short="keep"``). Ids outside the vocabulary skip the document
 (counted; the paper's rule for word:K) or raise (``oov="error"``); ``oov="unk"`` records that
@@ -22,6 +27,10 @@ from torch import Tensor
 from pythia_probe.errors import BadInputError
 
 MODES = ("first", "packed")
+AUTHORS = "authors"
+"""The window mode of ``--conventions authors`` (not a --mode choice of its own)."""
+N_CTX = 2048
+"""TransformerLens' to_tokens cuts a document at the model's n_ctx (2,048 for Pythia)."""
 OOV = ("skip", "unk", "error")
 
 
@@ -32,7 +41,8 @@ class SequencePolicy:
     seq_len: int = 128
     """T: predicted positions per sequence (windows hold T+1 tokens)."""
     mode: str = "first"
-    """'first' (first T+1 tokens of each document, the paper) or 'packed'."""
+    """'first' (first T+1 tokens of each document, the paper), 'packed', or 'authors'
+    (pythia.py's windows: see the module docstring)."""
     short: str = "skip"
     """Sequences shorter than T+1 tokens: 'skip' (counted in meta) or 'keep' (masked)."""
     oov: str = "skip"
@@ -46,7 +56,7 @@ class SequencePolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise BadInputError(f"seq_len (T) must be an integer >= 1, got {self.seq_len!r}")
-        for name, value, valid in (("mode", self.mode, MODES), ("short", self.short,
+        for name, value, valid in (("mode", self.mode, (*MODES, AUTHORS)), ("short", self.short,
                                    ("skip", "keep")), ("oov", self.oov, OOV)):
             if value not in valid:
                 raise BadInputError(f"{name} must be one of {valid}, got {value!r}")
@@ -75,6 +85,9 @@ class Sequencer:
                 continue
             if self.p.mode == "first":
                 yield from self._keep_or_skip(ids[: self.p.seq_len + 1], "docs_short", doc)
+            elif self.p.mode == AUTHORS:
+                self.origins.append(doc)
+                yield authors_window(ids, self.p.seq_len)
             else:
                 yield from self._pack(ids, doc)
         if self.p.mode == "packed" and self._stream:
@@ -82,10 +95,10 @@ class Sequencer:
             self._stream, self._starts = [], []
 
     def _wrap(self, ids: list[int]) -> list[int] | None:
-        if not ids:
+        if not ids and self.p.mode != AUTHORS:  # to_tokens('') is [BOS]: kept
             self.skipped["docs_empty"] += 1
             return None
-        if min(ids) < 0 or max(ids) >= self.d_vocab:
+        if ids and (min(ids) < 0 or max(ids) >= self.d_vocab):
             bad = next(i for i in ids if not 0 <= i < self.d_vocab)
             if self.p.oov == "error":
                 raise ValueError(f"token id {bad} outside the vocabulary 0..{self.d_vocab - 1}"
@@ -118,6 +131,13 @@ class Sequencer:
         del self._stream[: n * L]
         first = self._origin(n * L) if self._stream else doc
         self._starts = [(max(s - n * L, 0), d) for s, d in self._starts if d >= first]
+
+
+def authors_window(ids: list[int], T: int) -> list[int]:
+    """pythia.py's window of a document (``ids`` with its BOS): the first T of its first N_CTX
+    tokens zero-padded to T (inputs), then one 0 (the last target): T+1 tokens."""
+    head = ids[:min(T, N_CTX)]
+    return head + [0] * (T - len(head)) + [0]
 
 
 def batches(windows: Iterable[list[int]], T: int, batch_size: int

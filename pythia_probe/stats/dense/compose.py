@@ -1,4 +1,5 @@
-"""Compositions (SigmaB, Phibar^T Bbar^T, Gbar) by row-tiled matmuls under a memory budget.
+"""Compositions (SigmaB, Phibar^T Bbar^T, Gbar, GbarHead) by row-tiled matmuls under a memory
+budget.
 
 ``matmul_tiled(A, B)`` keeps B whole on the compute device and streams row tiles of A through
 it, writing each tile of the product to the output's device. With A, B and the output on the
@@ -62,3 +63,9 @@ def phi_bt(Bbar: Tensor, Phibar: Tensor, **kw) -> Tensor:
 def g_bar(SigmaB: Tensor, Phibar: Tensor, **kw) -> Tensor:
     """Gbar = SigmaB Phibar."""
     return matmul_tiled(SigmaB, Phibar, **kw)
+
+
+def g_bar_head(Bbar: Tensor, Phibar: Tensor, **kw) -> Tensor:
+    """GbarHead = Bbar^T Phibar^T Bbar^T = Bbar^T PhiBT (pythia-per-head.py's G_bar,
+    transposed); PhiBT is held only while it is multiplied."""
+    return matmul_tiled(Bbar.T, phi_bt(Bbar, Phibar, **kw), **kw)

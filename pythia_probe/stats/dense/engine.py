@@ -3,8 +3,9 @@ the CPU when built). Fast at small vocabularies; its memory is planned in ``stat
 (5-7 V x V float64 on the host, 3 on a GPU) and in ``stats/MEMORY.md``.
 
 Pass 1 is ``count.CountAccumulator``, the first pass ``first.first_pass`` (Bbar, Phibar,
-SigmaB, Gbar: pass 2 needs all of Gbar), pass 2 ``second.QAccumulator`` shard by shard (Qbar
-is accumulated there). The statistics it returns are factored like the sparse engine's: the
+SigmaB, Gbar: pass 2 needs all of Gbar; then GbarHead), pass 2 ``second.QAccumulator`` shard by
+shard (Qbar and QbarHead are accumulated there; over kept ids with the K x K compositions'
+table, ``stats/kept.py``). The statistics it returns are factored like the sparse engine's: the
 non-zero pass-1 counts, Qbar's non-zero entries and Delta.
 """
 
@@ -17,12 +18,13 @@ from torch import Tensor
 
 from pythia_probe.errors import MismatchError
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import reduce
+from pythia_probe.stats import kept, reduce
 from pythia_probe.stats.checkpoint import Checkpoint
+from pythia_probe.stats.dense import compose
 from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.dense.first import FirstPass, first_pass
 from pythia_probe.stats.dense.second import QAccumulator
-from pythia_probe.stats.engine import Engine, check_positions
+from pythia_probe.stats.engine import Engine, check_positions, divided
 from pythia_probe.stats.factors import Factors, SparseQ
 from pythia_probe.stats.groups import split_rows
 from pythia_probe.stats.native import fastcount
@@ -55,72 +57,116 @@ class DenseEngine(Engine):
         return acc
 
     def first_pass(self, acc: CountAccumulator, spec, d: Ranks) -> FirstPass:
+        """Bbar, Phibar, SigmaB, Gbar (``first.first_pass``), then GbarHead = Bbar^T PhiBT
+        with SigmaB freed first (5 V x V at the peak, as before); over kept ids pass 2 makes
+        its own K x K compositions instead."""
         acc.context.normalize()
         factors = Factors.from_dense(acc.d_vocab, acc.n_positions, acc.token_counts,
                                      acc.bigram, acc.context.hi, acc.context.lo)
-        fp = first_pass(acc, consume=True, device=torch.device(d.device),
-                        budget_bytes=spec.budget_bytes)
-        fp.factors = factors
+        dev = torch.device(d.device)
+        fp = first_pass(acc, consume=True, device=dev, budget_bytes=spec.budget_bytes)
+        fp.factors, fp.device = factors, fp.Gbar.device.type
+        fp.SigmaB = None
+        if getattr(spec, "compose", kept.FULL) != kept.KEPT:
+            kw = {"device": dev, "budget_bytes": spec.budget_bytes, "out_device": fp.Gbar.device}
+            fp.GbarHead = reduce.broadcast_(d, compose.g_bar_head(fp.Bbar, fp.Phibar, **kw))
         fp.Gbar = reduce.broadcast_(d, fp.Gbar)  # rank 0's bits on every rank
-        fp.SigmaB = fp.Phibar = fp.Bbar = None  # the factors hold them: only Gbar is needed
+        fp.Phibar = fp.Bbar = None  # the factors hold them: only Gbar, GbarHead are needed
         return fp
 
     def second_pass(self, fp: FirstPass, windows, ids: Tensor | None, spec,
-                    d: Ranks) -> tuple[SparseQ, Tensor, list | None]:
-        """Qbar and Delta over this rank's windows unit by unit, resuming; summed over ranks
-        (Qbar as its non-zero entries). With groups one accumulator per group (sharing Gbar):
-        also each group's (Qbar, Delta) sums, and the totals are their sums."""
+                    d: Ranks) -> tuple[dict[str, SparseQ], Tensor, list | None]:
+        """Qbar, QbarHead and Delta over this rank's windows unit by unit, resuming; summed
+        over ranks (Qbar, QbarHead as their non-zero entries). With groups one accumulator
+        per group and target (sharing Gbar, GbarHead): also each group's sums, and the totals
+        are their sums."""
         dev = torch.device(d.device)
-        qs: list[QAccumulator] = []
-        for _ in range(spec.groups or 1):
-            qs.append(QAccumulator(fp.Gbar, spec.policy.seq_len, ids, device=dev,
-                                   shared=qs[0] if qs else None))
+        qs = _accumulators(fp, ids, spec, dev)
         ckpt = Checkpoint(_path(spec, d), _identity(spec, fp), every=spec.checkpoint_every)
         if (found := ckpt.load()) is not None:
             _load(qs, *found)
         done = {e["shard"] for e in qs[0].ledger}
         shown = bar(spec, "statistics pass 2", d)
+        G = spec.groups or 1
         for unit in windows.units:
             if unit["shard"] in done:
                 continue
             cache = windows.load(unit)
             tokens, lengths = cache["tokens"].to(torch.int64), cache["lengths"]
-            for q, sel in zip(qs, split_rows(cache.get("groups"), spec.groups), strict=True):
+            for g, sel in enumerate(split_rows(cache.get("groups"), spec.groups)):
                 if sel is not None:
                     sel = torch.from_numpy(sel)
                 t, n = (tokens, lengths) if sel is None else (tokens[sel], lengths[sel])
                 for start in range(0, n.numel(), spec.batch_size):
                     sl = slice(start, start + spec.batch_size)
-                    q.update(t[sl], n[sl])
+                    for q in qs[g::G]:
+                        q.update(t[sl], n[sl])
                     shown.update(int(n[sl].sum()))
             qs[0].ledger.append({"shard": unit["shard"], "index": unit["index"]})
             ckpt.tick(lambda: _state(qs))
         ckpt.save(*_state(qs))
         shown.close()
-        qs[0].Gc = None  # type: ignore[assignment]  # frees 20 GB of device memory at 50,304
         for q in qs:
-            q.Gc = None  # type: ignore[assignment]
+            q.Gc = None  # type: ignore[assignment]  # frees 20 GB of device memory at 50,304
             reduce.sum_(d, q.Qbar)
             reduce.sum_(d, q.Delta)
-        n_pos = sum(q.n_positions for q in qs)
+        n_pos = sum(q.n_positions for q in qs[:G])
         check_positions(reduce.total(d, n_pos)[0], fp.n_positions)
+        by_group = [{t: qs[j * G + g] for j, t in enumerate(TARGETS)} for g in range(G)]
         if not spec.groups:
-            return SparseQ.from_dense(qs[0].qbar_sum().cpu()), qs[0].Delta.cpu(), None
-        parts = [(SparseQ.from_dense(q.qbar_sum().cpu()), q.Delta.cpu()) for q in qs]
-        total = sum((q.qbar_sum() for q in qs[1:]), qs[0].qbar_sum().clone())
-        D = sum((q.Delta for q in qs[1:]), qs[0].Delta.clone())
-        return SparseQ.from_dense(total.cpu()), D.cpu(), parts
+            return ({t: SparseQ.from_dense(q.qbar_sum().cpu()) for t, q in by_group[0].items()},
+                    qs[0].Delta.cpu(), None)
+        parts = [({t: SparseQ.from_dense(q.qbar_sum().cpu()) for t, q in grp.items()},
+                  grp["Qbar"].Delta.cpu()) for grp in by_group]
+        totals = {t: SparseQ.from_dense(sum((grp[t].qbar_sum() for grp in by_group[1:]),
+                                            by_group[0][t].qbar_sum().clone()).cpu())
+                  for t in TARGETS}
+        D = sum((grp["Qbar"].Delta for grp in by_group[1:]), by_group[0]["Qbar"].Delta.clone())
+        return totals, D.cpu(), parts
 
-    def assemble(self, fp: FirstPass, Q: SparseQ, D: Tensor, meta: dict[str, Any],
-                 ids: Tensor | None, spec, groups: list | None = None) -> CorpusStats:
-        """The factors of pass 1, Qbar's non-zeros and Delta, divided by the positions (the
-        same statistics file as the sparse engine's; each group's counts and sums as they
-        are)."""
+    def assemble(self, fp: FirstPass, Q: SparseQ | dict[str, SparseQ], D: Tensor,
+                 meta: dict[str, Any], ids: Tensor | None, spec,
+                 groups: list | None = None) -> CorpusStats:
+        """The factors of pass 1, Qbar's and QbarHead's non-zeros and Delta, divided by the
+        positions (the same statistics file as the sparse engine's; each group's counts and
+        sums as they are)."""
         P = fp.n_positions
-        Q.vals /= P
-        kernel = dict(fastcount.info(), device=fp.Gbar.device.type)
-        store = FactoredStore(fp.factors, Q, D.double() / P, ids, groups)
-        return CorpusStats(store, stats_meta(meta, ids, fp.factors.d_vocab, fp, kernel))
+        qs = divided(Q, P)
+        kernel = dict(fastcount.info(), device=fp.device or fp.Gbar.device.type)
+        compose_ = getattr(spec, "compose", kept.FULL)
+        store = FactoredStore(fp.factors, qs["Qbar"], D.double() / P, ids, groups,
+                              qbar_head=qs.get("QbarHead"), compose=compose_)
+        return CorpusStats(store, stats_meta(meta, ids, fp.factors.d_vocab, fp, kernel,
+                                             compose_))
+
+
+TARGETS = ("Qbar", "QbarHead")
+"""What pass 2 accumulates: Qbar (with Gbar) and QbarHead (with GbarHead)."""
+
+
+def _accumulators(fp: FirstPass, ids: Tensor | None, spec, dev: torch.device
+                  ) -> list[QAccumulator]:
+    """Pass 2's accumulators, target-major: [Qbar of group 0..G-1, QbarHead of group 0..G-1]
+    (one without groups), each target's sharing one Gc. Full Gbar, GbarHead (released once
+    centred into the accumulators' Gc: no extra V x V in pass 2), or over kept ids the K x K
+    compositions' tables (``kept.centred``)."""
+    T, G = spec.policy.seq_len, spec.groups or 1
+    is_kept = getattr(spec, "compose", kept.FULL) == kept.KEPT
+    comp = kept.compositions(fp.factors, ids.numpy()) if is_kept else None
+    V = fp.factors.d_vocab
+    qs: list[QAccumulator] = []
+    for name in ("Gbar", "GbarHead"):
+        if is_kept:
+            table, remap = kept.centred(comp.pop(name), V), kept.remap(ids, V)
+        else:
+            table, remap = getattr(fp, name), None
+            setattr(fp, name, None)  # centred into the accumulators' Gc, then released
+        first = len(qs)
+        for g in range(G):
+            qs.append(QAccumulator(table, T, ids, device=dev, remap=remap,
+                                   shared=qs[first] if g else None))
+        del table
+    return qs
 
 
 def _path(spec, d: Ranks):
@@ -130,7 +176,8 @@ def _path(spec, d: Ranks):
 
 
 def _state(qs: list[QAccumulator]) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """One pass-2 checkpoint of every group's accumulator (the first's ledger: units done)."""
+    """One pass-2 checkpoint of every group's and target's accumulator (the first's ledger:
+    units done)."""
     if len(qs) == 1:
         return qs[0].state()
     tensors, meta = qs[0].state()
@@ -143,8 +190,8 @@ def _state(qs: list[QAccumulator]) -> tuple[dict[str, Tensor], dict[str, Any]]:
 
 def _load(qs: list[QAccumulator], tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
     if meta.get("parts", 1) != len(qs):
-        raise MismatchError("the pass-2 checkpoint has another number of groups; delete it to "
-                            "run pass 2 again")
+        raise MismatchError("the pass-2 checkpoint has another number of groups or targets "
+                            "(written by an older version?); delete it to run pass 2 again")
     qs[0].load_state(tensors, meta)
     for g, q in enumerate(qs[1:], 1):
         q.load_state({k: tensors[f"{k}.{g}"] for k in ("Qbar_sum", "Delta_sum")},

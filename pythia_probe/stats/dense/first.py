@@ -33,6 +33,10 @@ class FirstPass:
     checksum: list[int]
     factors: Any = None
     """The pass-1 counts where they are non-zero (``stats/factors.py``): the statistics."""
+    GbarHead: Tensor | None = None
+    """Bbar^T Phibar^T Bbar^T (pass 2's QbarHead; made by ``DenseEngine.first_pass``)."""
+    device: str | None = None
+    """The device type the compositions ran on (recorded in the metadata)."""
 
 
 def bbar_phibar(acc: CountAccumulator, consume: bool = False) -> tuple[Tensor, Tensor]:

@@ -50,28 +50,38 @@ def add_q(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor, lengths: Tens
 
 
 class QAccumulator:
-    """Pass 2: Qbar (optionally only the top-k block) and Delta from the final Gbar."""
+    """Pass 2: Qbar (optionally only the top-k block) and Delta from the final Gbar (or any
+    V x V matrix in its place: GbarHead gives QbarHead), or over kept ids from their
+    composition's table (``remap``)."""
 
     kind = "q"
 
     def __init__(self, Gbar: Tensor, T: int, ids: Tensor | None = None,
                  device: str | torch.device | None = None,
-                 shared: QAccumulator | None = None) -> None:
+                 shared: QAccumulator | None = None, remap: Tensor | None = None) -> None:
         """``shared``: an accumulator (of other windows: another group) whose Gc this one
-        uses (one copy of Gbar in memory)."""
+        uses (one copy of Gbar in memory). ``remap`` (token id -> kept position, K for every
+        other id): ``Gbar`` is then pass 2's table over the kept positions and the void id K,
+        already centred (``kept.centred``, [K+1, K+1]); tokens are mapped through ``remap``
+        and Qbar is the [K, K] block of the kept ids."""
         self.device = torch.device(device) if device is not None else Gbar.device
-        self.d_vocab, self.T = Gbar.shape[0], T
+        self.n_ids, self.T = Gbar.shape[0], T
+        self.d_vocab = self.n_ids if remap is None else int(remap.numel())
+        self.remap = None if remap is None else remap.to(self.device)
         if shared is not None:
             self.Gc = shared.Gc
         else:
             self.Gc = torch.empty(Gbar.numel(), dtype=torch.float64, device=self.device)
-            Gc = self.Gc.view(self.d_vocab, self.d_vocab)
+            Gc = self.Gc.view(self.n_ids, self.n_ids)
             Gc.copy_(Gbar)  # M_i[t, k] = Gbar[y_t, x_k] - colsum(Gbar)[x_k] / V, no extra copy
-            Gc -= Gc.sum(0, keepdim=True) / self.d_vocab
+            if remap is None:
+                Gc -= Gc.sum(0, keepdim=True) / self.d_vocab
         self.k = self.d_vocab if ids is None else int(ids.numel())
         self.row_of = None
         side = self.k
-        if ids is not None:  # top-k block plus one dummy row/column for all other tokens
+        if remap is not None:  # tokens become kept positions; the void id's row dropped
+            side = self.n_ids
+        elif ids is not None:  # top-k block plus one dummy row/column for all other tokens
             self.row_of = torch.full((self.d_vocab,), self.k, dtype=torch.int64,
                                      device=self.device)
             self.row_of[ids.to(self.device)] = torch.arange(self.k, device=self.device)
@@ -91,7 +101,9 @@ class QAccumulator:
         tokens = as_ids(tokens, self.device)
         lengths = check_batch(tokens, lengths, self.d_vocab, self.T)
         tokens = trimmed(tokens, lengths)
-        add_q(self.Qbar, self.Delta, self.Gc, tokens, lengths, self.d_vocab, self.row_of,
+        if self.remap is not None:
+            tokens = self.remap[kernels.clean(tokens, lengths)]
+        add_q(self.Qbar, self.Delta, self.Gc, tokens, lengths, self.n_ids, self.row_of,
               self._ws)
         self.n_positions += int((lengths - 1).sum())
         return self

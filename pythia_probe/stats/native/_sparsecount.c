@@ -16,6 +16,10 @@
  * Compositions: sc_spmm, out = (A X - u v^T) * scale for a CSR matrix A and a dense row-major
  *   X (blocks of 32 columns packed, kept in registers; each output entry summed in the order
  *   of A's entries, then corrected: the sparse-minus-rank-one products in one pass).
+ * sc_spgemm_dense, out[r, :] += sum_p A[r, p] B[p, :] for CSR matrices A (int64 columns) and
+ *   B (int32 columns) into a dense row-major block: GbarHead's tiles (C[tile, :] W, the
+ *   bigrams of the tile's tokens times the W rows of their next tokens), each output entry
+ *   summed in the order of A's entries, then B's.
  * Pass 2 by column tiles of Gbar (context tokens a of one tile, Gc^T [w, V] row-major); Qbar
  * of a tile is a dense block B [w, side] (row = the key's place in the tile, column = the
  * query's row r(x_t)), never a V x V array:
@@ -369,4 +373,19 @@ int64_t sc_compact(double *block, uint64_t *touched, int64_t n, int32_t *flat, d
 }
 
 /* Version of this ABI (checked by the binding). */
-int64_t sc_abi_version(void) { return 8; }
+/* Rows r0..r1 of A (CSR: a_indptr, int64 a_col, a_val) times B (CSR over A's columns:
+ * b_indptr, int32 b_col < ncols, b_val) added into out [rows of A, ncols] row-major. */
+void sc_spgemm_dense(int64_t r0, int64_t r1, const int64_t *a_indptr, const int64_t *a_col,
+                     const double *a_val, const int64_t *b_indptr, const int32_t *b_col,
+                     const double *b_val, int64_t ncols, double *out) {
+    for (int64_t r = r0; r < r1; ++r) {
+        double *o = out + r * ncols;
+        for (int64_t p = a_indptr[r]; p < a_indptr[r + 1]; ++p) {
+            const double a = a_val[p];
+            const int64_t y = a_col[p];
+            for (int64_t q = b_indptr[y]; q < b_indptr[y + 1]; ++q) o[b_col[q]] += a * b_val[q];
+        }
+    }
+}
+
+int64_t sc_abi_version(void) { return 9; }

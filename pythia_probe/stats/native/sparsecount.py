@@ -20,7 +20,7 @@ import numpy as np
 from pythia_probe.errors import KernelError
 from pythia_probe.stats import native
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 STEM = "_sparsecount"
 
 
@@ -46,6 +46,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.sc_spmm.argtypes = [i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr,
                             ptr, ctypes.c_double]
     lib.sc_spmm.restype = None
+    lib.sc_spgemm_dense.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr]
+    lib.sc_spgemm_dense.restype = None
     lib.sc_sweep.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64,
                              ptr, ptr, ptr, ptr, ptr]
     lib.sc_sweep.restype = ctypes.c_int
@@ -194,6 +196,40 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
         lib.sc_spmm(rows, _p(indptr), _p(col), _p(val), _p(X), X.shape[0], w, cuts[i],
                     cuts[i + 1], _p(pack), _p(out), int(transposed), _p(u), _p(v),
                     float(scale))
+
+    if threads == 1:
+        part(0)
+    else:
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(part, range(threads)))
+    return out
+
+
+def spgemm_dense(a: tuple[np.ndarray, np.ndarray, np.ndarray],
+                 b: tuple[np.ndarray, np.ndarray, np.ndarray], ncols: int,
+                 threads: int = 1) -> np.ndarray:
+    """A @ B as a dense [rows of A, ncols] float64 array for CSR matrices A = (int64 indptr,
+    int64 col, float64 val) and B = (int64 indptr, int32 col, float64 val) whose rows are A's
+    columns; each entry summed in the order of A's entries, then B's. Threads split A's rows.
+
+    The caller guarantees A's columns index B's rows and B's columns are < ncols."""
+    (ai, ac, av), (bi, bc, bv) = a, b
+    rows = ai.size - 1
+    for name, x, dt, size in (("a_indptr", ai, np.int64, None),
+                              ("a_col", ac, np.int64, int(ai[-1])),
+                              ("a_val", av, np.float64, int(ai[-1])),
+                              ("b_indptr", bi, np.int64, None),
+                              ("b_col", bc, np.int32, int(bi[-1])),
+                              ("b_val", bv, np.float64, int(bi[-1]))):
+        _need(name, x, dt, size)
+    out = np.zeros((rows, ncols))
+    lib = _lib()
+    threads = max(1, min(threads, rows))
+    cuts = [rows * i // threads for i in range(threads + 1)]
+
+    def part(i: int) -> None:  # ctypes releases the GIL: row blocks run in parallel
+        lib.sc_spgemm_dense(cuts[i], cuts[i + 1], _p(ai), _p(ac), _p(av), _p(bi), _p(bc),
+                            _p(bv), ncols, _p(out))
 
     if threads == 1:
         part(0)

@@ -22,9 +22,9 @@ from torch import Tensor
 
 from pythia_probe.errors import MismatchError
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import native, plan, reduce
+from pythia_probe.stats import kept, native, plan, reduce
 from pythia_probe.stats.checkpoint import Checkpoint
-from pythia_probe.stats.engine import Engine, check_positions
+from pythia_probe.stats.engine import Engine, check_positions, divided
 from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.groups import split_rows, sum_q
 from pythia_probe.stats.native import sparsecount
@@ -37,6 +37,9 @@ from pythia_probe.stats.stores import FactoredStore
 CHECKPOINT_SECONDS = 300.0
 """A pass-2 checkpoint at most this often (and after the last tile)."""
 SUMS = ("S", "Delta", "Dc")
+TARGETS = ("Qbar", "QbarHead")
+"""What pass 2 accumulates: Qbar (with Gbar) and QbarHead (with GbarHead), per group."""
+KIND = "sparse_q2h"
 
 
 class SparseEngine(Engine):
@@ -65,20 +68,23 @@ class SparseEngine(Engine):
         return first.first_pass(acc)
 
     def second_pass(self, fp: first.SparseFirstPass, windows, ids: Tensor | None, spec,
-                    d: Ranks) -> tuple[SparseQ, Tensor, list | None]:
+                    d: Ranks) -> tuple[dict[str, SparseQ], Tensor, list | None]:
         """Every rank's windows, tiles split over the ranks, resuming this rank's tiles:
-        (Qbar sums on the pairs that occur, Delta sum, and with groups each group's (Qbar,
-        Delta) sums: the totals are their sums) over every rank. Each tile's Gbar columns are
-        composed once for all the groups."""
+        ({"Qbar", "QbarHead"} sums on the pairs that occur, Delta sum, and with groups each
+        group's such sums: the totals are their sums) over every rank. Each tile's Gbar and
+        GbarHead columns are composed once for all the groups."""
         tokens, lengths, groups = _gather_windows(d, windows, spec.policy.seq_len + 1)
         check_positions(int((lengths - 1).sum()), fp.n_positions)
         width = plan.tile_width(fp.d_vocab, spec.budget_bytes)
         rows = second.QRows.of(ids, fp.d_vocab)
+        tile_of, ctx = _tiles(fp, ids, rows, spec)
         sweeps: list[second.Sweep] = []
         for sel in split_rows(groups, spec.groups):
             t, n = (tokens, lengths) if sel is None else (tokens[sel], lengths[sel])
-            sweeps.append(second.Sweep(fp, np.ascontiguousarray(t), np.ascontiguousarray(n),
-                                       rows, width, sweeps[0] if sweeps else None))
+            t, n = np.ascontiguousarray(t), np.ascontiguousarray(n)
+            for target in TARGETS:
+                sweeps.append(second.Sweep(fp, t, n, rows, width, sweeps[-1] if sweeps else None,
+                                           target, ctx))
         ckpt = Checkpoint(_path(spec, d), _identity(spec, fp, width, ids),
                           seconds=CHECKPOINT_SECONDS)
         sums = _resume(ckpt, len(sweeps)) or [second.TileSums.zeros(s.tokens.shape[0], fp.T)
@@ -88,7 +94,8 @@ class SparseEngine(Engine):
         shown = bar(spec, "statistics pass 2", d, unit="tile", total=len(todo))
         shown.update(len(set(todo) & set(sums[0].parts)))
         second.sweep_tiles(sweeps, todo, sums,
-                           after_tile=lambda s: (shown.update(1), ckpt.tick(lambda: _state(s))))
+                           after_tile=lambda s: (shown.update(1), ckpt.tick(lambda: _state(s))),
+                           tile_of=tile_of)
         ckpt.save(*_state(sums))
         shown.close()
         out = []
@@ -102,23 +109,44 @@ class SparseEngine(Engine):
             out.append((second.qbar(parts, tiles, rows), torch.from_numpy(D)))
         del sweeps, sums, tokens
         native.release_free_memory()  # the tiles' parts, freed, would stay resident
+        per_group = [({t: out[g * len(TARGETS) + j][0] for j, t in enumerate(TARGETS)},
+                      out[g * len(TARGETS)][1]) for g in range(len(out) // len(TARGETS))]
         if not spec.groups:
-            return out[0][0], out[0][1], None
-        Q = sum_q([q for q, _ in out])
+            return per_group[0][0], per_group[0][1], None
+        Q = {t: sum_q([q[t] for q, _ in per_group]) for t in TARGETS}
         native.release_free_memory()
-        return Q, sum((D for _, D in out[1:]), out[0][1].clone()), out
+        return Q, sum((D for _, D in per_group[1:]), per_group[0][1].clone()), per_group
 
-    def assemble(self, fp: first.SparseFirstPass, Q: SparseQ, D: Tensor,
-                 meta: dict[str, Any], ids: Tensor | None, spec,
+    def assemble(self, fp: first.SparseFirstPass, Q: SparseQ | dict[str, SparseQ],
+                 D: Tensor, meta: dict[str, Any], ids: Tensor | None, spec,
                  groups: list | None = None) -> CorpusStats:
-        """The factors, Qbar's non-zeros and Delta, divided by the positions (and each group's
-        counts and sums, as they are)."""
+        """The factors, Qbar's and QbarHead's non-zeros and Delta, divided by the positions
+        (and each group's counts and sums, as they are)."""
         P = fp.n_positions
-        Q.vals /= P
+        qs = divided(Q, P)
         width = plan.tile_width(fp.d_vocab, getattr(spec, "budget_bytes", None))
         kernel = dict(sparsecount.info(), tile_width=width)
-        store = FactoredStore(fp.factors, Q, D / P, ids, groups)
-        return CorpusStats(store, stats_meta(meta, ids, fp.d_vocab, fp, kernel))
+        compose = getattr(spec, "compose", kept.FULL)
+        store = FactoredStore(fp.factors, qs["Qbar"], D / P, ids, groups,
+                              qbar_head=qs.get("QbarHead"), compose=compose)
+        return CorpusStats(store, stats_meta(meta, ids, fp.d_vocab, fp, kernel, compose))
+
+
+def _tiles(fp: first.SparseFirstPass, ids: Tensor | None, rows: second.QRows, spec
+           ) -> tuple[dict, np.ndarray | None]:
+    """Each target's Gc tile (cols -> [len(cols), V]) and the key tokens to tile (None:
+    every context token): Gbar's and GbarHead's columns, or over kept ids the K x K
+    compositions' (``stats/kept.py``; only the kept context tokens are tiled: a key outside
+    K has M = 0)."""
+    if getattr(spec, "compose", kept.FULL) != kept.KEPT:
+        return {"Qbar": lambda c: first.gc_tile(fp, c),
+                "QbarHead": lambda c: first.gc_head_tile(fp, c)}, None
+    ids_np = ids.numpy().astype(np.int64)
+    G = kept.compositions(fp.factors, ids_np)
+    V = fp.d_vocab
+    tile_of = {t: (lambda c, g=G[name]: kept.tile(g, V, ids_np, rows.row_of[c]))
+               for t, name in zip(TARGETS, ("Gbar", "GbarHead"), strict=True)}
+    return tile_of, np.intersect1d(fp.ctx_ids, ids_np)
 
 
 def _gather_windows(d: Ranks, windows, L: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -146,19 +174,21 @@ def _path(spec, d: Ranks):
 
 def _identity(spec, fp: first.SparseFirstPass, width: int, ids: Tensor | None) -> dict:
     return dict(spec.identity, checksum=fp.checksum, tile_width=width,
-                ids=None if ids is None else ids.tolist())
+                ids=None if ids is None else ids.tolist(),
+                compose=getattr(spec, "compose", kept.FULL))
 
 
 def _state(sums: list[second.TileSums]) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """A pass-2 checkpoint: per group (one without groups) S, Delta and the pairs of every
-    tile done (its places and sums, one tensor each: nothing is copied to write them)."""
+    """A pass-2 checkpoint: per group and target (Qbar, QbarHead; one group without groups)
+    S, Delta and the pairs of every tile done (its places and sums, one tensor each: nothing
+    is copied to write them)."""
     tensors = {}
     for g, s in enumerate(sums):
         tensors.update({f"{k}.{g}": torch.from_numpy(getattr(s, k)) for k in SUMS})
         for i, part in s.parts.items():
             tensors[f"flat.{g}.{i}"] = torch.from_numpy(part.flat)
             tensors[f"vals.{g}.{i}"] = torch.from_numpy(part.vals)
-    return tensors, {"kind": "sparse_q2g", "done": sums[0].done, "parts": len(sums)}
+    return tensors, {"kind": KIND, "done": sums[0].done, "parts": len(sums)}
 
 
 def _resume(ckpt: Checkpoint, n_parts: int) -> list[second.TileSums] | None:
@@ -166,7 +196,7 @@ def _resume(ckpt: Checkpoint, n_parts: int) -> list[second.TileSums] | None:
     if found is None:
         return None
     tensors, state = found
-    if state.get("kind") != "sparse_q2g" or state.get("parts") != n_parts:
+    if state.get("kind") != KIND or state.get("parts") != n_parts:
         raise MismatchError(f"{ckpt.path} is a pass-2 checkpoint of an older version; delete "
                             "it to run pass 2 again")
     out = []

@@ -50,3 +50,9 @@ def gc_tile(fp: SparseFirstPass, cols: np.ndarray) -> np.ndarray:
     P, V = f.n_positions, f.d_vocab
     Y = f.bphi(cols)
     return f.CT.matmul(Y, transposed=True, v=(f.n @ Y) / V, scale=float(P) ** -3)
+
+
+def gc_head_tile(fp: SparseFirstPass, cols: np.ndarray) -> np.ndarray:
+    """GbarHead[:, cols]^T, contiguous [len(cols), V] (``Factors.gbar_head_tile``): pass 2's Gc
+    for QbarHead (GbarHead's columns sum to 0, as Gbar's)."""
+    return fp.factors.gbar_head_tile(cols)

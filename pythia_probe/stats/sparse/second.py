@@ -4,18 +4,18 @@ and ``sc_centre`` (``stats/native/_sparsecount.c``; their numpy specification is
 oracle).
 
 Every pair (t, k) of a sequence belongs to the tile of its key (context) token x_k. For a tile,
-``first.gc_tile`` gives Gbar[:, tile] (= pass 2's Gc: Gbar's columns sum to 0, so the centring
-of M in Eq. 15 changes nothing) and ``sweep`` visits every occurrence of the tile's tokens and
-every t >= k: M = Gc[y_t, x_k] is added to S_t, M / (t+1) to Delta[t - k] and to the tile's
-Qbar block B[x_k, x_t] (a dense [width, side] array, a bitmap marks where a pair landed). The marked
-entries are kept (:class:`TilePart`: the pairs that occur, nothing else) and the block is
-cleared for the next tile. Q = M / (t+1) - S_t / (t+1)^2 (Eq. 16) needs S_t = sum_{k<=t}
-M[t, k] over every tile, so once all tiles are done the centring term S_t / (t+1)^2 is
-subtracted on the same pairs, tile by tile again (no Gbar needed: ``centre_tile``), and from
-Delta[r] (r <= t). Delta is a small difference of these two large sums: both are compensated
-(Neumaier) sums. Memory: one Gbar tile and one block at a time, the pairs that occur
-(12 B each), the windows of the whole corpus (4 B per token, 28 B per position with S and the
-occurrence order).
+``first.gc_tile`` gives Gbar[:, tile] (= pass 2's Gc: Gbar's columns sum to 0, so the centring of M
+in Eq. 15 changes nothing; QbarHead's sweeps take GbarHead's tile, ``first.gc_head_tile``, whose
+columns sum to 0 too; over kept ids, ``kept.tile``) and ``sweep`` visits every occurrence of the
+tile's tokens and every t >= k: M = Gc[y_t, x_k] is added to S_t, M / (t+1) to Delta[t - k] and to
+the tile's Qbar block B[x_k, x_t] (a dense [width, side] array, a bitmap marks where a pair landed).
+The marked entries are kept (:class:`TilePart`: the pairs that occur, nothing else) and the block is
+cleared for the next tile. Q = M / (t+1) - S_t / (t+1)^2 (Eq. 16) needs S_t = sum_{k<=t} M[t, k]
+over every tile, so once all tiles are done the centring term S_t / (t+1)^2 is subtracted on the
+same pairs, tile by tile again (no Gbar needed: ``centre_tile``), and from Delta[r] (r <= t). Delta
+is a small difference of these two large sums: both are compensated (Neumaier) sums. Memory: one
+Gbar tile and one block at a time, the pairs that occur (12 B each), the windows of the whole corpus
+(4 B per token, 28 B per position with S and the occurrence order).
 """
 
 from __future__ import annotations
@@ -107,19 +107,27 @@ def tiles(ctx_ids: np.ndarray, width: int) -> list[np.ndarray]:
 
 class Sweep:
     """The state shared by the tiles of one pass 2: the occurrences sorted by token, the
-    tiles, a token's place in the current tile and one reusable Qbar block."""
+    tiles, a token's place in the current tile and one reusable Qbar block. ``target``: the
+    statistic it accumulates ('Qbar' or 'QbarHead': which tile of Gc it sweeps with)."""
 
     def __init__(self, fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
-                 rows: QRows, width: int, shared: Sweep | None = None) -> None:
-        """``shared``: another sweep (of other windows) whose tiles, block and scratch this
-        one reuses (the groups of one pass 2: one block in memory)."""
+                 rows: QRows, width: int, shared: Sweep | None = None,
+                 target: str = "Qbar", ctx: np.ndarray | None = None) -> None:
+        """``shared``: another sweep (of other windows, or another target) whose occurrences
+        (when of the same windows), tiles, block and scratch this one reuses (the groups and
+        targets of one pass 2: one block in memory); ``ctx``: the key tokens to tile (default
+        every context token; the kept ones when composing over kept ids)."""
         self.fp, self.tokens, self.lengths, self.rows = fp, tokens, lengths, rows
-        self.occ, self.occ_tok = occurrences(tokens, lengths)
+        self.target = target
+        if shared is not None and shared.tokens is tokens:
+            self.occ, self.occ_tok = shared.occ, shared.occ_tok
+        else:
+            self.occ, self.occ_tok = occurrences(tokens, lengths)
         if shared is not None:
             self.groups, self.col_of = shared.groups, shared.col_of
             self.block, self.touched = shared.block, shared.touched
             return
-        self.groups = tiles(fp.ctx_ids, width)
+        self.groups = tiles(fp.ctx_ids if ctx is None else ctx, width)
         self.col_of = np.full(fp.d_vocab, -1, dtype=np.int64)
         self.block = np.zeros(width * rows.side)
         self.touched = np.zeros(sparsecount.bitmap_words(width * rows.side), dtype=np.uint64)
@@ -152,14 +160,20 @@ class Sweep:
 
 
 def sweep_tiles(sweeps: list[Sweep], todo: list[int], sums: list[TileSums],
-                after_tile=None) -> list[TileSums]:
-    """The first sweep over the tiles ``todo`` not yet done, each tile's Gbar columns composed
-    once for every sweep (one per group); ``after_tile(sums)`` after each tile."""
+                after_tile=None, tile_of=None) -> list[TileSums]:
+    """The first sweep over the tiles ``todo`` not yet done, each tile's Gc columns composed
+    once for every sweep of a target (one per group; one tile in memory at a time):
+    ``tile_of[target](cols)`` (default: Gbar's, ``gc_tile``); ``after_tile(sums)`` after each
+    tile."""
+    tile_of = tile_of or {"Qbar": lambda cols: gc_tile(sweeps[0].fp, cols)}
     for i in todo:
         if i not in sums[0].parts:
-            GcT = gc_tile(sweeps[0].fp, sweeps[0].groups[i])
-            for sweep, s in zip(sweeps, sums, strict=True):
-                sweep.first(i, s, GcT)
+            for target in dict.fromkeys(s.target for s in sweeps):
+                GcT = tile_of[target](sweeps[0].groups[i])
+                for sweep, s in zip(sweeps, sums, strict=True):
+                    if sweep.target == target:
+                        sweep.first(i, s, GcT)
+                del GcT
             if after_tile is not None:
                 after_tile(sums)
     return sums
