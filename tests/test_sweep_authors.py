@@ -85,10 +85,9 @@ def _tl_model_side(folder, ids: list[int]):
     WQ, WK = [], []
     for layer in model.gpt_neox.layers:
         W = layer.attention.query_key_value.weight.detach().view(H, 3 * dh, d)
-        w = layer.input_layernorm.weight.detach()
-        fold = lambda M: P @ torch.diag(w) @ M  # noqa: E731 - fold_ln with centred weights
-        WQ.append(torch.stack([fold(W[h, :dh].T) for h in range(H)]))
-        WK.append(torch.stack([fold(W[h, dh:2 * dh].T) for h in range(H)]))
+        fold = P @ torch.diag(layer.input_layernorm.weight.detach())  # fold_ln, centred
+        WQ.append(torch.stack([fold @ W[h, :dh].T for h in range(H)]))
+        WK.append(torch.stack([fold @ W[h, dh:2 * dh].T for h in range(H)]))
     return pre, mid, post, WQ, WK
 
 
