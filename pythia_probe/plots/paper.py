@@ -70,8 +70,10 @@ def _later(df: pd.DataFrame, steps: Sequence[int]) -> list[str]:
     rest = sorted(set(int(s) for s in df["step"].dropna()) - set(steps))
     if not rest:
         return []
-    return [f"steps shown: the paper's ({', '.join(map(str, steps))}); {len(rest)} other steps "
-            f"of this table ({rest[0]}..{rest[-1]}) are in the full-range figures"]
+    which = (f"1 other step of this table ({rest[0]}) is" if len(rest) == 1 else
+             f"{len(rest)} other steps of this table ({rest[0]}..{rest[-1]}) are")
+    return [f"steps shown: the paper's ({', '.join(map(str, steps))}); {which} in the "
+            "full-range figures"]
 
 
 def _panel_title(analysis: str, metric: str) -> str:
