@@ -104,7 +104,7 @@ def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
     _, _, weights = step
     tokens, G = _corpus(V, N=12), 4
     groups = [tokens[i::G] for i in range(G)]
-    names = ("PhiBT", "Qbar")
+    names = ("PhiBT", "Qbar", "QbarT", "QbarHeadT")
     sc = ScoringConfig(ANALYSES, dtype="float64")
 
     def targets(tok):
@@ -128,7 +128,8 @@ def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
     for r in rows:
         assert r["ci_low"] <= r["value"] <= r["ci_high"]
         if r["analysis"] != "unembedding":
-            want = ceilings["Qbar" if r["analysis"].startswith("attention") else "PhiBT"]
+            want = ceilings[{"cos_mean_authors": "QbarT", "cos_head_authors": "QbarHeadT"}.get(
+                r["metric"], "Qbar" if r["analysis"].startswith("attention") else "PhiBT")]
             assert r["ceiling"] == want
 
 

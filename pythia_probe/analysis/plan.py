@@ -158,7 +158,9 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
         3 * ("unembedding" in names)
     nnz = dict(nnz or {})
     parts = {p: nnz.get(p, 0) for t in per_target for p in PRODUCT_PARTS[t]}
-    targets = {"memory": len(set(per_target) - {"BbarT"}) * V * V * b,
+    views = {"BbarT": "Bbar", "QbarT": "Qbar"}  # a transpose held as a view of the other
+    stored = {views.get(t, t) for t in per_target}
+    targets = {"memory": len(stored) * V * V * b,
                "streamed": 0.0,
                "factored": sum(n * (b + 8) + 8 * (V + 1) for n in parts.values())
                + 16 * V * len(per_target)}[mode]

@@ -109,7 +109,9 @@ class StatsChoice:
         source = ({"recipe": self.recipe.__dict__} if self.recipe is not None else
                   {"from_file": {k: meta[k] for k in ("corpus", "policy", "counts", "ledger",
                                                       "tokenizer") if k in meta}})
-        return {"file": str(self.path), "stats_id": self.stats_id, "rows": self.rows, **source}
+        what = {k: meta[k] for k in ("T", "counts", "conventions") if k in meta}  # for titles
+        return {"file": str(self.path), "stats_id": self.stats_id, "rows": self.rows, **what,
+                **source}
 
 
 def choose_vocab(st: StatisticsConfig, V: int) -> tuple[int | None, str]:

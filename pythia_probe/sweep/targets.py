@@ -75,19 +75,22 @@ def _statistic(stats: LazyStats, name: str, device: str) -> Tensor:
 
 def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig,
                       progress: bool) -> dict[str, Target]:
-    """Cast each needed target matrix to the device/dtype once (Bbar^T shares Bbar's storage)."""
+    """Cast each needed target matrix to the device/dtype once (a transpose, Bbar^T or Qbar^T,
+    shares its statistic's storage)."""
     dtype, device = scoring.torch_dtype, scoring.device
     cast: dict[str, Tensor] = {}
-    for name in sorted(names, key=lambda n: n == "BbarT"):
-        if name == "BbarT":
-            T = cast["Bbar"].T if "Bbar" in cast else target_matrix(stats.load(), name)
+    for name in sorted(names, key=lambda n: n in TRANSPOSES):
+        if name in TRANSPOSES and TRANSPOSES[name] in cast:
+            T = cast[TRANSPOSES[name]].T
         else:
-            T = cast[name] = _statistic(stats, name, device).to(device, dtype)
+            T = _statistic(stats, name, device).to(device, dtype)
         cast.setdefault(name, T)
     return {n: prepare_target(n, cast[n], dtype=dtype, device=device, chunk=scoring.chunk)
             for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
 
 
+TRANSPOSES = {"BbarT": "Bbar", "QbarT": "Qbar"}
+"""Targets that are the transpose of another target: held as a view of it in memory mode."""
 RAW = "raw"
 """Key of a target set's raw statistics (``Needs.raw``: attention_text's Qbar and Delta), so a
 left-out set's analyses read the left-out statistics, not the full corpus's."""
