@@ -146,4 +146,5 @@ def _flush(pending: _Pending, targets: Mapping[str, object], opts: Options,
         target = targets[spec.target]
         got = scores([c.factors for c in cells], target, opts.chunk)
         rows[name] += [{"analysis": name, **c.row, "value": s.value, "chance": s.chance,
-                        "n": target.d_vocab} for c, s in zip(cells, got, strict=True)]
+                        "chance_sd": s.chance_sd, "n": target.d_vocab}
+                       for c, s in zip(cells, got, strict=True)]
