@@ -12,13 +12,18 @@ import pytest
 import torch
 from test_analysis_factored import parts_from_tokens
 
-from pythia_probe.analysis import REGISTRY, Options, StepTensors, target_matrix
+from pythia_probe.analysis import (
+    REGISTRY,
+    Options,
+    StepTensors,
+    factored_cache,
+    prepared,
+    target_matrix,
+)
 from pythia_probe.analysis import chance as ch
-from pythia_probe.analysis import factored_cache, prepared
 from pythia_probe.analysis.basis import Basis
 from pythia_probe.analysis.cosine import (
     covariance,
-    materialised_cosine,
     prepare_target,
     product,
     product_on,
