@@ -36,6 +36,7 @@ from pythia_probe.analysis.factored import NAMES, FactoredTarget, Parts, target_
 from pythia_probe.analysis.intervals import Z_ABOVE, jackknife_se
 from pythia_probe.analysis.prepared import cached_target
 from pythia_probe.stats.reference import reference_stats
+from pythia_probe.testing import markov
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -270,14 +271,8 @@ def test_old_caches_without_null_terms_are_rebuilt_never_misread(corpus, tmp_pat
 # ---- calibration of above_chance ----------------------------------------------------------
 def _markov_corpus(V, N, T, seed=0):
     """N documents of T + 1 tokens from a random Markov chain (real bigram structure)."""
-    g = torch.Generator().manual_seed(seed)
-    P = torch.softmax(2 * torch.randn(V, V, generator=g, dtype=torch.float64), dim=1)
-    x = torch.randint(0, V, (N,), generator=g)
-    seq = [x]
-    for _ in range(T):
-        x = torch.multinomial(P[x], 1, generator=g)[:, 0]
-        seq.append(x)
-    return torch.stack(seq, dim=1)
+    P, _ = markov.chain(V, sharpness=2.0, seed=seed)
+    return markov.sample(P, torch.full((V,), 1.0 / V, dtype=torch.float64), N, T, seed)
 
 
 def _random_factor(kind, V, seed):

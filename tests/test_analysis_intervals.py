@@ -27,6 +27,7 @@ from pythia_probe.analysis.intervals import (
 )
 from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.stats.reference import reference_stats
+from pythia_probe.testing import markov
 
 V, G = 19, 4
 
@@ -140,33 +141,6 @@ def test_effect_above_chance_and_judge():
     assert judge({"value": 0.5, "chance": 0.1}) == {"value": 0.5, "chance": 0.1}
 
 
-def _markov(V, seed=0):
-    """A transition matrix and its stationary distribution."""
-    g = torch.Generator().manual_seed(seed)
-    P = torch.softmax(1.5 * torch.randn(V, V, generator=g, dtype=torch.float64), dim=1)
-    pi = torch.linalg.eig(P.T)[1][:, 0].real
-    return P, pi / pi.sum()
-
-
-def _sample(P, pi, N, T, seed):
-    """N documents of T + 1 tokens from the chain, each started from pi (so every position's
-    token has distribution pi)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.multinomial(pi, N, replacement=True, generator=g)
-    seq = [x]
-    for _ in range(T):
-        x = torch.multinomial(P[x], 1, generator=g)[:, 0]
-        seq.append(x)
-    return torch.stack(seq, dim=1)
-
-
-def _bbar(tokens, V):
-    """Bbar = (C - n 1^T / V) / positions from the bigram counts (rows = current token)."""
-    x, y = tokens[:, :-1].reshape(-1), tokens[:, 1:].reshape(-1)
-    C = torch.bincount(x * V + y, minlength=V * V).reshape(V, V).to(torch.float64)
-    return (C - C.sum(dim=1, keepdim=True) / V) / x.numel()
-
-
 def test_spearman_brown_corrects_the_split_half_towards_the_full_corpus():
     """Markov-chain text with a known transition matrix P (stationary pi): the true Bbar is
     E[C] / positions - pi 1^T / V = diag(pi) P - pi 1^T / V. Over 6 corpora of 300 documents:
@@ -174,19 +148,19 @@ def test_spearman_brown_corrects_the_split_half_towards_the_full_corpus():
     and what a second corpus of the same size scores against it; 2 r / (1 + r) is closer to
     both (on average, and the replication it estimates within a quarter of r's error)."""
     V, T, N = 30, 16, 300
-    P, pi = _markov(V)
-    true = prepare_target("Bbar", torch.diag(pi) @ P - pi[:, None] / V)
+    P, pi = markov.chain(V)
+    true = prepare_target("Bbar", markov.true_bbar(P, pi))
     r, sb, to_true, to_replica = [], [], [], []
     for seed in range(6):
-        tokens = _sample(P, pi, N, T, seed)
-        full = prepare_target("Bbar", _bbar(tokens, V))
-        half_a, half_b = (prepare_target("Bbar", _bbar(h, V)) for h in (tokens[:N // 2],
-                                                                       tokens[N // 2:]))
+        tokens = markov.sample(P, pi, N, T, seed)
+        full = prepare_target("Bbar", markov.bbar(tokens, V))
+        half_a, half_b = (prepare_target("Bbar", markov.bbar(h, V))
+                          for h in (tokens[:N // 2], tokens[N // 2:]))
         r.append(ceiling(half_a, half_b))
         sb.append(spearman_brown(r[-1]))
         to_true.append(ceiling(true, full))
-        to_replica.append(ceiling(prepare_target("Bbar", _bbar(_sample(P, pi, N, T, 100 + seed),
-                                                                  V)), full))
+        other = markov.sample(P, pi, N, T, 100 + seed)  # an independent corpus, same size
+        to_replica.append(ceiling(prepare_target("Bbar", markov.bbar(other, V)), full))
     r, sb, to_true, to_replica = map(np.array, (r, sb, to_true, to_replica))
     assert (sb > r).all() and (abs(sb - to_true) < abs(r - to_true)).all()
     assert abs((to_replica - sb).mean()) < 0.25 * (to_replica - r).mean()
