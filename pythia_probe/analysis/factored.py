@@ -272,8 +272,10 @@ def _t_times(name: str, p: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
     z = (C.T @ x - (n @ x) / V) / P  # Bbar^T x
     if name == "BbarT":
         return z
-    W, w = sp.csr_matrix(p["W"]), np.asarray(p["w"], dtype=np.float64)
-    return (W.T @ z - w * z.sum() / V) / P  # PhiBT x = Phibar^T (Bbar^T x)
+    if name == "PhiBT":
+        W, w = sp.csr_matrix(p["W"]), np.asarray(p["w"], dtype=np.float64)
+        return (W.T @ z - w * z.sum() / V) / P  # Phibar^T (Bbar^T x)
+    raise ValueError(f"no product T x for factored target {name!r}; valid: {', '.join(NAMES)}")
 
 
 def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
