@@ -19,9 +19,11 @@ i.e. sparse products (nnz x k) plus vector corrections, on the scoring device in
 dtype. What depends on the statistics alone is computed once in float64 (:func:`target_vectors`)
 and cached by the statistics' content identity (:func:`cached_vectors`): D and m from the rows
 of T (PhiBT's rows are the columns of P^2 Bbar Phibar = C W - n w^T / V), ``trace`` =
-||C_T||_F^2, ``total`` = ||C_T^T 1||^2 and ``norm`` = ||C_T C_T^T||_F = ||C_T^T C_T||_F, the
+||C_T||_F^2, ``total`` = ||C_T^T 1||^2, ``norm`` = ||C_T C_T^T||_F = ||C_T^T C_T||_F, the
 last over column blocks of C_T (each built from the parts, then multiplied by C_T^T): about
-2 (nnz(W) + nnz(C)) V multiply-adds for PhiBT, nnz(Qbar) V for Qbar, once.
+2 (nnz(W) + nnz(C)) V multiply-adds for PhiBT, nnz(Qbar) V for Qbar, once; and ``null`` (the
+chance level's spread, :mod:`pythia_probe.analysis.chance`) from diag(C_T C_T^T) (the row
+norms above) and C_T (C_T^T 1) (one sparse product T x more).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.chance import Primitives, vector_terms
 from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror, row_scales
 
 NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT", "QbarT", "QbarHeadT")
@@ -129,13 +132,14 @@ class Parts:
 @dataclass(frozen=True)
 class Vectors:
     """What a factored target needs of the statistics alone (float64): D, m, the norm and the
-    chance terms."""
+    chance terms (``null``: the centred permutation primitives of C_T C_T^T)."""
 
     scale: Tensor
     mean: Tensor
     norm: float
     trace: float
     total: float
+    null: Primitives
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,6 +170,10 @@ class FactoredTarget:
     @property
     def total(self) -> float:
         return self.vectors.total
+
+    @property
+    def null_terms(self) -> Primitives:
+        return self.vectors.null
 
     def ct_t(self, X: Tensor) -> Tensor:
         """C_T^T X = T^T (D X) - 1 (m^T X)."""
@@ -257,6 +265,24 @@ def _row_norms_sums(name: str, p: Mapping[str, Any], chunk: int) -> tuple[Tensor
     return torch.from_numpy(np.sqrt(np.clip(sq, 0, None))), torch.from_numpy(sums)
 
 
+def _t_times(name: str, p: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
+    """T x (float64 [V]) from the parts."""
+    V, P = int(p["full_d_vocab"]), float(p["positions"])
+    n = np.asarray(p["n"], dtype=np.float64)
+    if name == "Qbar":
+        return sp.csr_matrix(p["Qbar"]) @ x
+    C = sp.csr_matrix(p["C"])
+    if name == "Bbar":
+        return (C @ x - n * x.sum() / V) / P
+    z = (C.T @ x - (n @ x) / V) / P  # Bbar^T x
+    if name == "BbarT":
+        return z
+    if name == "PhiBT":
+        W, w = sp.csr_matrix(p["W"]), np.asarray(p["w"], dtype=np.float64)
+        return (W.T @ z - w * z.sum() / V) / P  # Phibar^T (Bbar^T x)
+    raise ValueError(f"no product T x for factored target {name!r}; valid: {', '.join(NAMES)}")
+
+
 def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
     """T[:, cols] dense float64 [V, len(cols)] from the parts."""
     V, P = int(p["full_d_vocab"]), float(p["positions"])
@@ -301,7 +327,8 @@ def shared_columns(name: str, p: Mapping[str, Any]) -> np.ndarray:
 
 
 def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Vectors:
-    """D, m, ||C_T C_T^T||_F, ||C_T||_F^2 and ||C_T^T 1||^2 of target ``name`` in float64.
+    """D, m, ||C_T C_T^T||_F, ||C_T||_F^2, ||C_T^T 1||^2 and the null terms (from
+    diag(C_T C_T^T) and C_T (C_T^T 1)) of target ``name`` in float64.
 
     The norm is ||C_T^T C_T||_F over column blocks C_T[:, J] = D T[:, J] - m 1^T:
     ||C_T^T C_T||_F^2 = sum_J ||C_T^T C_T[:, J]||_F^2, with C_T^T C_T[:, J] =
@@ -314,10 +341,12 @@ def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Ve
     V = int(parts["full_d_vocab"])
     norms, sums = _row_norms_sums(name, parts, chunk)
     scale, mean = row_scales(norms, sums, V)
-    trace = float((scale ** 2 * norms ** 2 - 2 * scale * mean * sums + V * mean ** 2).sum())
+    diag = scale ** 2 * norms ** 2 - 2 * scale * mean * sums + V * mean ** 2  # diag(C_T C_T^T)
+    trace = float(diag.sum())
     target = FactoredTarget(name, Parts(parts, torch.float64, "cpu", {name}),
-                            Vectors(scale, mean, 0.0, trace, 0.0))
+                            Vectors(scale, mean, 0.0, trace, 0.0, Primitives(*[0.0] * 6)))
     colsum = target.ct_t(torch.ones(V, 1, dtype=torch.float64))[:, 0]  # C_T^T 1
+    rowsum = scale * torch.from_numpy(_t_times(name, parts, colsum.numpy())) - mean * colsum.sum()
     shared = shared_columns(name, parts)
     cols = np.flatnonzero(~shared)
     if shared.any():
@@ -329,4 +358,6 @@ def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Ve
         Tb = torch.from_numpy(_columns(name, parts, cols[s:s + chunk]))
         G = target.ct_t(Tb * scale[:, None] - mean[:, None])  # C_T^T C_T[:, J]
         norm2 += float(((G ** 2).sum(dim=0) * weight[s:s + chunk]).sum())
-    return Vectors(scale, mean, norm2 ** 0.5, trace, float(colsum @ colsum))
+    total = float(colsum @ colsum)
+    return Vectors(scale, mean, norm2 ** 0.5, trace, total,
+                   vector_terms(diag, rowsum, norm2, total))

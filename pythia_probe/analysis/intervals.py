@@ -1,16 +1,38 @@
-"""A cell's scale beside its value (issue 19 item 2): ``ceiling`` and ``ci_low``/``ci_high``.
+"""A cell's scale beside its value (issue 19 item 2, issue 26 item 3): ``ceiling``,
+``ceiling_half``, ``ci_low``/``ci_high``, ``effect`` and ``above_chance``.
 
-``ceiling``: the cosine the target reaches against itself across two disjoint halves of the
+``ceiling_half``: the cosine the target reaches against itself across two disjoint halves of the
 corpus, the same covariance cosine with the model side replaced by the other half's target:
 
-    ceiling = <C_A C_A^T, C_B C_B^T>_F / (||C_A C_A^T||_F ||C_B C_B^T||_F)
-            = ||C_A^T C_B||_F^2 / (norm_A norm_B),
+    r = <C_A C_A^T, C_B C_B^T>_F / (||C_A C_A^T||_F ||C_B C_B^T||_F)
+      = ||C_A^T C_B||_F^2 / (norm_A norm_B),
 
 C_A, C_B the prepared targets (row-normalised, row-centred) of the statistics of half A and
 half B. It depends on the target alone, so every cell scored against that target carries the
 same ceiling. Computed over column blocks of C_B (``||C_A^T C_B||_F^2 = sum_J tr M_J``,
 M_J = (C_B[:, J]^T C_A)(C_B[:, J]^T C_A)^T, the same product a model basis gets), so neither
 target is ever V x V beyond what its own holding already is.
+
+``ceiling``: r corrected to the full corpus by Spearman-Brown, 2 r / (1 + r) (r itself where
+r <= 0: two halves that do not agree have no scale to correct). Each half holds half the
+documents, so each half's statistic carries about twice the sampling noise of the full
+corpus's; in the signal-plus-noise model behind split-half reliability (a target = the
+corpus-independent statistic plus noise whose variance falls as 1 / documents, the noise of the
+halves independent) r = s / (s + 2 e) with s the signal's and e the full corpus's noise power,
+and the full corpus against an independent corpus of the same size scores s / (s + e) =
+2 r / (1 + r). So ``ceiling`` is the score a second corpus of the run's size would reach
+against the run's statistics: what a model that learned another sample of the same text, no
+better, scores. (The corpus-independent statistic itself would score about the square root of
+it; the replication ceiling is the lower, stricter one.) The split half alone understates it
+(tests/test_analysis_intervals.py: on Markov-chain text with a known transition matrix the
+corrected ceiling is closer to the true statistic's score than the split half).
+
+``effect`` = (value - chance) / (ceiling - chance): 0 at chance, 1 at the ceiling; NaN where
+there is no ceiling or the ceiling is not above chance. ``above_chance``: a one-sided test at
+5%, z = (value - chance) / sqrt(chance_sd^2 + se^2) > z_0.95 = 1.6449, with chance_sd the exact
+standard deviation of the relabelling null (:mod:`pythia_probe.analysis.chance`) and se the
+jackknife's standard error below (0 for a row without intervals): the value's distance from
+chance against both the null's spread and the documents' sampling noise.
 
 ``ci_low``, ``ci_high``: a delete-a-group jackknife over the G document groups. With theta the
 value from every document and theta_(g) the value with group g left out (the statistics of the
@@ -27,25 +49,62 @@ a bootstrap would need, and which pass 2's Gbar conditioning does not allow chea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
+from scipy.stats import norm as normal
 from scipy.stats import t as student_t
 
 LEVEL = 0.95
 KEY = ("analysis", "layer", "head", "metric")
+TEST_LEVEL = 0.05  # above_chance: one-sided
+Z_ABOVE = float(normal.ppf(1 - TEST_LEVEL))  # 1.6449
+
+
+def jackknife_se(left_out: Sequence[float]) -> float:
+    """The jackknife standard error from G leave-one-group-out values (see above)."""
+    G = len(left_out)
+    if G < 2:
+        raise ValueError(f"a jackknife needs at least 2 groups, got {G}")
+    x = torch.tensor(list(left_out), dtype=torch.float64)
+    return float(((G - 1) / G * ((x - x.mean()) ** 2).sum()).sqrt())
 
 
 def jackknife(value: float, left_out: Sequence[float], level: float = LEVEL
               ) -> tuple[float, float]:
     """(ci_low, ci_high) of ``value`` from its G leave-one-group-out values (see above)."""
-    G = len(left_out)
-    if G < 2:
-        raise ValueError(f"a jackknife needs at least 2 groups, got {G}")
-    x = torch.tensor(list(left_out), dtype=torch.float64)
-    se = float(((G - 1) / G * ((x - x.mean()) ** 2).sum()).sqrt())
-    half = float(student_t.ppf(0.5 + level / 2, G - 1)) * se
+    half = float(student_t.ppf(0.5 + level / 2, len(left_out) - 1)) * jackknife_se(left_out)
     return value - half, value + half
+
+
+def spearman_brown(r: float) -> float:
+    """The split-half cosine r corrected to the full corpus: 2 r / (1 + r) (r where r <= 0)."""
+    return 2 * r / (1 + r) if r > 0 else r
+
+
+def effect(value: float, chance: float, ceiling: float | None) -> float:
+    """(value - chance) / (ceiling - chance); NaN without a ceiling above chance."""
+    if ceiling is None or not ceiling > chance:
+        return math.nan
+    return (value - chance) / (ceiling - chance)
+
+
+def above_chance(value: float, chance: float, chance_sd: float, se: float = 0.0) -> bool:
+    """The one-sided 5% test: (value - chance) / sqrt(chance_sd^2 + se^2) > 1.6449 (False
+    where both are 0: the null is then the point chance itself)."""
+    spread = math.hypot(chance_sd, se)
+    return bool(spread > 0 and value - chance > Z_ABOVE * spread)
+
+
+def judge(row: dict, se: float = 0.0) -> dict:
+    """``row`` with ``effect`` and ``above_chance`` (rows with a chance level and its spread;
+    ``se`` the value's jackknife standard error, 0 without intervals)."""
+    chance, sd = row.get("chance"), row.get("chance_sd")
+    if chance is None or sd is None:
+        return row
+    return {**row, "effect": effect(row["value"], chance, row.get("ceiling")),
+            "above_chance": above_chance(row["value"], chance, sd, se)}
 
 
 def cross_cosine(A, blocks_B: Iterable[tuple], norm_B: float) -> float:
@@ -72,9 +131,11 @@ def add_intervals(rows: list[dict], left_out: Sequence[list[dict]],
                   ceilings: Mapping[str, float] | None = None,
                   target_of: Callable[[str, str], str | None] | None = None) -> list[dict]:
     """``rows`` with ``ci_low``/``ci_high`` from the rows of the same cells scored against the
-    G leave-one-group-out targets (joined on analysis, layer, head, metric), and ``ceiling``
-    of the cell's target (``target_of(analysis, metric)``, None: no ceiling); a cell whose
-    chance is not below its ceiling says so in its
+    G leave-one-group-out targets (joined on analysis, layer, head, metric), ``ceiling_half``
+    (``ceilings``: the split-half cosine per target) and ``ceiling`` (its correction to the
+    full corpus) of the cell's target (``target_of(analysis, metric)``, None: no ceiling),
+    then ``effect`` and ``above_chance`` (:func:`judge`, with the jackknife's se); a cell
+    whose chance is not below its ceiling says so in its
     ``settings`` (``chance_not_below_ceiling=<chance>>=<ceiling>``: the two halves agree no
     better than unrelated models, so the value has no scale there), never silently."""
     by_cell = [{tuple(r.get(k) for k in KEY): r["value"] for r in rep} for rep in left_out]
@@ -84,14 +145,16 @@ def add_intervals(rows: list[dict], left_out: Sequence[list[dict]],
         missing = [i for i, rep in enumerate(by_cell) if cell not in rep]
         if missing:
             raise ValueError(f"cell {cell} missing from left-out replicate(s) {missing}")
-        low, high = jackknife(r["value"], [rep[cell] for rep in by_cell])
+        values = [rep[cell] for rep in by_cell]
+        low, high = jackknife(r["value"], values)
         row = {**r, "ci_low": low, "ci_high": high}
         target = None if target_of is None else target_of(r["analysis"], r["metric"])
         if ceilings is not None and target is not None:
-            row["ceiling"] = ceilings[target]
+            row["ceiling_half"] = ceilings[target]
+            row["ceiling"] = spearman_brown(row["ceiling_half"])
             chance = r.get("chance")
             if chance is not None and not chance < row["ceiling"]:
                 flag = f"chance_not_below_ceiling={chance:.4g}>={row['ceiling']:.4g}"
                 row["settings"] = ";".join(x for x in (r.get("settings"), flag) if x)
-        out.append(row)
+        out.append(judge(row, jackknife_se(values)))
     return out

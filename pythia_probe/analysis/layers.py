@@ -169,6 +169,6 @@ def _flush(pending: _Pending, targets: Mapping[str, object], opts: Options,
         got = scores([c.factors for _, c in named], target, opts.chunk)
         for (name, c), s in zip(named, got, strict=True):
             scored[id(c)] = {"analysis": name, **c.row, "value": s.value, "chance": s.chance,
-                             "n": target.d_vocab}
+                             "chance_sd": s.chance_sd, "n": target.d_vocab}
     for name, _, cells in pending.cells:  # in the cells' own order
         rows[name] += [scored[id(c)] for c in cells if id(c) in scored]

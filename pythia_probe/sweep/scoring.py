@@ -6,10 +6,12 @@ prepared targets, the statistics' token ids and identity, raw statistics and tex
 one checkpoint's weights into rows. Every value is checked against its analysis's range
 (:func:`check_range`) before it can be written.
 
-Columns of scale beside each value: ``chance`` (closed form, with the value), ``ceiling`` and
-``ci_low``/``ci_high`` (:meth:`Scorer.rows_with_scale`: the same weights scored against the
-leave-one-group-out target sets, joined on (analysis, layer, head, metric);
-:mod:`pythia_probe.analysis.intervals`).
+Columns of scale beside each value: ``chance`` and ``chance_sd`` (closed form, with the
+value), ``ceiling``/``ceiling_half`` and ``ci_low``/``ci_high`` (:meth:`Scorer.rows_with_scale`:
+the same weights scored against the leave-one-group-out target sets, joined on (analysis, layer,
+head, metric); :mod:`pythia_probe.analysis.intervals`), then ``effect`` and ``above_chance`` on
+every row with a chance level (without intervals: above_chance from chance_sd alone, effect
+NaN).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import Tensor
 from pythia_probe.analysis import Analysis, Needs, Options, StepTensors
 from pythia_probe.analysis.attention_text import model_attention
 from pythia_probe.analysis.basis import Basis
-from pythia_probe.analysis.intervals import add_intervals
+from pythia_probe.analysis.intervals import add_intervals, judge
 from pythia_probe.analysis.layers import Layer, score_layers_sets
 from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
@@ -83,7 +85,8 @@ class Scorer:
         if targets is None and self.scale is not None:
             return self.rows_with_scale(config, weights, self.scale.left_out,
                                         self.scale.ceilings)
-        return self.rows_sets(config, weights, [self.targets if targets is None else targets])[0]
+        rows = self.rows_sets(config, weights, [self.targets if targets is None else targets])[0]
+        return [judge(r) for r in rows]
 
     def rows_sets(self, config: Mapping, weights: NeoXWeights,
                   target_sets: Sequence[Mapping[str, object]]) -> list[list[dict]]:
@@ -118,9 +121,11 @@ class Scorer:
         leave-one-group-out target sets ``left_out``) and ``ceiling`` (per target, computed
         once per statistics: :func:`~pythia_probe.analysis.intervals.ceiling`); each interval
         is checked to hold its value and cut at the analysis's range, each ceiling checked
-        against it. One forward pass, G + 1 passes over the targets; where ``left_out`` holds
-        functions (the sets do not fit at once: ``ScoringConfig.together``), each set is
-        prepared when its turn comes and scored with a forward pass of its own."""
+        against it (``ceilings``: the split-half cosines, corrected here by Spearman-Brown), and
+        ``effect``/``above_chance`` with the jackknife's se (:func:`~pythia_probe.analysis.
+        intervals.add_intervals`). One forward pass, G + 1 passes over the targets; where
+        ``left_out`` holds functions (the sets do not fit at once: ``ScoringConfig.together``),
+        each set is prepared when its turn comes and scored with a forward pass of its own."""
         if all(isinstance(t, Mapping) for t in left_out):
             rows, *replicates = self.rows_sets(config, weights, [self.targets, *left_out])
         else:
@@ -133,7 +138,7 @@ class Scorer:
             r["ci_low"], r["ci_high"] = max(r["ci_low"], lo), min(r["ci_high"], hi)
         for a in self.analyses:
             check_range([r for r in out if r["analysis"] == a.name], a,
-                        TOLERANCE[self.scoring.dtype], ("ceiling",))
+                        TOLERANCE[self.scoring.dtype], ("ceiling", "ceiling_half"))
         for r in out:
             if not r["ci_low"] <= r["value"] <= r["ci_high"]:
                 raise OutOfRangeError(f"{r['analysis']} layer {r.get('layer')}: interval "
@@ -149,9 +154,10 @@ class Scorer:
 
 
 def check_range(rows: list[dict], analysis: Analysis, tol: float,
-                keys: tuple[str, ...] = ("value", "chance")) -> None:
-    """Refuse a value (or a chance level) outside ``analysis.bounds`` by more than ``tol``, or
-    not a number, naming the cell; nothing of the step is written then."""
+                keys: tuple[str, ...] = ("value", "chance", "chance_sd")) -> None:
+    """Refuse a value (or a chance level or its standard deviation) outside ``analysis.bounds``
+    by more than ``tol``, or not a number, naming the cell; nothing of the step is written
+    then."""
     lo, hi = analysis.bounds
     for r in rows:
         for key in keys:

@@ -105,8 +105,9 @@ def raw_statistics(st, names: Sequence[str]) -> dict:
 class Scale:
     """What the ceiling and interval columns are scored from, prepared once per run: the
     target sets of the G leave-one-group-out statistics (held, or where they do not fit at
-    once, functions preparing each when its scoring comes) and each target's ceiling (its two
-    halves against each other)."""
+    once, functions preparing each when its scoring comes) and each target's split-half
+    cosine (its two halves against each other: the rows' ``ceiling_half``, whose
+    Spearman-Brown correction is their ``ceiling``)."""
 
     left_out: list[dict | Callable[[], dict]]
     ceilings: dict[str, float]
