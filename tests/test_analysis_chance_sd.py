@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_analysis_factored import parts_from_tokens
+from test_analysis_factored import _dense, parts_from_tokens
 
 from pythia_probe.analysis import (
     REGISTRY,
@@ -227,10 +227,6 @@ def corpus():
     return V, parts_from_tokens(tokens, V), reference_stats(tokens, V)
 
 
-def _dense(name, ref):
-    return ref["Bbar"].T if name == "BbarT" else ref[name]
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_factored_targets_give_the_resident_null_terms(corpus, name):
     V, p, ref = corpus
@@ -296,7 +292,7 @@ BOUND = 0.05 + 2.326 * math.sqrt(0.05 * 0.95 / N_DRAWS)
 def test_random_weights_are_flagged_above_chance_at_most_5_percent(name, kind):
     """The sweep's default: value, chance, chance_sd and the jackknife se over G = 5 document
     groups of a 60-document Markov corpus (V = 64); N_DRAWS independent random weights, each
-    flagged when z = (value - chance) / sqrt(chance_sd^2 + se^2) > 1.6449. Asserted: the
+    flagged when z = (value - chance) / sqrt(chance_sd^2 + se^2) > 1.960. Asserted: the
     rate <= BOUND (5% plus its binomial slack, 6.8% at 800 draws)."""
     V, N, G = 64, 60, 5
     tokens = _markov_corpus(V, N, 24)
@@ -312,12 +308,13 @@ def test_random_weights_are_flagged_above_chance_at_most_5_percent(name, kind):
     assert flagged / N_DRAWS <= BOUND
 
 
-def test_relabelled_statistics_are_flagged_by_chance_sd_alone_about_5_percent():
+def test_relabelled_statistics_are_flagged_by_chance_sd_alone_at_most_5_percent():
     """Without intervals (se = 0) the test is the relabelling null's normal approximation.
     Over 20,000 relabellings of a 128-token corpus's PhiBT against one random stream
     (Gamma = tr(F_p^T B F_p), F_p the stream's rows permuted), z has mean 0 and SD 1 (the
-    exact moments), and the flag rate is near 5%: within [4%, 7%] (the null is right-skewed,
-    so the normal 5% point flags somewhat more)."""
+    exact moments), and the flag rate at above_chance's threshold is at most 5% (the null is
+    right-skewed: the normal 5% point, 1.645, flags more than 5%, which is why the threshold is
+    the 2.5% point, 1.960)."""
     V, n = 128, 20000
     T = reference_stats(_markov_corpus(V, 4 * V, 24), V)["PhiBT"]
     f = _random_factor("stream", V, 3)
@@ -330,4 +327,5 @@ def test_relabelled_statistics_are_flagged_by_chance_sd_alone_about_5_percent():
         vals[k:k + 1000] = (Fp * (B @ Fp)).sum(dim=(1, 2))
     z = (vals / (torch.linalg.matrix_norm(F @ F.T) * B.norm()) - s.chance) / s.chance_sd
     assert abs(float(z.mean())) < 4 / math.sqrt(n) and float(z.std()) == pytest.approx(1, 0.02)
-    assert 0.04 <= float((z > Z_ABOVE).double().mean()) <= 0.07
+    assert float((z > Z_ABOVE).double().mean()) <= 0.05
+    assert float((z > 1.6449).double().mean()) > 0.05  # why not the normal 5% point

@@ -23,6 +23,7 @@ from pythia_probe.analysis.intervals import (
     jackknife,
     jackknife_se,
     judge,
+    full_ceiling,
     spearman_brown,
 )
 from pythia_probe.linalg import frobenius_cosine
@@ -99,10 +100,11 @@ def test_intervals_and_ceiling_join_the_rows_of_replicates(corpus):
     assert got["ci_low"] <= theta <= got["ci_high"]
     assert (got["ci_low"], got["ci_high"]) == pytest.approx(
         jackknife(theta, [r[0]["value"] for r in left_out]))
-    assert got["ceiling_half"] == 0.8 and got["ceiling"] == pytest.approx(1.6 / 1.8)
+    assert got["ceiling_half"] == 0.8 and got["ceiling"] == pytest.approx((1.6 / 1.8) ** 0.5)
     assert "settings" not in got
     loo = [r[0]["value"] for r in left_out]
-    assert got["effect"] == pytest.approx((theta - got["chance"]) / (1.6 / 1.8 - got["chance"]))
+    assert got["effect"] == pytest.approx((theta - got["chance"])
+                                          / ((1.6 / 1.8) ** 0.5 - got["chance"]))
     assert got["above_chance"] is above_chance(theta, got["chance"], got["chance_sd"],
                                                jackknife_se(loo))
     low = add_intervals(rows(full), left_out, {"Qbar": -1.0}, lambda a, m: "Qbar")[0]
@@ -127,12 +129,12 @@ def test_effect_above_chance_and_judge():
     assert effect(0.5, 0.1, 0.9) == pytest.approx(0.5)
     assert all(math.isnan(effect(0.5, 0.1, c)) for c in (None, 0.1, 0.05))
     assert effect(0.05, 0.1, 0.9) < 0  # below chance: negative, kept
-    assert Z_ABOVE == pytest.approx(1.6448536269514722, abs=1e-12)
+    assert Z_ABOVE == pytest.approx(1.959963984540054, abs=1e-12)
     sd = 0.01
-    assert above_chance(0.1 + 1.65 * sd, 0.1, sd) and not above_chance(0.1 + 1.64 * sd, 0.1, sd)
-    # the documents' se widens the null: 1.65 sd over chance is not enough once se = sd
-    assert not above_chance(0.1 + 1.65 * sd, 0.1, sd, sd)
-    assert above_chance(0.1 + 1.65 * math.sqrt(2) * sd, 0.1, sd, sd)
+    assert above_chance(0.1 + 1.97 * sd, 0.1, sd) and not above_chance(0.1 + 1.95 * sd, 0.1, sd)
+    # the documents' se widens the null: 1.97 sd over chance is not enough once se = sd
+    assert not above_chance(0.1 + 1.97 * sd, 0.1, sd, sd)
+    assert above_chance(0.1 + 1.97 * math.sqrt(2) * sd, 0.1, sd, sd)
     assert not above_chance(0.2, 0.1, 0.0, 0.0)  # no spread at all: nothing to test
     row = {"value": 0.5, "chance": 0.1, "chance_sd": 0.1}
     got = judge(row)
@@ -141,16 +143,17 @@ def test_effect_above_chance_and_judge():
     assert judge({"value": 0.5, "chance": 0.1}) == {"value": 0.5, "chance": 0.1}
 
 
-def test_spearman_brown_corrects_the_split_half_towards_the_full_corpus():
+def test_the_ceiling_corrects_the_split_half_to_the_true_statistics_score():
     """Markov-chain text with a known transition matrix P (stationary pi): the true Bbar is
     E[C] / positions - pi 1^T / V = diag(pi) P - pi 1^T / V. Over 6 corpora of 300 documents:
-    the split half r understates both what the true statistic scores against the full corpus
-    and what a second corpus of the same size scores against it; 2 r / (1 + r) is closer to
-    both (on average, and the replication it estimates within a quarter of r's error)."""
+    the split half r understates what the true statistic scores against the full corpus
+    (the ceiling) and what a second corpus of the same size scores against it; Spearman-Brown
+    2 r / (1 + r) estimates the second, its square root (``full_ceiling``) the first, each
+    closer than r and within a quarter of r's error on average."""
     V, T, N = 30, 16, 300
     P, pi = markov.chain(V)
     true = prepare_target("Bbar", markov.true_bbar(P, pi))
-    r, sb, to_true, to_replica = [], [], [], []
+    r, sb, top, to_true, to_replica = [], [], [], [], []
     for seed in range(6):
         tokens = markov.sample(P, pi, N, T, seed)
         full = prepare_target("Bbar", markov.bbar(tokens, V))
@@ -158,10 +161,14 @@ def test_spearman_brown_corrects_the_split_half_towards_the_full_corpus():
                           for h in (tokens[:N // 2], tokens[N // 2:]))
         r.append(ceiling(half_a, half_b))
         sb.append(spearman_brown(r[-1]))
+        top.append(full_ceiling(r[-1]))
         to_true.append(ceiling(true, full))
         other = markov.sample(P, pi, N, T, 100 + seed)  # an independent corpus, same size
         to_replica.append(ceiling(prepare_target("Bbar", markov.bbar(other, V)), full))
-    r, sb, to_true, to_replica = map(np.array, (r, sb, to_true, to_replica))
-    assert (sb > r).all() and (abs(sb - to_true) < abs(r - to_true)).all()
+    r, sb, top, to_true, to_replica = map(np.array, (r, sb, top, to_true, to_replica))
+    assert (top > sb).all() and (sb > r).all()
+    assert (abs(top - to_true) < abs(r - to_true)).all()
+    assert abs(top - to_true).mean() < abs(sb - to_true).mean()  # the true statistic's score
+    assert abs((to_true - top).mean()) < 0.25 * (to_true - r).mean()
     assert abs((to_replica - sb).mean()) < 0.25 * (to_replica - r).mean()
     assert (to_replica - r).mean() > 0.02  # r's shortfall is real, not rounding

@@ -13,6 +13,7 @@ import pytest
 from matplotlib.collections import QuadMesh
 
 from pythia_probe import plots
+from pythia_probe.analysis.intervals import Z_ABOVE
 from pythia_probe.plots import figures, paper, stepaxis
 from pythia_probe.plots.describe import statistics_label
 from pythia_probe.results import make_rows, read_results
@@ -73,7 +74,7 @@ def realistic(n_layers=3, heads=2, steps=STEPS, model="EleutherAI/pythia-160m", 
     df["effect"] = (df["value"] - df["chance"]) / (df["ceiling"] - df["chance"])
     se = (df["ci_high"] - df["value"]) / 2.262
     z = (df["value"] - df["chance"]) / np.sqrt(df["chance_sd"] ** 2 + se ** 2)
-    df["above_chance"] = pd.array(np.where(df["chance"].isna(), None, z > 1.6449),
+    df["above_chance"] = pd.array(np.where(df["chance"].isna(), None, z > Z_ABOVE),
                                   dtype="boolean")
     return df
 
@@ -239,15 +240,15 @@ def test_effect_curves_show_chance_at_0_its_band_and_the_ceiling_at_1(tmp_path, 
     lo, hi = eff.get_ylim()
     assert lo <= -0.1 and hi >= 1.1  # chance and ceiling always in view
     labels = set(eff.get_legend_handles_labels()[1])
-    assert {"chance", "ceiling", "chance +- 1.645 SD of the null"} <= labels
-    band = [c for c in eff.collections if c.get_label() == "chance +- 1.645 SD of the null"]
+    assert {"chance", "ceiling", "chance +- 1.96 SD of the null"} <= labels
+    band = [c for c in eff.collections if c.get_label() == "chance +- 1.96 SD of the null"]
     sd = plots.pivot(df, "embedding", "cos_post", values="chance_sd")
     span = (plots.pivot(df, "embedding", "cos_post", values="ceiling")
             - plots.pivot(df, "embedding", "cos_post", values="chance"))
-    top = (1.6449 * sd / span).max().to_numpy()[1:]
+    top = (Z_ABOVE * sd / span).max().to_numpy()[1:]
     ys = band[0].get_paths()[0].vertices[:, 1]
     assert ys.max() == pytest.approx(top.max())
-    assert "chance (to the null's 95th percentile)" in raw.get_legend_handles_labels()[1]
+    assert "chance (to the above-chance threshold, +1.96 SD of the null)" in raw.get_legend_handles_labels()[1]
 
 
 def test_unembedding_rows_without_a_ceiling_read_as_value_minus_chance(tmp_path, drawn):

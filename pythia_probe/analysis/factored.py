@@ -269,8 +269,8 @@ def _t_times(name: str, p: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
     """T x (float64 [V]) from the parts."""
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     n = np.asarray(p["n"], dtype=np.float64)
-    if name == "Qbar":
-        return sp.csr_matrix(p["Qbar"]) @ x
+    if name in SPARSE:
+        return _sparse(name, p) @ x
     C = sp.csr_matrix(p["C"])
     if name == "Bbar":
         return (C @ x - n * x.sum() / V) / P

@@ -2,13 +2,13 @@
 one line for a layerless metric (unembedding, the toy's output cosine, the loss).
 
 The interval over documents (``ci_low``..``ci_high``) is a band around each line; chance is a
-grey band over the rows' chance values (up to the null's 95th percentile, chance + 1.645
+grey band over the rows' chance values (up to above_chance's threshold, chance + 1.96
 chance_sd, where the table has chance_sd) and the ceiling a dotted line (their median); suspect
 and duplicate steps are shaded columns. Step 0 stands alone left of the axis break: no line is
 drawn across the break.
 
 :func:`draw_second` draws the same lines on the effect scale (0 = chance, 1 = ceiling) or as
-value - chance: chance is the line at 0 with the null's band around it (+-1.645 chance_sd on
+value - chance: chance is the line at 0 with the null's band around it (+-1.96 chance_sd on
 that scale), the ceiling the line at 1, and the axis always shows both.
 """
 
@@ -69,7 +69,7 @@ def _scale(ax, x, steps, chance: pd.DataFrame | None, ceiling: pd.DataFrame | No
         label = "chance"
         if band is not None and band.notna().to_numpy().any():
             hi = np.fmax(hi, (chance + band).max().to_numpy(float))
-            label = "chance (to the null's 95th percentile)"
+            label = "chance (to the above-chance threshold, +1.96 SD of the null)"
         ax.fill_between(x[pos], lo[pos], np.maximum(hi[pos], lo[pos] + 0.004), color="0.4",
                         alpha=0.35, lw=0, hatch="xx", label=label)
     if ceiling is not None and ceiling.notna().to_numpy().any():
@@ -84,7 +84,7 @@ def draw(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
          band: pd.DataFrame | None = None):
     """Draw one line per row of ``values`` (rows x steps). Returns a ScalarMappable when the
     rows are too many for a legend (the caller draws it as a colour bar), else None.
-    ``band``: the null's 95th percentile above chance per cell (1.645 chance_sd)."""
+    ``band``: above_chance's threshold above chance per cell (1.96 chance_sd)."""
     steps = [int(s) for s in values.columns]
     x = stepaxis.positions(steps)
     shade_steps(ax, steps, status or {})
@@ -137,7 +137,7 @@ def draw_second(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
                 effect: bool = True, status: Mapping[int, str] | None = None,
                 row_label: str = "layer"):
     """Lines of the effect (``effect``) or of value - chance per row, with chance at 0 (a
-    line, and +-``band`` around it: the null's 1.645 SD on this scale, its widest over the
+    line, and +-``band`` around it: the null's 1.96 SD on this scale, its widest over the
     rows) and, for the effect, the ceiling at 1; returns as :func:`draw`."""
     steps = [int(s) for s in values.columns]
     x = stepaxis.positions(steps)
@@ -145,7 +145,7 @@ def draw_second(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
     if band is not None and band.notna().to_numpy().any():
         b = band.max().to_numpy(float)
         ax.fill_between(x[pos], -b[pos], b[pos], color="0.4", alpha=0.3, lw=0, hatch="xx",
-                        label="chance +- 1.645 SD of the null")
+                        label="chance +- 1.96 SD of the null")
     ax.axhline(0.0, color="0.2", lw=1.0, label="chance")
     if effect:
         ax.axhline(1.0, color="black", ls=":", lw=1.3, label="ceiling")

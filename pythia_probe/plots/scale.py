@@ -15,14 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from pythia_probe.analysis.intervals import Z_ABOVE
 from pythia_probe.summary import ABOVE, EFFECT
 
 EFFECT_CMAP = "BrBG"
 EFFECT_RANGE = (-1.0, 1.0)
 #: where the colour bar of the effect names its two anchors
 EFFECT_TICKS = {-1.0: "-1", -0.5: "-0.5", 0.0: "0 chance", 0.5: "0.5", 1.0: "1 ceiling"}
-#: the one-sided 5% point of the normal: chance_sd times this is the null's 95th percentile
-Z95 = 1.6449
+#: above_chance's threshold (analysis/intervals.py): chance_sd times this is where the null's
+#: band ends, the distance from chance a value needs (without intervals) to be flagged
+Z95 = Z_ABOVE
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def second_bounds(c: dict[str, pd.DataFrame], second: Second):
 
 
 def null_band(c: dict[str, pd.DataFrame], second: Second | None = None) -> pd.DataFrame:
-    """Z95 x chance_sd per cell (the null's one-sided 95th percentile above chance), on the
+    """Z95 x chance_sd per cell (above_chance's threshold above chance), on the
     raw scale or on ``second``'s; NaN without chance_sd."""
     band = Z95 * c["chance_sd"]
     if second is not None and second.kind == EFFECT:
