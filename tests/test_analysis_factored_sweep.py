@@ -102,9 +102,9 @@ def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
     from pythia_probe.analysis.intervals import (
         above_chance,
         ceiling,
+        full_ceiling,
         jackknife,
         jackknife_se,
-        full_ceiling,
     )
 
     _, _, weights = step
