@@ -84,17 +84,23 @@ def checkpoint_steps(max_step: int, save_every: int) -> list[int]:
 
 
 def build_data(cfg: DemoConfig):
-    """Built-in stories -> word tokenizer -> [N, T+1] LongTensor windows (OOV stories dropped)."""
+    """Built-in stories -> word tokenizer -> [N, T+1] LongTensor windows of the stories packed
+    one after another (OOV stories dropped), and each window's document: the story of its
+    first token, numbered 0, 1, ... in order (the statistics' document groups)."""
 
     docs = generate_stories(cfg.n_stories, seed=cfg.seed)
     tok = build_word_tokenizer(docs, cfg.vocab_size)
-    ids = [i for doc in encode_documents(tok, docs, drop_oov=True) for i in doc]
-    n = len(ids) // (cfg.seq_len + 1)
+    stories = list(encode_documents(tok, docs, drop_oov=True))
+    ids = [i for doc in stories for i in doc]
+    L = cfg.seq_len + 1
+    n = len(ids) // L
     if n < cfg.batch_size:
-        raise BadInputError(f"only {n} windows of {cfg.seq_len + 1} tokens from {cfg.n_stories} "
+        raise BadInputError(f"only {n} windows of {L} tokens from {cfg.n_stories} "
                             f"stories; need >= batch_size={cfg.batch_size}: raise n_stories")
-    tokens = torch.tensor(ids[: n * (cfg.seq_len + 1)]).view(n, cfg.seq_len + 1)
-    return tok, tokens
+    tokens = torch.tensor(ids[: n * L]).view(n, L)
+    starts = torch.tensor([0] + [len(s) for s in stories]).cumsum(0)[:-1]
+    documents = torch.searchsorted(starts, torch.arange(n) * L, right=True) - 1
+    return tok, tokens, documents
 
 
 def make_model(cfg: DemoConfig, n_vocab: int):
@@ -170,9 +176,10 @@ def train(cfg: DemoConfig, out: str | Path, tokens: torch.Tensor, n_vocab: int,
 def build_demo_model(cfg: DemoConfig, out: str | Path, progress: bool = True) -> dict:
     """Data, tokenizer and checkpoints under ``out``; skips training if the last step exists."""
     out = Path(out)
-    tok, tokens = build_data(cfg)
+    tok, tokens, documents = build_data(cfg)
     save_tokenizer_files(tok, out)
-    save_tensors({"tokens": tokens.contiguous()}, out / TOKENS_FILE)
+    save_tensors({"tokens": tokens.contiguous(), "documents": documents.contiguous()},
+                 out / TOKENS_FILE)
     last = out / f"step{cfg.max_step}" / "model.safetensors"
     if last.exists():
         return {"trained": False, "n_windows": len(tokens)}
@@ -189,9 +196,11 @@ def demo_stats(model_dir: str | Path, out: str | Path, cfg: DemoConfig | None = 
     cfg = cfg or DemoConfig()
     tok = load_tokenizer(str(model_dir))
     tokens = load_tokens(model_dir)
+    documents = load_file(Path(model_dir) / TOKENS_FILE)["documents"]
     stats = batch_stats(tokens, d_vocab(tok), tokenizer=tokenizer_fingerprint(tok),
-                        groups=DEFAULT_GROUPS)  # window i in group i mod G: the intervals
+                        groups=DEFAULT_GROUPS, documents=documents)  # story s: group s mod G
     stats.meta["corpus"] = {"dataset": "builtin", "stories": cfg.n_stories, "seed": cfg.seed,
+                            "groups": "by story: a window in the group of its first token's",
                             "windows": int(tokens.shape[0]), "tokens_per_window":
                             int(tokens.shape[1]), "what": "the demo model's training windows"}
     stats.save(out)

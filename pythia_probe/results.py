@@ -7,10 +7,13 @@ Each run folder also holds ``manifest.json`` (argv, effective config, versions, 
 
 Conventions: ``layer`` is numbered as the papers number layers, from 1 (layer l is the l-th
 transformer block; null for rows that belong to no layer); ``head`` counts from 0 within its
-layer. ``chance``, ``ceiling``, ``ci_low``, ``ci_high`` (the scale of a cell: its value with
-no relation between model and statistics, the statistics against themselves, an interval) and
-``revision_status`` (whether the weights are the step they claim) are nullable: null where not
-computed, and shards written before a column existed read with it null.
+layer. ``chance``, ``chance_sd``, ``ceiling``, ``ceiling_half``, ``ci_low``, ``ci_high``,
+``effect``, ``above_chance`` (the scale of a cell: its value with no relation between model and
+statistics and that value's spread, the statistics against themselves corrected to the full
+corpus and between two halves, an interval, the share of the way from chance to ceiling, a
+one-sided test against chance; :mod:`pythia_probe.analysis.intervals`) and ``revision_status``
+(whether the weights are the step they claim) are nullable: null where not computed, and shards
+written before a column existed read with it null.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -52,15 +56,20 @@ SCHEMA: dict[str, tuple[pa.DataType, bool]] = {
     "run_id": (pa.string(), True),
     "settings": (pa.string(), True),  # run settings that vary within one run's table (k=v;...)
     "chance": (pa.float64(), True),  # the value with no relation between model and statistics
-    "ceiling": (pa.float64(), True),  # the statistics against themselves (two corpus halves)
+    "chance_sd": (pa.float64(), True),  # its standard deviation over relabelled statistics
+    "ceiling": (pa.float64(), True),  # the statistics against themselves (full corpus, by SB)
+    "ceiling_half": (pa.float64(), True),  # the same between two halves of the corpus
     "ci_low": (pa.float64(), True),  # an interval of the value over documents
     "ci_high": (pa.float64(), True),
+    "effect": (pa.float64(), True),  # (value - chance) / (ceiling - chance)
+    "above_chance": (pa.bool_(), True),  # a one-sided 5% test of value > chance
     "revision_status": (pa.string(), True),  # ok, duplicate or suspect (the revision ledger)
 }
 COLUMNS = list(SCHEMA)
 ARROW_SCHEMA = pa.schema([pa.field(c, t, nullable=n) for c, (t, n) in SCHEMA.items()])
 #: columns added after the first shards were written: an older shard reads with them null
-LATER_COLUMNS = ("settings", "chance", "ceiling", "ci_low", "ci_high", "revision_status")
+LATER_COLUMNS = ("settings", "chance", "ceiling", "ci_low", "ci_high", "revision_status",
+                 "chance_sd", "ceiling_half", "effect", "above_chance")
 MANIFEST = "manifest.json"
 #: tables beside the shards in a run folder: the summary (pythia_probe.summary), the ledger
 NOT_SHARDS = ("summary.parquet", "revisions.parquet")
@@ -92,9 +101,22 @@ def _coerce(df: pd.DataFrame) -> pd.DataFrame:
             df[col] = df[col].astype("Int64")
         elif pa.types.is_floating(typ):
             df[col] = df[col].astype("float64")
+        elif pa.types.is_boolean(typ):
+            df[col] = _booleans(df[col], col)
         else:
             df[col] = df[col].astype("string")
     return df[COLUMNS]
+
+
+def _booleans(col: pd.Series, name: str) -> pd.Series:
+    """A nullable boolean column; anything but True/False/null is one error naming it."""
+    ok = col.map(lambda v: v is None or v is pd.NA or isinstance(v, (bool, np.bool_))
+                 or (isinstance(v, float) and math.isnan(v)))
+    if not ok.all():
+        bad = col[~ok].iloc[0]
+        raise ResultsError(f"column {name!r} holds {bad!r}: valid values are True, False or null")
+    return col.map(lambda v: None if v is None or v is pd.NA or isinstance(v, float)
+                   else bool(v)).astype("boolean")
 
 
 def _check_columns(df: pd.DataFrame) -> None:
@@ -112,9 +134,13 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
         if not nullable and df[col].isna().any():
             raise ResultsError(f"column {col!r} must not be null ({int(df[col].isna().sum())} "
                                "null rows)")
-    bad = df["value"].map(lambda v: isinstance(v, float) and math.isinf(v))
-    if bad.any():
-        raise ResultsError(f"{int(bad.sum())} rows have an infinite value")
+    for col in ("value", "effect"):
+        bad = df[col].map(lambda v: isinstance(v, float) and math.isinf(v))
+        if bad.any():
+            raise ResultsError(f"{int(bad.sum())} rows have an infinite {col}")
+    if (df["chance_sd"].dropna() < 0).any():
+        raise ResultsError("column 'chance_sd' has negative entries (a standard deviation is "
+                           ">= 0)")
     for col in ("step", "layer", "head", "n"):
         neg = df[col].dropna() < 0
         if neg.any():

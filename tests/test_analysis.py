@@ -126,7 +126,7 @@ def test_embedding_and_unembedding_rows_equal_materialised():
 def test_registry_runs_every_analysis_and_rejects_unknown_names():
     x, V = _tiny(seed=2)
     stats = type("S", (), {n: _rand(V, V, seed=i) for i, n in
-                           enumerate(("PhiBT", "Bbar", "Qbar"))})()
+                           enumerate(("PhiBT", "Bbar", "Qbar", "QbarHead"))})()
     raw = {"Qbar": stats.Qbar, "Delta": _rand(8, seed=5)}
     with pytest.raises(ValueError, match="needs real text"):
         REGISTRY["attention_text"].run(x, {}, Options(raw=raw))
@@ -165,6 +165,33 @@ def test_attention_lnfold_equals_the_authors_materialised_procedure():
         expect = _authors_attention(x.residuals["pre"][i][:V], x.W_Q[i], x.W_K[i], x.ln1_w[i],
                                     Q, row["head"])
         assert row["value"] == pytest.approx(expect, rel=1e-6, abs=1e-12)
+
+
+def test_authors_orientation_rows_equal_pythia_py_materialised():
+    """cos_mean_authors: the query-row model map against the rows of Qbar^T (pythia.py's Q_bar
+    is NT Qbar^T); cos_head_authors: each head against the rows of QbarHead^T (the per-head
+    script's own target). The theory rows are unchanged by adding them."""
+    x, V = _tiny(seed=5)
+    Q, QH = _rand(V, V, seed=13), _rand(V, V, seed=14)
+    stats = type("S", (), {"Qbar": Q, "QbarHead": QH})()
+    th = {n: prepare_target(n, target_matrix(stats, n), chunk=7)
+          for n in ("Qbar", "QbarT", "QbarHeadT")}
+    for name, literal in (("attention_lnfold", True), ("attention", False)):
+        rows = REGISTRY[name].run(x, th, Options(chunk=7, per_head=[2]))
+        alone = REGISTRY[name].run(x, {"Qbar": th["Qbar"]}, Options(chunk=7, per_head=[2]))
+        assert [r for r in rows if not r["metric"].endswith("_authors")] == alone
+        authors = [r for r in rows if r["metric"].endswith("_authors")]
+        assert len(authors) == 3 + 2
+        for row in authors:
+            i, h = row["layer"] - 1, row["head"]
+            T = Q.T if h is None else QH.T
+            args = (x.residuals["pre"][i][:V], x.W_Q[i], x.W_K[i])
+            expect = (_authors_attention(*args, x.ln1_w[i], T, h) if literal else
+                      _paper_attention(*args, T, h))
+            assert row["value"] == pytest.approx(expect, rel=1e-6, abs=1e-12)
+            assert row["metric"] == ("cos_mean_authors" if h is None else "cos_head_authors")
+            assert row["value"] != pytest.approx(
+                next(r["value"] for r in alone if (r["layer"], r["head"]) == (row["layer"], h)))
 
 
 def test_attention_lnfold_differs_from_raw_attention_unless_ln1_is_one():

@@ -28,14 +28,17 @@ def parts_from_tokens(tokens: torch.Tensor, V: int) -> dict:
             C[x[t], y[t]] += 1
             for m in range(t + 1):
                 W[y[t], x[m]] += 1.0 / (t + 1)
-    Q = reference_stats(tokens, V)["Qbar"].numpy()
+    ref = reference_stats(tokens, V)
     return {"C": sp.csr_matrix(C), "W": sp.csr_matrix(W), "n": C.sum(1), "w": W.sum(0),
             "positions": tokens.shape[0] * (tokens.shape[1] - 1), "full_d_vocab": V,
-            "Qbar": sp.csc_matrix(Q), "ids": None}
+            "Qbar": sp.csc_matrix(ref["Qbar"].numpy()),
+            "QbarHead": sp.csc_matrix(ref["QbarHead"].numpy()), "ids": None}
 
 
 def _dense(name, ref):
-    return ref["Bbar"].T if name == "BbarT" else ref[name]
+    if name in ("BbarT", "QbarT", "QbarHeadT"):  # the transpose of the statistic
+        return ref[name[:-1]].T
+    return ref[name]
 
 
 def _corpus(V=23, N=9, T=7, seed=0):

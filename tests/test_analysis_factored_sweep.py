@@ -99,12 +99,18 @@ def test_the_vocabulary_is_the_users_choice_alone(asked, k):
 def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
     """Leave-one-group-out targets from separate statistics of document subsets (the stand-in
     for st.leave_out(g)); the ceiling from the two halves; every interval holds its value."""
-    from pythia_probe.analysis.intervals import ceiling, jackknife
+    from pythia_probe.analysis.intervals import (
+        above_chance,
+        ceiling,
+        full_ceiling,
+        jackknife,
+        jackknife_se,
+    )
 
     _, _, weights = step
     tokens, G = _corpus(V, N=12), 4
     groups = [tokens[i::G] for i in range(G)]
-    names = ("PhiBT", "Qbar")
+    names = ("PhiBT", "Qbar", "QbarT", "QbarHeadT")
     sc = ScoringConfig(ANALYSES, dtype="float64")
 
     def targets(tok):
@@ -125,11 +131,17 @@ def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
     loo = [next(x for x in scorer.rows({}, weights, t) if x["analysis"] == "attention"
                 and x["head"] == 1 and x["layer"] == one["layer"])["value"] for t in left]
     assert (one["ci_low"], one["ci_high"]) == pytest.approx(jackknife(one["value"], loo))
+    assert one["above_chance"] is above_chance(one["value"], one["chance"], one["chance_sd"],
+                                               jackknife_se(loo))
+    assert all(r["above_chance"] is above_chance(r["value"], r["chance"], r["chance_sd"])
+               and "effect" in r for r in plain)  # no intervals: chance_sd alone
     for r in rows:
         assert r["ci_low"] <= r["value"] <= r["ci_high"]
+        assert r["chance_sd"] > 0 and isinstance(r["above_chance"], bool)
         if r["analysis"] != "unembedding":
-            want = ceilings["Qbar" if r["analysis"].startswith("attention") else "PhiBT"]
-            assert r["ceiling"] == want
+            want = ceilings[{"cos_mean_authors": "QbarT", "cos_head_authors": "QbarHeadT"}.get(
+                r["metric"], "Qbar" if r["analysis"].startswith("attention") else "PhiBT")]
+            assert r["ceiling_half"] == want and r["ceiling"] == full_ceiling(want)
 
 
 class Grouped:
@@ -251,7 +263,7 @@ def test_a_grouped_statistics_file_gives_the_ceiling_and_intervals(step, tmp_pat
     rows = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "g", {}, None,
                   sc, scale).rows({}, weights)
     assert rows and all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in rows)
-    assert {r["ceiling"] for r in rows} == set(scale.ceilings.values())
+    assert {r["ceiling_half"] for r in rows} == set(scale.ceilings.values())
 
 
 def test_target_sets_share_one_forward_pass_and_equal_separate_scorings(step, tmp_path,

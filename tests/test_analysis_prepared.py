@@ -86,7 +86,7 @@ class _Counting:
     def __init__(self, th):
         self.th, self.passes = th, 0
         self.name, self.d_vocab, self.dtype, self.norm = th.name, th.d_vocab, th.dtype, th.norm
-        self.trace, self.total = th.trace, th.total
+        self.trace, self.total, self.null_terms = th.trace, th.total, th.null_terms
 
     def grams(self, F, edges, chunk):
         self.passes += 1

@@ -28,6 +28,32 @@ def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="max_step must be >= 1"):
         DemoConfig(max_step=0)
 
+def test_demo_windows_are_grouped_by_the_story_of_their_first_token():
+    """The statistics' document groups are stories, not windows: every window is in the
+    group of the story its first token comes from (a literal walk over the packed stream)."""
+    from pythia_probe.builtin_corpus import generate_stories
+    from pythia_probe.demo import build_data
+    from pythia_probe.stats import batch_stats
+    from pythia_probe.tokenizer import encode_documents
+
+    tok, tokens, documents = build_data(TINY)
+    stories = list(encode_documents(tok, generate_stories(TINY.n_stories, seed=TINY.seed),
+                                    drop_oov=True))
+    story_of = [s for s, ids in enumerate(stories) for _ in ids]
+    L = TINY.seq_len + 1
+    assert documents.tolist() == [story_of[w * L] for w in range(len(tokens))]
+    assert len(set(documents.tolist())) < len(tokens)  # stories span several windows
+    G = 10
+    st = batch_stats(tokens, len(tok), groups=G, documents=documents)
+    for g in (0, 3):
+        rows = (documents % G == g)
+        part = st.subset([g])
+        assert part.meta["counts"]["sequences"] == int(rows.sum())
+        assert part.meta["counts"]["docs"] == len(range(g, int(documents.max()) + 1, G))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        batch_stats(tokens, len(tok), groups=G, documents=documents.flip(0))
+
+
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
@@ -73,6 +99,8 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
                                    "attention_text"}
     text = df[df["analysis"] == "attention_text"]
     assert len(text) == 5 * 2 * (3 + 2 * 4) and text["value"].between(-1, 1).all()
+    # its intervals come from the left-out statistics' Qbar and Delta, not the full ones
+    assert (text["ci_high"] > text["ci_low"]).mean() > 0.9
     # every embedding and attention row has its scale: chance, ceiling and the jackknife
     # interval over the statistics' 10 window groups (on by default, issue 19 item 2)
     scaled = df[df["analysis"].isin(["embedding", "attention", "attention_lnfold"])]

@@ -74,6 +74,19 @@ def mesh(ax):
     return next(c for c in ax.collections if isinstance(c, QuadMesh))
 
 
+def dot_cells(ax, values):
+    """(row, column) indices of the cells of ``values`` that carry a dot on ``ax``."""
+    x = stepaxis.positions([int(s) for s in values.columns])
+    y = np.arange(len(values))
+    out = set()
+    for col in ax.collections:
+        if isinstance(col, QuadMesh):
+            continue
+        for px, py in col.get_offsets():
+            out.add((int(np.argmin(np.abs(y - py))), int(np.argmin(np.abs(x - px)))))
+    return out
+
+
 def xlabels(ax):
     return [t.get_text() for t in ax.get_xticklabels()]
 
@@ -120,16 +133,22 @@ def test_figure6_as_the_paper_draws_it(tmp_path, drawn):
     assert [p.name for p in paths] == ["figure6.png", "figure7.png"]
     fig = drawn["figure6.png"]
     axes = panels(fig)
-    assert len(axes) == 3  # E_post, E_attn, attention map
+    assert len(axes) == 3  # no chance in this table: no effect row
     for ax in axes:
         assert xlabels(ax) == ["0", "1", "2", "4", "8", "512"]  # the figure's steps, 0 kept
         assert ylabels(ax) == [str(i) for i in range(1, 25)]  # the paper's layer numbers
-        assert (mesh(ax).norm.vmin, mesh(ax).norm.vmax) == (0.0, 1.0)
-        assert mesh(ax).get_array().shape == (24, 6)
-    assert "residual stream after layer l" in axes[0].get_title()
-    assert "no MLP" in axes[1].get_title() and "LN-folded" in axes[2].get_title()
+        m = mesh(ax)
+        assert (m.norm.vmin, m.norm.vmax, m.cmap.name) == (0.0, 1.0, "RdYlBu_r")
+        assert m.get_array().shape == (24, 6)
+    # the authors' order: attention | no MLP | embedding
+    assert "attention map" in axes[0].get_title() and "LN-folded" in axes[0].get_title()
+    assert "no cos_mean_authors: not the authors' target" in axes[0].get_title()
+    assert "no MLP" in axes[1].get_title()
+    assert "residual stream after layer l" in axes[2].get_title()
     top = fig._suptitle.get_text()
-    assert "pythia-tiny" in top and "openwebtext, 100k docs, top 5,000, stats abc123" in top
+    assert "pythia-tiny" in top and "plot-cosine-similarity.py" in top
+    assert ("statistics: Skylion007/openwebtext, first 100,000 documents of >= 512 characters, "
+            "T = 128; top 5,000 tokens; stats_id abc123") in top
     caption = fig._supxlabel.get_text()
     assert "2 other steps of this table (1000..2000)" in caption
     assert "no chance level or ceiling" in caption
@@ -139,7 +158,9 @@ def test_figure7_panels_are_the_papers_layers_clipped(tmp_path, drawn):
     plots.paper_figures(table(n_layers=24, steps=[1, 2, 4]), tmp_path)
     axes = panels(drawn["figure7.png"])
     assert [ax.get_title() for ax in axes] == ["layer 2", "layer 13", "layer 24"]
-    assert all((mesh(ax).norm.vmin, mesh(ax).norm.vmax) == (0.2, 0.8) for ax in axes)
+    # plot-per-head-similarity.py: RdBu_r on the range of the cells drawn, shared by the layers
+    assert all((mesh(ax).norm.vmin, mesh(ax).norm.vmax, mesh(ax).cmap.name)
+               == pytest.approx((0.3, 0.4, "RdBu_r")) for ax in axes)
     assert ylabels(axes[0]) == ["0", "1"]
     plots.paper_figures(table(n_layers=4, steps=[1, 2, 4]), tmp_path / "small")
     assert [ax.get_title() for ax in panels(drawn["figure7.png"])] == ["layer 2", "layer 4"]
@@ -154,6 +175,8 @@ def test_zero_based_tables_are_drawn_with_the_papers_numbers(tmp_path, drawn, ca
 
 
 def test_chance_ceiling_intervals_and_revisions_are_marked(tmp_path, drawn):
+    """An older table (no above_chance, effect, chance_sd): the dots follow ci_low <= chance,
+    the effect is computed from value, chance and ceiling."""
     df = with_scale(table(), chance=0.12, ceiling=0.9, half=0.02)
     plots.metric_figures(df, tmp_path, manifest=MANIFEST)
     fig = drawn["embedding_cos_post.png"]
@@ -162,29 +185,41 @@ def test_chance_ceiling_intervals_and_revisions_are_marked(tmp_path, drawn):
     below = int(((c - 0.02) <= 0.12).to_numpy().sum())  # ci_low <= chance
     assert 0 < below < c.size
     caption = fig._supxlabel.get_text()
-    assert f"o: {below} cells not above chance" in caption
+    assert f"o: {below} cells not above chance (older table: the interval's lower end" in caption
     assert "chance (a model unrelated to the statistics): 0.120" in caption
-    assert "ceiling (the statistics against themselves, two halves of the corpus): 0.900" \
-        in caption
-    dots = [col for col in main.collections if not isinstance(col, QuadMesh)
-            and len(col.get_offsets()) > 0]
-    assert sum(len(d.get_offsets()) for d in dots) == below
+    assert ("ceiling (the statistics against themselves: two halves of the corpus, not "
+            "corrected to the full corpus): 0.900") in caption
+    for ax in (main, share):  # the same cells dotted on both panels
+        assert dot_cells(ax, c) == set(zip(*np.nonzero(((c - 0.02) <= 0.12).to_numpy()),
+                                           strict=True))
     letters = {t.get_text(): t.get_position()[0] for t in main.texts}
     e = stepaxis.edges(STEPS)
     assert e[1] < letters["D"] < e[2] and e[3] < letters["S"] < e[4]  # step 1 and step 4
     expect = ((c - 0.12) / (0.9 - 0.12)).to_numpy()
     assert np.asarray(mesh(share).get_array()) == pytest.approx(expect)
+    assert (mesh(share).norm.vmin, mesh(share).norm.vmax, mesh(share).cmap.name) == (
+        -1.0, 1.0, "BrBG")
+    assert (mesh(main).norm.vmin, mesh(main).norm.vmax, mesh(main).cmap.name) == (
+        0.0, 1.0, "RdYlBu_r")
     bar = next(ax for ax in fig.axes if ax.get_label() == "<colorbar>")
     assert any(np.allclose(line.get_ydata(), 0.9) for line in bar.lines)  # ceiling line
 
 
-def test_the_share_panel_only_where_the_metric_has_chance_and_ceiling(tmp_path, drawn):
+def test_the_second_panel_is_effect_or_value_minus_chance_or_none(tmp_path, drawn):
     df = with_scale(table())
-    df.loc[df["metric"] != "cos_post", ["chance", "ceiling"]] = np.nan
+    df.loc[df["metric"] == "cos_attn", "ceiling"] = np.nan  # chance only: value - chance
+    df.loc[df["metric"] == "cos_mean", ["chance", "ceiling"]] = np.nan  # neither
     plots.metric_figures(df, tmp_path)
     assert len(panels(drawn["embedding_cos_post.png"])) == 2
-    assert len(panels(drawn["embedding_cos_attn.png"])) == 1
-    assert "no chance level or ceiling" in drawn["embedding_cos_attn.png"]._supxlabel.get_text()
+    main, diff = panels(drawn["embedding_cos_attn.png"])
+    v = plots.pivot(df, "embedding", "cos_attn") - 0.05
+    assert np.asarray(mesh(diff).get_array()) == pytest.approx(v.to_numpy())
+    top = float(np.abs(v.to_numpy()).max())  # symmetric about chance
+    assert (mesh(diff).norm.vmin, mesh(diff).norm.vmax) == pytest.approx((-top, top))
+    assert "value - chance (no ceiling in the table)" in diff.get_title()
+    assert len(panels(drawn["attention_lnfold_cos_mean.png"])) == 1
+    assert "no chance level or ceiling" in \
+        drawn["attention_lnfold_cos_mean.png"]._supxlabel.get_text()
 
 
 def test_curves_show_interval_chance_and_ceiling(tmp_path, drawn):

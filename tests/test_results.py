@@ -120,3 +120,26 @@ def test_a_manifest_of_the_wrong_shape_is_one_error_naming_the_file(tmp_path, te
     with pytest.raises(ResultsError, match=says) as err:
         results.read_manifest(tmp_path)
     assert str(tmp_path / "manifest.json") in str(err.value)
+
+
+def test_the_scale_of_issue_26_round_trips_and_is_checked(tmp_path):
+    """chance_sd, ceiling_half, effect (float64) and above_chance (nullable bool): written
+    and read back as they were; a negative chance_sd, an infinite effect or an above_chance
+    that is not a bool is one error naming the column."""
+    df = _rows().assign(chance=0.1, chance_sd=[0.01, 0.0, None], ceiling=0.9,
+                        ceiling_half=0.8, effect=[0.5, -0.2, float("nan")],
+                        above_chance=[True, False, None])
+    assert results.ARROW_SCHEMA.field("above_chance").type == pa.bool_()
+    p = results.write_shard(df, tmp_path / "s.parquet")
+    assert pq.read_table(p).schema.field("above_chance").type == pa.bool_()
+    back = results.read_shard(p)
+    assert back["above_chance"].tolist()[:2] == [True, False] and back["above_chance"].isna()[2]
+    assert back["effect"].tolist()[:2] == [0.5, -0.2] and back["chance_sd"].tolist()[0] == 0.01
+    with pytest.raises(ResultsError, match="'chance_sd' has negative"):
+        results.write_shard(df.assign(chance_sd=-0.1), tmp_path / "x.parquet")
+    with pytest.raises(ResultsError, match="infinite effect"):
+        results.write_shard(df.assign(effect=float("inf")), tmp_path / "x.parquet")
+    with pytest.raises(ResultsError, match="'above_chance' holds 'yes'"):
+        results.make_rows([{"metric": "m", "value": 0.1, "above_chance": "yes"}],
+                          model="m", analysis="a")
+    assert not (tmp_path / "x.parquet").exists()

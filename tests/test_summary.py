@@ -163,8 +163,115 @@ def test_cli_prints_and_writes(tmp_path, capsys):
     for _ in range(2):  # the summary beside the shards is not read back as result rows
         assert summary.main(["--results", str(tmp_path / "run")]) == 0
     text = capsys.readouterr().out
-    assert "m embedding cos_post (chance: assumed 0: no chance in the table; no intervals)" in text
+    assert ("m embedding cos_post (scale: value - chance (no ceiling); chance: assumed 0: no "
+            "chance in the table; no intervals; above chance: older table without intervals: "
+            "the value above chance)") in text
     assert "16 [alike]" not in text and "> 32 (censored)" in text
     back = pd.read_parquet(tmp_path / "run" / summary.SUMMARY)
     assert list(back["peak_step"]) == [4, 16] and list(back["censored"]) == [False, True]
     assert summary.SUMMARY in NOT_SHARDS
+
+
+# -- the effect scale (issue 26): 0 = chance, 1 = ceiling --------------------------------------
+#         steps   0     1     2     4     8     16    32
+EVALUE = [0.10, 0.30, 0.80, 0.70, 0.45, 0.30, 0.15]
+ECHANCE = [0.10, 0.10, 0.60, 0.55, 0.10, 0.10, 0.10]
+# effect  0     .222  .500  .333  .389  .222  .056   -> peak step 2, exit 16
+# v - c   0     .20   .20   .15   .35   .20   .05    -> peak step 8, exit 32
+
+
+def scaled(ceiling=1.0, half=None):
+    df = curve(EVALUE).assign(chance=ECHANCE, ceiling=ceiling)
+    if half is not None:
+        df = df.assign(ci_low=df["value"] - half, ci_high=df["value"] + half)
+    return df
+
+
+def test_peak_and_exit_on_the_effect_where_the_table_has_a_ceiling():
+    r = one(scaled())
+    assert r.scale == "effect" and (r.peak_step, r.exit_step) == (2, 16)
+    assert (r.peak_value, r.peak_chance) == (0.8, 0.6)
+    assert r.peak_effect == pytest.approx(0.5) and r.half_above == pytest.approx(0.25)
+    # the same curve without a ceiling: judged on value - chance, another peak and exit
+    r = one(scaled(ceiling=np.nan))
+    assert r.scale == "value - chance" and (r.peak_step, r.exit_step) == (8, 32)
+    assert np.isnan(r.peak_effect) and r.half_above == pytest.approx(0.175)
+
+
+def test_intervals_are_mapped_to_the_effect_as_the_value_is():
+    r = one(scaled(half=0.05))
+    # effect intervals: step 2 [.375, .625] overlaps steps 4 [.222, .444] and 8 [.333, .444]
+    assert (r.peak_step_low, r.peak_step_high) == (2, 8)
+    # half level .25: step 4's lower end is below it, the upper end first at step 32 (.167)
+    assert (r.exit_step_low, r.exit_step, r.exit_step_high) == (4, 16, 32)
+    text = summary.format_summary(summary.summary_table(scaled(half=0.05)))
+    assert "scale: effect, 0 = chance, 1 = ceiling" in text and "16 [4-32]" in text
+    header, row = text.splitlines()[5:7]
+    assert header.split()[4:7] == ["peak", "chance", "effect"]
+    assert row.split()[3:6] == ["0.800", "0.600", "0.500"]
+
+
+def test_the_tables_effect_and_above_chance_columns_are_read():
+    df = scaled().assign(effect=[0.0, 0.1, 0.2, 0.9, 0.3, 0.1, 0.0])
+    assert one(df).peak_step == 4  # the column, not (value - chance) / (ceiling - chance)
+    flagged = scaled(half=0.05).assign(above_chance=[False, True, False, True, True, True,
+                                                     False])
+    r = one(flagged)  # the peak (step 2) is not flagged: no exit, whatever its interval says
+    assert r.peak_step == 2 and not r.peak_above_chance and pd.isna(r.exit_step)
+    assert r.above_chance_rule == summary.ABOVE_RULES["table"]
+    assert one(scaled(half=0.05)).above_chance_rule == summary.ABOVE_RULES["interval"]
+    assert one(scaled(half=0.05)).peak_above_chance  # older table: ci_low .75 > chance .6
+
+
+def test_mixed_scales_are_each_said():
+    df = pd.concat([scaled(), scaled(ceiling=np.nan).assign(layer=2)])
+    out = summary.summary_table(df)
+    assert list(out["scale"]) == ["effect", "value - chance"]
+    text = summary.format_summary(out)
+    assert ("scale: effect, 0 = chance, 1 = ceiling and scale: value - chance (no ceiling)"
+            in text)
+
+
+def reference(steps, value, chance, ceiling, low, high):
+    """The definitions in plain float64 loops: peak, exit and intervals on the effect."""
+    n = len(steps)
+    eff = [(value[k] - chance[k]) / (ceiling[k] - chance[k]) for k in range(n)]
+    lo = [(low[k] - chance[k]) / (ceiling[k] - chance[k]) for k in range(n)]
+    hi = [(high[k] - chance[k]) / (ceiling[k] - chance[k]) for k in range(n)]
+    i = 0
+    for k in range(n):
+        if eff[k] > eff[i]:
+            i = k
+    out = {"peak_step": steps[i], "peak_effect": eff[i]}
+    alike = [steps[k] for k in range(n) if lo[k] <= hi[i] and hi[k] >= lo[i]]
+    out["peak_step_low"], out["peak_step_high"] = min(alike), max(alike)
+    out["peak_above_chance"] = lo[i] > 0
+    if not out["peak_above_chance"]:
+        return out
+
+    def first(xs):
+        return next((steps[k] for k in range(i + 1, n) if xs[k] < eff[i] / 2), None)
+
+    out["exit_step"], out["exit_step_low"], out["exit_step_high"] = first(eff), first(lo), \
+        first(hi)
+    out["censored"] = out["exit_step"] is None
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_effect_summary_equals_the_reference_on_random_curves(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(2, 15))
+    steps = np.sort(rng.choice(1000, n, replace=False))
+    chance = rng.random(n) * 0.5
+    ceiling = chance + 0.05 + rng.random(n) * 0.5
+    top = 1.2 if seed % 4 else 0.08  # every fourth curve barely above chance
+    value = chance + (ceiling - chance) * rng.uniform(-0.3, top, n)
+    half = rng.random(n) * 0.05
+    got = summary.cell_summary(steps, value, chance, value - half, value + half, ceiling)
+    want = reference(list(steps), value, chance, ceiling, value - half, value + half)
+    assert got["scale"] == "effect"
+    for key, v in want.items():
+        assert got[key] == pytest.approx(v), key
+    if not want["peak_above_chance"]:
+        assert got["exit_step"] is None and got["censored"] is None

@@ -65,7 +65,7 @@ def test_tables_validate_and_match_the_paper_procedure(setup, clean_run):
     out, df = clean_run
     cfg = tiny_config()
     n_l, n_h = cfg.num_hidden_layers, cfg.num_attention_heads
-    per_step = 3 * n_l + n_l * (1 + n_h) + 3
+    per_step = 3 * n_l + 2 * n_l * (1 + n_h) + 3  # attention: both orientations
     assert len(df) == len(STEPS) * per_step and sorted(df["step"].unique()) == list(STEPS)
     assert read_manifest(out)["status"] == "complete"
     # step 64 recomputed literally: materialised V x V matrices in float64
@@ -84,6 +84,11 @@ def test_tables_validate_and_match_the_paper_procedure(setup, clean_run):
     Ah = L.W_Q[2].double() @ L.W_K[2].double().T
     assert got[("attention", 2, 2, "cos_head")] == pytest.approx(
         materialised_cosine(E @ Ah @ E.T, st.Qbar), rel=1e-6)
+    # the authors' orientation: pythia.py's Q_bar = NT Qbar^T, the per-head script's own target
+    assert got[("attention", 2, pd.NA, "cos_mean_authors")] == pytest.approx(
+        materialised_cosine(E @ A @ E.T, st.Qbar.T), rel=1e-6)
+    assert got[("attention", 2, 2, "cos_head_authors")] == pytest.approx(
+        materialised_cosine(E @ Ah @ E.T, st.QbarHead.T), rel=1e-6)
     assert got[("embedding", 1, pd.NA, "cos_attn")] == pytest.approx(
         materialised_cosine(res["attn"][0], st.PhiBT), rel=1e-6)
     assert sorted(df["layer"].dropna().unique()) == list(range(1, n_l + 1))
@@ -322,7 +327,7 @@ def test_streamed_target_cache_matches_resident_targets(setup, clean_run, tmp_pa
     cache = stats.with_name(stats.stem + ".targets")  # the default, built by clean_run
     files = sorted(cache.glob("*-float64.safetensors"))  # the streamed targets (not factored)
     assert [f.name for f in files] == [f"{n}-float64.safetensors" for n in
-                                       ("Bbar", "BbarT", "PhiBT", "Qbar")]
+                                       ("Bbar", "BbarT", "PhiBT", "Qbar", "QbarHeadT", "QbarT")]
     assert {open_prepared(f).stats_id for f in files} == {read_meta(stats)["stats_id"]}
     out = tmp_path / "memory"
     assert sweep_main(_argv(repo, stats, out, "--targets", "memory", "--max-rank", "1000")) == 0
@@ -347,10 +352,12 @@ def test_targets_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, c
     from pythia_probe.analysis import plan
     from pythia_probe.sweep.source import model_config, open_source
 
-    # pythia-1.4b, full vocabulary: memory mode ~62 GB fits an 80 GB GPU, not a 40 GB one
+    # pythia-1.4b, full vocabulary: memory mode fits an 80 GB GPU, not a 20 GB one
     shape = plan.StepShape(50277, 2048, 24, 16, 8192, 1_414_647_808)
     need = plan.memory_plan(shape, ["embedding", "attention"], mode="memory").total
-    assert 25e9 < need < 40e9  # two V x V float32 targets (20 GB) + one layer's streams
+    # three V x V float32 targets (PhiBT, Qbar with Qbar^T a view of it, QbarHead^T: 30 GB)
+    # + one layer's streams
+    assert 35e9 < need < 50e9
     assert plan.choose_targets(False, need, 80e9 * plan.GPU_SAFETY, "80 GB")[0] == "memory"
     assert plan.choose_targets(False, need, 20e9 * plan.GPU_SAFETY, "20 GB")[0] == "streamed"
     mode, why = plan.choose_targets(False, need, None, "no probe")
@@ -480,10 +487,13 @@ def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mo
             A = torch.stack([W[j, 0].T @ W[j, 1] for j in hs]).mean(0)
             key = ("cos_mean" if h is None else "cos_head")
             E = pre[i]
-            expect[("attention", i + 1, h, key)] = materialised_cosine(E @ A @ E.T, st.Qbar)
             Af = P @ torch.diag(w) @ A @ torch.diag(w) @ P
-            expect[("attention_lnfold", i + 1, h, key)] = materialised_cosine(E @ Af @ E.T,
-                                                                              st.Qbar)
+            authors = st.Qbar.T if h is None else st.QbarHead.T  # pythia.py, per-head script
+            for suffix, target in (("", st.Qbar), ("_authors", authors)):
+                expect[("attention", i + 1, h, key + suffix)] = materialised_cosine(
+                    E @ A @ E.T, target)
+                expect[("attention_lnfold", i + 1, h, key + suffix)] = materialised_cosine(
+                    E @ Af @ E.T, target)
     WE, WU = m.gpt_neox.embed_in.weight[ids], m.lm_head.weight[ids]  # [k, d_model] each
     expect[("unembedding", pd.NA, pd.NA, "cos_WU_Bbar")] = materialised_cosine(WU, st.Bbar.T)
     expect[("unembedding", pd.NA, pd.NA, "cos_WEWU_Bbar")] = materialised_cosine(WE @ WU.T,

@@ -18,15 +18,27 @@ factored the same way with E_pre replaced by (E_pre P) diag(w) (P is idempotent)
 residual row centred over d_model and scaled by w. The LayerNorm's per-token 1/std is not
 part of either mapping.
 
+Two orientations of the target, both on every row set (leading-terms spec, section 7):
+
+- ``cos_mean``, ``cos_head``: against Qbar, the theory's orientation (rows = query tokens,
+  columns = key tokens, as Eq. 14/17 define it and as the model map's rows are queries).
+- ``cos_mean_authors``, ``cos_head_authors``: exactly what the authors' scripts computed. pythia.py
+  transposes the Jacobian-applied T x T matrix before X^T (.) X, so its Q_bar is NT Qbar^T
+  (rows = KEY tokens), and compute_attention_comparison scores the same query-row model map
+  against the rows of that: target ``QbarT``. pythia-per-head.py (Figure 7) composes its own
+  G_bar (B_bar_Phi_bar.T @ B_bar.T, i.e. Bbar^T Phibar^T Bbar^T in the theory's M orientation,
+  not Gbar = SigmaB Phibar) and transposes the same way: target ``QbarHeadT`` =
+  QbarHead^T. Statistics built before QbarHead existed have no cos_head_authors rows.
+
 Every factor of a layer (the head mean, each head, raw and LN-folded) is E_pre times a small
-matrix, so all of them share the layer's ``pre`` basis and one pass over Qbar
+matrix, so all of them share the layer's ``pre`` basis and one pass over each target
 (:mod:`pythia_probe.analysis.basis`); head h's key-side S is the h-th diagonal block of the
 head mean's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import torch
@@ -81,21 +93,29 @@ def _cells(layer: Layer, opts: Options, folded: bool) -> list[Cell]:
     heads = list(range(layer.W_Q.shape[0])) if on else []
     factors = attention_factors(layer.bases["pre"], layer.W_Q, layer.W_K, heads,
                                 layer.ln1_w if folded else None)
-    return [Cell({"layer": layer.number, "head": h,
-                  "metric": "cos_mean" if h is None else "cos_head"}, f)
-            for h, f in zip([None, *heads], factors, strict=True)]
+    return [Cell({"layer": layer.number, "head": h, "metric": metric + suffix}, f)
+            for suffix in ("", "_authors")
+            for h, f, metric in zip([None, *heads], factors,
+                                    ["cos_mean", *["cos_head"] * len(heads)], strict=True)]
 
 
-RAW_SPEC = LayerSpec("Qbar", partial(_cells, folded=False), ("pre",))
-FOLDED_SPEC = LayerSpec("Qbar", partial(_cells, folded=True), ("pre",))
+#: the target of each metric (see the module docstring)
+TARGETS = {"cos_mean": "Qbar", "cos_head": "Qbar", "cos_mean_authors": "QbarT",
+           "cos_head_authors": "QbarHeadT"}
+RAW_SPEC = LayerSpec("Qbar", partial(_cells, folded=False), ("pre",), TARGETS)
+FOLDED_SPEC = LayerSpec("Qbar", partial(_cells, folded=True), ("pre",), TARGETS)
 
 
 def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence[Tensor],
                    target, *, per_head: bool | Sequence[int] = True,
                    chunk: int = 4096, max_rank: int = 0,
-                   ln1_w: Sequence[Tensor] | None = None) -> list[dict]:
-    """Rows per layer (head null, metric cos_mean) and per head (metric cos_head), each with
-    its chance level; rows number layers from 1 (E_pre[0] is layer 1) and heads from 0.
+                   ln1_w: Sequence[Tensor] | None = None,
+                   authors: Mapping[str, object] | None = None) -> list[dict]:
+    """Rows per layer (head null, metric cos_mean) and per head (metric cos_head) against the
+    prepared Qbar ``target``, each with its chance level; rows number layers from 1 (E_pre[0]
+    is layer 1) and heads from 0. ``authors``: prepared ``QbarT`` and/or ``QbarHeadT``
+    targets, adding the rows ``cos_mean_authors`` / ``cos_head_authors`` (see the module
+    docstring).
 
     ``ln1_w``: per-layer LayerNorm weights [d_model]; given, the rows are the authors'
     LN-folded, centred variant (analysis ``attention_lnfold``), else raw (``attention``).
@@ -111,7 +131,8 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
                    else list(per_head), max_rank=max_rank)
     layers = layers_of(x, target.d_vocab, target.dtype, chunk)
     spec = FOLDED_SPEC if ln1_w is not None else RAW_SPEC
-    return score_layers(layers, [(name, spec)], {"Qbar": target}, opts)[name]
+    return score_layers(layers, [(name, spec)], {"Qbar": target, **(authors or {})},
+                        opts)[name]
 
 
 def _cost(s: Shape) -> Cost:
@@ -120,6 +141,7 @@ def _cost(s: Shape) -> Cost:
     return Cost(macs=(10 * s.n_layers + 2 * s.head_layers) * s.d_model**3)
 
 
-_NEEDS = Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True, targets=("Qbar",))
+_NEEDS = Needs(weights=("embed", "attn", "mlp", "ln"), residuals=True,
+               targets=RAW_SPEC.targets)
 ATTENTION = layer_analysis("attention", _NEEDS, RAW_SPEC, _cost)
 ATTENTION_LNFOLD = layer_analysis("attention_lnfold", _NEEDS, FOLDED_SPEC, _cost)

@@ -26,16 +26,26 @@ layer, both attention variants): :class:`~pythia_probe.analysis.basis.Basis` com
 W^T (.) W, never V x V, and the target is read once per basis, not once per factor.
 
 The target protocol (what :func:`scores` reads): ``name``, ``d_vocab``, ``dtype``, ``norm``
-(||C_T C_T^T||_F), ``trace`` (tr C_T C_T^T), ``total`` (1^T C_T C_T^T 1) and
+(||C_T C_T^T||_F), ``trace`` (tr C_T C_T^T), ``total`` (1^T C_T C_T^T 1), ``null_terms`` (the
+centred permutation primitives of C_T C_T^T, :mod:`pythia_probe.analysis.chance`) and
 ``grams(F, edges, chunk)``, the diagonal [r_i, r_i] blocks of (F^T C_T)(F^T C_T)^T for the
 column groups ``edges`` of F. Implemented by :class:`~pythia_probe.analysis.dense.Target` (T
 resident), :class:`~pythia_probe.analysis.prepared.StreamedTarget` (C_T streamed from disk) and
 :class:`~pythia_probe.analysis.factored.FactoredTarget` (sparse plus rank-one statistics at the
 full vocabulary, no V x V matrix at all).
 
-Every score comes with its chance level (:mod:`pythia_probe.analysis.chance`: the exact
-expectation of the cosine over a random relabelling of the statistics' tokens), from the same
-products and the target's ``trace`` and ``total``.
+Every score comes with its chance level and that level's spread
+(:mod:`pythia_probe.analysis.chance`: the exact mean and standard deviation of the cosine over a
+random relabelling of the statistics' tokens), from the same products, the target's ``trace``,
+``total`` and ``null_terms``, and one pass over the rows of each factor (:attr:`Factors.
+null_terms`, computed once per factor however many targets it is scored against).
+
+Cost of ``chance_sd`` per cell: the row pass, about V r (d + 1) + V r^2 multiply-adds for a
+factor of rank r on a basis of width d + 1 (V (d + 1)^2 + (d + 1)^2 r where that is less, e.g.
+a head mean of rank d; V d for a tall matrix), in the compute dtype over row blocks of the basis,
+sums in float64; against each target then a few scalar operations. This is V / (d + 1) times
+the cell's own r-space algebra and about r / V of one pass of its basis over a dense target
+(measured in benchmarks/bench_chance.py).
 
 ``materialised_cosine`` is the literal float64 reference used by the tests and the benchmark.
 """
@@ -44,13 +54,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from pythia_probe.analysis.basis import Basis, fill_target_grams
-from pythia_probe.analysis.chance import chance_level, model_terms
+from pythia_probe.analysis.chance import (
+    Primitives,
+    chance_level,
+    chance_sd,
+    factor_terms,
+    model_terms,
+)
 from pythia_probe.analysis.dense import (  # noqa: F401 - the analyses' one import place
     DEFAULT_CHUNK,
     Target,
@@ -89,6 +106,19 @@ class Factors:
     def rank(self) -> int:
         return self.basis.d if self.W is None else self.W.shape[1]
 
+    @cached_property
+    def null_terms(self) -> Primitives:
+        """The centred permutation primitives of A = F S F^T
+        (:func:`~pythia_probe.analysis.chance.factor_terms`), once per factor."""
+        b = self.basis
+        _, Gc, e = b.moments()
+        if self.W is None:
+            Gc, s = Gc[:b.d, :b.d], e[:b.d]
+        else:
+            Gc, s = self.W.T @ (Gc @ self.W), self.W.T @ e
+        q, r0 = _row_terms(self)
+        return factor_terms(Gc, s, self.S, q, r0, b.V)
+
 
 def tall(E: Tensor | Basis, dtype: torch.dtype = torch.float64) -> Factors:
     """Factors of cov(E) for a tall matrix E [V, d] (rows = tokens), or of a basis's E."""
@@ -110,11 +140,45 @@ def product(F: Tensor, G: Tensor, dtype: torch.dtype = torch.float64) -> Factors
     return Factors(basis, basis.whole(), (Gc.T @ Gc).to(torch.float64))
 
 
+def _row_terms(f: Factors) -> tuple[Tensor, Tensor]:
+    """(q, r0), float64 [V]: q_i = a_ii - fbar^T S fbar and r0 = A_0 1 = V Fc S fbar of
+    A = F S F^T, F = Y W, over row blocks of the basis's token-centred Yc = Y - 1 ybar^T:
+    L = Yc W (rank r) and Z = L S give q_i = z_i.l_i + 2 z_i.fbar, r0_i = V z_i.fbar; where
+    (d + 1)^2 < r (d + 1 + r), L = Yc and Z = Yc (W S W^T) instead (same sums, fewer
+    multiply-adds). Products in the basis's dtype, sums in float64."""
+    b = f.basis
+    ybar = b.moments()[2] / b.V
+    W, M = f.W, f.S
+    wide = W is not None and M is not None and b.width ** 2 < f.rank * (b.width + f.rank)
+    if wide:
+        W, M = None, W @ M @ W.T
+        m = ybar
+    else:
+        m = ybar[:b.d] if W is None else W.T @ ybar
+    cols = b.width if wide or f.W is not None else b.d
+    dt = b.dtype
+    shift, m_dt = ybar.to(dt), m.to(dt)
+    W_dt = None if W is None else W.to(dt)
+    M_dt = None if M is None else M.to(dt)
+    q, r0 = [], []
+    for s in range(0, b.V, b.chunk):
+        L = (b.Y[s:s + b.chunk] - shift)[:, :cols]
+        if W_dt is not None:
+            L = L @ W_dt
+        Z = L if M_dt is None else L @ M_dt
+        zm = (Z @ m_dt).to(torch.float64)
+        q.append((Z * L).sum(dim=1, dtype=torch.float64) + 2 * zm)
+        r0.append(b.V * zm)
+    return torch.cat(q), torch.cat(r0)
+
+
 class Score(NamedTuple):
-    """A covariance cosine and its chance level (:mod:`pythia_probe.analysis.chance`)."""
+    """A covariance cosine, its chance level and the chance level's standard deviation
+    (:mod:`pythia_probe.analysis.chance`)."""
 
     value: float
     chance: float
+    chance_sd: float
 
 
 def _moments(f: Factors, target) -> tuple[Tensor, Tensor, Tensor]:
@@ -136,9 +200,10 @@ def _score(f: Factors, target) -> Score:
         cross, norm2 = (f.S * PPt).sum(), (SH * SH.T).sum().clamp_min(0)
     trace, total = model_terms(f.S, H, s)
     norm = float(norm2.sqrt())
+    V = target.d_vocab
     return Score(float(cross) / (norm * target.norm),
-                 chance_level(trace, total, norm, target.trace, target.total, target.norm,
-                              target.d_vocab))
+                 chance_level(trace, total, norm, target.trace, target.total, target.norm, V),
+                 chance_sd(f.null_terms, target.null_terms, norm, target.norm, V))
 
 
 def scores(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> list[Score]:

@@ -3,7 +3,9 @@
 C_T = rownorm(T) row-centred is never stored: a column block is rebuilt from T and two
 V-vectors (row scales and row means), so the only V x V matrix held is the statistic itself.
 ``norm`` = ||C_T C_T^T||_F (a V^3 computation, once per statistics), ``trace`` = ||C_T||_F^2
-and ``total`` = ||C_T^T 1||^2 (the chance level's terms). Column blocks are handed out in the
+and ``total`` = ||C_T^T 1||^2 (the chance level's terms) and ``null_terms`` (the chance level's
+spread: :func:`~pythia_probe.analysis.chance.vector_terms` of B = C_T C_T^T from its diagonal
+and B 1 = C_T (C_T^T 1), summed over the same column blocks). Column blocks are handed out in the
 layout the prepared-target cache streams them in (rows of C_T^T), so a resident and a streamed
 target give bit-identical products.
 """
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from pythia_probe.analysis.chance import Primitives, vector_terms
 
 DEFAULT_CHUNK = 4096
 GRAM_BLOCK = 1100  # column block of a Gram's upper triangle (d + 1 = 2,049: two blocks)
@@ -47,6 +51,7 @@ class Target:
     norm: float
     trace: float = 0.0
     total: float = 0.0
+    null_terms: Primitives | None = None
 
     @property
     def d_vocab(self) -> int:
@@ -116,22 +121,35 @@ def blocked_grams(F: Tensor, edges: Sequence[int],
     return [mirror(M) for M in PPt]
 
 
-def target_terms(th: Target, chunk: int = DEFAULT_CHUNK) -> tuple[float, float, float]:
-    """(||C C^T||_F, ||C||_F^2, ||C^T 1||^2) over column chunks; ||C C^T||_F = ||C^T C||_F with
-    C^T C_b = T^T (scale * C_b) - 1 (mean^T C_b).
+def target_terms(th: Target, chunk: int = DEFAULT_CHUNK
+                 ) -> tuple[float, float, float, Primitives]:
+    """(||C C^T||_F, ||C||_F^2, ||C^T 1||^2, the null terms of B = C C^T) over column chunks;
+    ||C C^T||_F = ||C^T C||_F with C^T C_b = T^T (scale * C_b) - 1 (mean^T C_b); diag(B) and
+    the centred row sums B 1 - (1^T B 1 / V) 1 = sum_b (C_b - 1 cbar_b^T)(C_b^T 1) (cbar the
+    column means: token-centred blocks, so a profile every row shares costs no precision) from
+    the same chunks (products in T's dtype, sums in float64).
 
     Peak extra memory O(V * chunk); cost O(V^3), once per statistics.
     """
-    total = torch.zeros((), dtype=torch.float64, device=th.T.device)
+    f64, dev = torch.float64, th.T.device
+    total = torch.zeros((), dtype=f64, device=dev)
     trace, grand = total.clone(), total.clone()
+    diag = torch.zeros(th.d_vocab, dtype=f64, device=dev)
+    rowsum = torch.zeros(th.d_vocab, dtype=f64, device=dev)
     for s in range(0, th.d_vocab, chunk):
         Cb = th.columns(s, s + chunk)
-        trace += torch.linalg.vector_norm(Cb, dtype=torch.float64) ** 2
-        grand += (Cb.sum(dim=0, dtype=torch.float64) ** 2).sum()
+        trace += torch.linalg.vector_norm(Cb, dtype=f64) ** 2
+        colsum = Cb.sum(dim=0, dtype=f64)
+        grand += (colsum ** 2).sum()
+        diag += (Cb * Cb).sum(dim=1, dtype=f64)
+        centred = Cb - (colsum / th.d_vocab).to(Cb.dtype)[None, :]  # small where rows agree
+        rowsum += (centred @ colsum.to(Cb.dtype)).to(f64)  # B 1 - (1^T B 1 / V) 1 in the end
+        del centred
         m = th.mean @ Cb
         G = th.T.T @ Cb.mul_(th.scale[:, None])
-        total += torch.linalg.vector_norm(G.sub_(m[None, :]), dtype=torch.float64) ** 2
-    return float(total.sqrt()), float(trace), float(grand)
+        total += torch.linalg.vector_norm(G.sub_(m[None, :]), dtype=f64) ** 2
+    null = vector_terms(diag.cpu(), rowsum.cpu(), float(total), float(grand))
+    return float(total.sqrt()), float(trace), float(grand), null
 
 
 def row_scales(norms: Tensor, sums: Tensor, V: int) -> tuple[Tensor, Tensor]:

@@ -42,8 +42,9 @@ SPEC = LayerSpec("PhiBT", embedding_cells)
 
 def embedding_rows(residuals: Mapping[str, list[Tensor]], target, *,
                    chunk: int = 4096, max_rank: int = 0) -> list[dict]:
-    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)) and its
-    chance level; rows number layers from 1 (residuals[kind][0] is layer 1).
+    """One row per (layer, kind): cosine of cov(E_kind[l]) with cov(rownorm(PhiBT)), its
+    chance level and that level's standard deviation; rows number layers from 1
+    (residuals[kind][0] is layer 1).
 
     Layers are scored one at a time, or several per pass over the target while the stacked
     width of their bases stays <= ``max_rank``.
@@ -68,7 +69,7 @@ def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, Target], *,
         "cos_WE_PhiBT": scores([tall(WE, dt)], phibt, chunk)[0],
     }
     return [{"analysis": "unembedding", "layer": None, "metric": m, "value": v.value,
-             "chance": v.chance, "n": V} for m, v in vals.items()]
+             "chance": v.chance, "chance_sd": v.chance_sd, "n": V} for m, v in vals.items()]
 
 
 def _run_unembedding(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:

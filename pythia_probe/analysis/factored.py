@@ -6,21 +6,24 @@ context), w = 1^T W, P the positions, V the vocabulary, Qbar sparse on the pairs
 
     Bbar = (C - n 1^T / V) / P,   Phibar = (W - 1 w^T / V) / P,   PhiBT = Phibar^T Bbar^T.
 
-A target T (PhiBT, Qbar, Bbar or Bbar^T) enters a cosine only through C_T = D T - m 1^T
-(D = diag(1 / row norms), m = row means of D T), and the scoring needs only C_T^T X for the
-stacked bases X [V, k]:
+A target T (PhiBT, Qbar, Bbar, Bbar^T, Qbar^T or QbarHead^T) enters a cosine only through
+C_T = D T - m 1^T (D = diag(1 / row norms), m = row means of D T), and the scoring needs only
+C_T^T X for the stacked bases X [V, k]:
 
     C_T^T X = T^T (D X) - 1 (m^T X),
     PhiBT^T Y = Bbar (Phibar Y) = (C Z - n (1^T Z) / V) / P,  Z = (W Y - 1 (w^T Y) / V) / P,
-    Qbar^T Y (sparse),  Bbar^T Y = (C^T Y - 1 (n^T Y) / V) / P,  Bbar Y = (C Y - n (1^T Y)/V)/P
+    Qbar^T Y,  (Qbar^T)^T Y = Qbar Y  (sparse; QbarHead likewise),
+    Bbar^T Y = (C^T Y - 1 (n^T Y) / V) / P,  Bbar Y = (C Y - n (1^T Y)/V)/P
 
 i.e. sparse products (nnz x k) plus vector corrections, on the scoring device in the compute
 dtype. What depends on the statistics alone is computed once in float64 (:func:`target_vectors`)
 and cached by the statistics' content identity (:func:`cached_vectors`): D and m from the rows
 of T (PhiBT's rows are the columns of P^2 Bbar Phibar = C W - n w^T / V), ``trace`` =
-||C_T||_F^2, ``total`` = ||C_T^T 1||^2 and ``norm`` = ||C_T C_T^T||_F = ||C_T^T C_T||_F, the
+||C_T||_F^2, ``total`` = ||C_T^T 1||^2, ``norm`` = ||C_T C_T^T||_F = ||C_T^T C_T||_F, the
 last over column blocks of C_T (each built from the parts, then multiplied by C_T^T): about
-2 (nnz(W) + nnz(C)) V multiply-adds for PhiBT, nnz(Qbar) V for Qbar, once.
+2 (nnz(W) + nnz(C)) V multiply-adds for PhiBT, nnz(Qbar) V for Qbar, once; and ``null`` (the
+chance level's spread, :mod:`pythia_probe.analysis.chance`) from diag(C_T C_T^T) (the row
+norms above) and C_T (C_T^T 1) (one sparse product T x more).
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.chance import Primitives, vector_terms
 from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror, row_scales
 
-NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT")
+NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT", "QbarT", "QbarHeadT")
+#: the sparse statistic behind each target read as a matrix of its own (T = Q or Q^T)
+SPARSE = {"Qbar": ("Qbar", False), "QbarT": ("Qbar", True), "QbarHeadT": ("QbarHead", True)}
 CPU_TILE = 128  # columns of a dense factor per sparse product on the CPU (Parts.tiled)
 
 
@@ -64,7 +70,7 @@ class Parts:
         vec = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
         self.raw = parts  # the host's scipy parts (column blocks of a target, once per stats)
         self.n, self.w = vec(parts["n"]), vec(parts["w"])
-        C, W, Q = parts["C"], parts["W"], parts["Qbar"]
+        C, W = parts["C"], parts["W"]
         self.m = {}
         if need & {"PhiBT", "BbarT"}:
             self.m["C"] = _csr(C, dtype, device)
@@ -72,8 +78,10 @@ class Parts:
             self.m["CT"] = _csr(C.T, dtype, device)
         if "PhiBT" in need:
             self.m["W"] = _csr(W, dtype, device)
-        if "Qbar" in need:
-            self.m["QT"] = _csr(Q.T, dtype, device)
+        for name in need & set(SPARSE):  # T^T as CSR: T^T Y is one sparse product
+            stat, transposed = SPARSE[name]
+            Q = parts[stat]
+            self.m[name] = _csr(Q if transposed else Q.T, dtype, device)
 
     def bbar(self, Y: Tensor) -> Tensor:
         """Bbar Y."""
@@ -116,21 +124,22 @@ class Parts:
         """T^T Y for one (contiguous) tile of columns."""
         if name == "PhiBT":
             return self.bbar(self.phibar(Y))
-        if name == "Qbar":
-            return self.m["QT"] @ Y
+        if name in SPARSE:
+            return self.m[name] @ Y
         return self.bbar_t(Y) if name == "Bbar" else self.bbar(Y)
 
 
 @dataclass(frozen=True)
 class Vectors:
     """What a factored target needs of the statistics alone (float64): D, m, the norm and the
-    chance terms."""
+    chance terms (``null``: the centred permutation primitives of C_T C_T^T)."""
 
     scale: Tensor
     mean: Tensor
     norm: float
     trace: float
     total: float
+    null: Primitives
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,6 +170,10 @@ class FactoredTarget:
     @property
     def total(self) -> float:
         return self.vectors.total
+
+    @property
+    def null_terms(self) -> Primitives:
+        return self.vectors.null
 
     def ct_t(self, X: Tensor) -> Tensor:
         """C_T^T X = T^T (D X) - 1 (m^T X)."""
@@ -228,8 +241,8 @@ def _row_norms_sums(name: str, p: Mapping[str, Any], chunk: int) -> tuple[Tensor
     """T's row L2 norms and row sums in float64, from the parts."""
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     C, n = sp.csr_matrix(p["C"]), np.asarray(p["n"], dtype=np.float64)
-    if name == "Qbar":
-        Q = sp.coo_matrix(p["Qbar"])
+    if name in SPARSE:
+        Q = _sparse(name, p).tocoo()
         sq = np.bincount(Q.row, Q.data ** 2, minlength=V)
         sums = np.bincount(Q.row, Q.data, minlength=V)
     elif name == "Bbar":
@@ -252,12 +265,30 @@ def _row_norms_sums(name: str, p: Mapping[str, Any], chunk: int) -> tuple[Tensor
     return torch.from_numpy(np.sqrt(np.clip(sq, 0, None))), torch.from_numpy(sums)
 
 
+def _t_times(name: str, p: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
+    """T x (float64 [V]) from the parts."""
+    V, P = int(p["full_d_vocab"]), float(p["positions"])
+    n = np.asarray(p["n"], dtype=np.float64)
+    if name in SPARSE:
+        return _sparse(name, p) @ x
+    C = sp.csr_matrix(p["C"])
+    if name == "Bbar":
+        return (C @ x - n * x.sum() / V) / P
+    z = (C.T @ x - (n @ x) / V) / P  # Bbar^T x
+    if name == "BbarT":
+        return z
+    if name == "PhiBT":
+        W, w = sp.csr_matrix(p["W"]), np.asarray(p["w"], dtype=np.float64)
+        return (W.T @ z - w * z.sum() / V) / P  # Phibar^T (Bbar^T x)
+    raise ValueError(f"no product T x for factored target {name!r}; valid: {', '.join(NAMES)}")
+
+
 def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
     """T[:, cols] dense float64 [V, len(cols)] from the parts."""
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     n = np.asarray(p["n"], dtype=np.float64)
-    if name == "Qbar":
-        return sp.csc_matrix(p["Qbar"])[:, cols].toarray()
+    if name in SPARSE:
+        return _sparse(name, p)[:, cols].toarray()
     if name == "Bbar":
         return (sp.csc_matrix(p["C"])[:, cols].toarray() - n[:, None] / V) / P
     Brows = (sp.csr_matrix(p["C"])[cols].toarray() - n[cols, None] / V) / P  # Bbar[cols, :]
@@ -268,19 +299,36 @@ def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
     return (np.asarray(W.T @ X) - np.outer(w, X.sum(axis=0) / V)) / P
 
 
+def _sparse(name: str, p: dict[str, Any]) -> sp.csc_matrix:
+    """The sparse target ``name`` itself (Qbar, Qbar^T or QbarHead^T) from the parts, as CSC:
+    converted once and kept in ``p`` (under ``"_csc:<name>"``), since its column blocks and
+    shared columns are read many times."""
+    key = f"_csc:{name}"
+    if key not in p:
+        stat, transposed = SPARSE[name]
+        if p.get(stat) is None:
+            raise ValueError(f"these statistics hold no {stat} (built before it existed): "
+                             f"target {name!r} cannot be scored; rebuild the statistics")
+        Q = sp.csc_matrix(p[stat])
+        p[key] = sp.csc_matrix(Q.T) if transposed else Q
+    return p[key]
+
+
 def shared_columns(name: str, p: Mapping[str, Any]) -> np.ndarray:
     """Columns of T that all equal one vector (the corpus never shows their token in that
-    role): zero columns of PhiBT, Bbar^T (no bigram starts there) and Qbar (never a key),
+    role): zero columns of PhiBT, Bbar^T (no bigram starts there), Qbar and QbarHead (never a
+    key) and Qbar^T, QbarHead^T (never a query),
     the columns -n / (V P) of Bbar (no bigram ends there)."""
-    if name == "Qbar":
-        return np.diff(sp.csc_matrix(p["Qbar"]).indptr) == 0
+    if name in SPARSE:
+        return np.diff(_sparse(name, p).indptr) == 0
     if name == "Bbar":
         return np.asarray(sp.csr_matrix(p["C"]).sum(axis=0)).ravel() == 0
     return np.asarray(p["n"]) == 0
 
 
 def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Vectors:
-    """D, m, ||C_T C_T^T||_F, ||C_T||_F^2 and ||C_T^T 1||^2 of target ``name`` in float64.
+    """D, m, ||C_T C_T^T||_F, ||C_T||_F^2, ||C_T^T 1||^2 and the null terms (from
+    diag(C_T C_T^T) and C_T (C_T^T 1)) of target ``name`` in float64.
 
     The norm is ||C_T^T C_T||_F over column blocks C_T[:, J] = D T[:, J] - m 1^T:
     ||C_T^T C_T||_F^2 = sum_J ||C_T^T C_T[:, J]||_F^2, with C_T^T C_T[:, J] =
@@ -293,10 +341,12 @@ def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Ve
     V = int(parts["full_d_vocab"])
     norms, sums = _row_norms_sums(name, parts, chunk)
     scale, mean = row_scales(norms, sums, V)
-    trace = float((scale ** 2 * norms ** 2 - 2 * scale * mean * sums + V * mean ** 2).sum())
+    diag = scale ** 2 * norms ** 2 - 2 * scale * mean * sums + V * mean ** 2  # diag(C_T C_T^T)
+    trace = float(diag.sum())
     target = FactoredTarget(name, Parts(parts, torch.float64, "cpu", {name}),
-                            Vectors(scale, mean, 0.0, trace, 0.0))
+                            Vectors(scale, mean, 0.0, trace, 0.0, Primitives(*[0.0] * 6)))
     colsum = target.ct_t(torch.ones(V, 1, dtype=torch.float64))[:, 0]  # C_T^T 1
+    rowsum = scale * torch.from_numpy(_t_times(name, parts, colsum.numpy())) - mean * colsum.sum()
     shared = shared_columns(name, parts)
     cols = np.flatnonzero(~shared)
     if shared.any():
@@ -308,4 +358,6 @@ def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Ve
         Tb = torch.from_numpy(_columns(name, parts, cols[s:s + chunk]))
         G = target.ct_t(Tb * scale[:, None] - mean[:, None])  # C_T^T C_T[:, J]
         norm2 += float(((G ** 2).sum(dim=0) * weight[s:s + chunk]).sum())
-    return Vectors(scale, mean, norm2 ** 0.5, trace, float(colsum @ colsum))
+    total = float(colsum @ colsum)
+    return Vectors(scale, mean, norm2 ** 0.5, trace, total,
+                   vector_terms(diag, rowsum, norm2, total))

@@ -1,12 +1,15 @@
-"""The once-per-statistics vectors of a factored target (D, m, norm, trace, total), cached.
+"""The once-per-statistics vectors of a factored target (D, m, norm, trace, total, null terms),
+cached.
 
 Computing them costs one pass of C_T^T over every column of C_T (hours on a CPU at the full
 Pythia vocabulary, see :mod:`pythia_probe.analysis.factored`), so they are written once beside
 the statistics: a safetensors file ``<name>-factored.safetensors`` (tensors ``scale``, ``mean``
-[V] float64; metadata ``format``, ``name``, ``stats_id``, ``norm``, ``trace``, ``total`` and
-``sha256``, the digest of the tensors' bytes). A file is reused only when its format, name and
-stats_id (the statistics' content identity) match and its bytes hash to the recorded digest;
-anything else is rebuilt, never read.
+[V] float64; metadata ``format``, ``name``, ``stats_id``, ``norm``, ``trace``, ``total``, the
+four non-zero null terms ``null_rowsum_sq``, ``null_frob_sq``, ``null_diag_rowsum``,
+``null_diag_sq`` (:mod:`pythia_probe.analysis.chance`) and ``sha256``, the digest of the
+tensors' bytes). A file is reused only when its format, name and stats_id (the statistics'
+content identity) match and its bytes hash to the recorded digest; anything else (a file of
+format /1, written before the null terms, included) is rebuilt, never read.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from pythia_probe.analysis.chance import null_from_meta, null_meta
 from pythia_probe.analysis.factored import Vectors, target_vectors
 from pythia_probe.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
-FORMAT = "pythia_probe.factored_target/1"
+FORMAT = "pythia_probe.factored_target/2"  # /2: the null terms (chance_sd)
 
 
 def vectors_path(cache_dir: str | os.PathLike, name: str) -> Path:
@@ -56,13 +60,18 @@ def read_vectors(path: Path, name: str, stats_id: str) -> tuple[Vectors | None, 
         return None, "built for other statistics or by another version"
     if meta.get("sha256") != _digest(scale, mean):
         return None, "its bytes do not match their recorded sha256 (damaged)"
+    try:
+        null = null_from_meta(meta)
+    except (KeyError, ValueError):
+        return None, "its null terms are missing or unreadable"
     return Vectors(scale, mean, float(meta["norm"]), float(meta["trace"]),
-                   float(meta["total"])), ""
+                   float(meta["total"]), null), ""
 
 
 def write_vectors(path: Path, name: str, stats_id: str, v: Vectors) -> Path:
     meta = {"format": FORMAT, "name": name, "stats_id": str(stats_id), "norm": repr(v.norm),
             "trace": repr(v.trace), "total": repr(v.total),
+            **null_meta(v.null),
             "sha256": _digest(v.scale, v.mean)}
     tensors = {"scale": v.scale.contiguous(), "mean": v.mean.contiguous()}
     return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta),

@@ -45,12 +45,23 @@ class Cell(NamedTuple):
 
 
 class LayerSpec(NamedTuple):
-    """What a per-layer analysis compares (``target``), its cells of one layer and the kinds of
-    residual stream they read."""
+    """What a per-layer analysis compares: ``target`` for its cells, or for a metric of
+    ``metric_targets`` that one (attention's ``cos_mean_authors`` against QbarT); its cells of
+    one layer and the kinds of residual stream they read."""
 
     target: str
     cells: Callable[[Layer, Options], list[Cell]]
     kinds: tuple[str, ...] = KINDS
+    metric_targets: Mapping[str, str] = {}
+
+    def target_of(self, metric: str) -> str:
+        """The target a cell of ``metric`` is scored against."""
+        return self.metric_targets.get(metric, self.target)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Every target the analysis's cells are scored against (its needs)."""
+        return tuple(dict.fromkeys((self.target, *self.metric_targets.values())))
 
 
 def layer_analysis(name: str, needs: Needs, spec: LayerSpec,
@@ -61,7 +72,7 @@ def layer_analysis(name: str, needs: Needs, spec: LayerSpec,
 
 def _run_alone(x: StepTensors, th: Mapping[str, object], opts: Options, *, name: str,
                spec: LayerSpec) -> list[dict]:
-    target = th[spec.target]
+    target = next(th[t] for t in spec.targets if t in th)
     layers = layers_of(x, target.d_vocab, target.dtype, opts.chunk)
     return score_layers(layers, [(name, spec)], th, opts)[name]
 
@@ -92,8 +103,12 @@ class _Pending:
     cells: list[tuple[str, LayerSpec, list[Cell]]] = field(default_factory=list)
 
     def width(self, targets: Mapping[str, object]) -> int:
-        bases = {(id(c.factors.basis), spec.target): (c.factors.basis, spec.target)
-                 for _, spec, cells in self.cells for c in cells}
+        bases = {}
+        for _, spec, cells in self.cells:
+            for c in cells:
+                t = spec.target_of(c.row["metric"])
+                if t in targets:
+                    bases[(id(c.factors.basis), t)] = (c.factors.basis, t)
         return sum(b.width for b, t in bases.values() if not b.has(targets[t]))
 
 
@@ -137,13 +152,23 @@ def _flush_sets(pending: _Pending, target_sets: Sequence[Mapping[str, object]], 
 
 def _flush(pending: _Pending, targets: Mapping[str, object], opts: Options,
            rows: dict[str, list[dict]]) -> None:
-    by_target: dict[str, list[Basis]] = {}
-    for _, spec, cells in pending.cells:
-        by_target.setdefault(spec.target, []).extend(c.factors.basis for c in cells)
-    for name, bases in by_target.items():
-        fill_target_grams(bases, targets[name], opts.chunk)
+    """Score the pending cells, each against its target (a cell whose target the run does not
+    hold, e.g. QbarHeadT of statistics built before it existed, is left out: the plan says so).
+    One pass per (target, basis) over the target."""
+    by_target: dict[str, list[tuple[str, Cell]]] = {}
     for name, spec, cells in pending.cells:
-        target = targets[spec.target]
-        got = scores([c.factors for c in cells], target, opts.chunk)
-        rows[name] += [{"analysis": name, **c.row, "value": s.value, "chance": s.chance,
-                        "n": target.d_vocab} for c, s in zip(cells, got, strict=True)]
+        for c in cells:
+            t = spec.target_of(c.row["metric"])
+            if t in targets:
+                by_target.setdefault(t, []).append((name, c))
+    for t, named in by_target.items():
+        fill_target_grams([c.factors.basis for _, c in named], targets[t], opts.chunk)
+    scored: dict[int, dict] = {}
+    for t, named in by_target.items():
+        target = targets[t]
+        got = scores([c.factors for _, c in named], target, opts.chunk)
+        for (name, c), s in zip(named, got, strict=True):
+            scored[id(c)] = {"analysis": name, **c.row, "value": s.value, "chance": s.chance,
+                             "chance_sd": s.chance_sd, "n": target.d_vocab}
+    for name, _, cells in pending.cells:  # in the cells' own order
+        rows[name] += [scored[id(c)] for c in cells if id(c) in scored]

@@ -31,7 +31,8 @@ from pythia_probe.resources import GPU_SAFETY, memory_budget  # noqa: F401 - the
 GB = 1e9
 MODES = ("memory", "streamed", "factored")
 #: the products each factored target needs, by the parts they multiply
-PRODUCT_PARTS = {"PhiBT": ("W", "C"), "Qbar": ("Qbar",), "Bbar": ("C",), "BbarT": ("C",)}
+PRODUCT_PARTS = {"PhiBT": ("W", "C"), "Qbar": ("Qbar",), "Bbar": ("C",), "BbarT": ("C",),
+                 "QbarT": ("Qbar",), "QbarHeadT": ("QbarHead",)}
 
 
 @dataclass(frozen=True)
@@ -114,14 +115,16 @@ class Plan:
 KNOWN = ("embedding", "attention", "attention_lnfold", "unembedding")
 
 
-def _bases(names: set[str], L: int) -> dict[str, int]:
+def _bases(names: set[str], L: int, heads: int = 0) -> dict[str, int]:
     """Distinct bases of one step against each target (the embedding's stream after layer l
     is layer l + 1's pre; the attention maps read each layer's pre)."""
     out = {}
     if "embedding" in names:
         out["PhiBT"] = 1 + 2 * L
-    if names & {"attention", "attention_lnfold"}:
-        out["Qbar"] = L
+    if names & {"attention", "attention_lnfold"}:  # each layer's pre on both orientations
+        out["Qbar"] = out["QbarT"] = L
+        if heads:
+            out["QbarHeadT"] = heads  # the authors' per-head target, on the layers with heads
     if "unembedding" in names:
         for t in ("Bbar", "BbarT"):
             out[t] = out.get(t, 0) + 1
@@ -141,8 +144,8 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
     names = {a.name for a in chosen}
     V, d, L, b = s.V, s.d_model, s.n_layers, dtype_bytes
     w = d + 1
-    per_target = _bases(names, L)
     heads = L if per_head_layers is None else per_head_layers
+    per_target = _bases(names, L, heads)
     costs = {a.name: a.cost(CostShape(V, d, L, s.n_heads, heads)) for a in chosen}
     for a in chosen:  # an analysis the plan does not know: its own bases on its targets
         if a.name not in KNOWN:
@@ -155,7 +158,9 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
         3 * ("unembedding" in names)
     nnz = dict(nnz or {})
     parts = {p: nnz.get(p, 0) for t in per_target for p in PRODUCT_PARTS[t]}
-    targets = {"memory": len(set(per_target) - {"BbarT"}) * V * V * b,
+    views = {"BbarT": "Bbar", "QbarT": "Qbar"}  # a transpose held as a view of the other
+    stored = {views.get(t, t) for t in per_target}
+    targets = {"memory": len(stored) * V * V * b,
                "streamed": 0.0,
                "factored": sum(n * (b + 8) + 8 * (V + 1) for n in parts.values())
                + 16 * V * len(per_target)}[mode]
@@ -177,7 +182,8 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
         else:
             dense += n * V * V * w
             once += V ** 3
-    passes = sum(-(-L // k) if t in ("PhiBT", "Qbar") and layered else 1 for t in per_target)
+    passes = sum(-(-L // k) if t in ("PhiBT", "Qbar", "QbarT", "QbarHeadT") and layered else 1
+                 for t in per_target)
     disk = len(files) * V * V * b if mode == "streamed" else 0.0
     read = passes * V * V * b if mode == "streamed" else 0.0
     return Plan(mode, targets, residuals, s.n_params * b, transient, float(dense),

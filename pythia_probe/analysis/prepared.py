@@ -5,14 +5,16 @@ rebuilds each column chunk of C_T (T row-normalised, row-centred) on the fly. Fo
 target side depends only on the statistics, so it is prepared ONCE per statistics file and
 written to a cache file: C_T^T (row j = column j of C_T, exactly the values ``Target.columns``
 produces, in the compute dtype) plus ||C_T C_T^T||_F and the chance level's terms
-(``trace`` = ||C_T||_F^2, ``total`` = ||C_T^T 1||^2) in the metadata, keyed by ``stats_id``
+(``trace`` = ||C_T||_F^2, ``total`` = ||C_T^T 1||^2, and for its spread the four non-zero
+``null_terms``, :mod:`pythia_probe.analysis.chance`) in the metadata, keyed by ``stats_id``
 (the statistics' content identity). Per checkpoint :class:`StreamedTarget` reads row blocks of
 C_T^T (= column blocks of C_T) into one reused buffer with plain file reads, so the
 per-checkpoint peak is the model's factors + one ``chunk x V`` block (measured in
 benchmarks/bench_analysis.py).
 
 The cache file is a valid safetensors file (tensor ``CT_T`` [V, V], metadata ``stats_id``,
-``name``, ``norm``, ``trace``, ``total``, ``dtype``, ``format`` and ``sha256``, the digest of the
+``name``, ``norm``, ``trace``, ``total``, ``null_rowsum_sq``, ``null_frob_sq``,
+``null_diag_rowsum``, ``null_diag_sq``, ``dtype``, ``format`` and ``sha256``, the digest of the
 tensor's bytes) written block by block, atomically. :func:`cached_target` reuses a file only
 when its header matches and its bytes hash to the recorded digest (checked once per run, before
 use); a file that fails is rebuilt, never read.
@@ -32,13 +34,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.chance import Primitives, null_from_meta, null_meta
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK, Target, blocked_grams, prepare_target
 from pythia_probe.errors import BadInputError, CorruptFileError
 from pythia_probe.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
-FORMAT = "pythia_probe.prepared_target/3"  # /3: trace and total (chance levels)
+FORMAT = "pythia_probe.prepared_target/4"  # /3: trace, total (chance); /4: null terms
 TENSOR = "CT_T"
 _CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
           torch.bfloat16: "BF16"}
@@ -61,6 +64,7 @@ class StreamedTarget:
     data_offset: int
     device: str | torch.device = "cpu"
     sha256: str | None = None
+    null_terms: Primitives | None = None
 
     def column_blocks(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, Tensor]]:
         """(s, C_T[:, s:s+chunk]) for every column block; each block is valid until the next."""
@@ -105,10 +109,11 @@ def open_prepared(path: str | os.PathLike, device: str | torch.device = "cpu") -
     if meta.get("format") != FORMAT or info is None:
         raise BadInputError(f"{path} is not a prepared-target file ({FORMAT})")
     V = info["shape"][0]
+    null = null_from_meta(meta)
     return StreamedTarget(meta["name"], Path(path), float(meta["norm"]), float(meta["trace"]),
                           float(meta["total"]), V,
                           _DTYPES[info["dtype"]], meta["stats_id"],
-                          offset + info["data_offsets"][0], device, meta.get("sha256"))
+                          offset + info["data_offsets"][0], device, meta.get("sha256"), null)
 
 
 def write_prepared(th: Target, path: str | os.PathLike, stats_id: str,
@@ -119,6 +124,7 @@ def write_prepared(th: Target, path: str | os.PathLike, stats_id: str,
     itemsize = torch.empty((), dtype=th.dtype).element_size()
     meta = {"format": FORMAT, "name": th.name, "stats_id": str(stats_id), "norm": repr(th.norm),
             "trace": repr(th.trace), "total": repr(th.total),
+            **null_meta(th.null_terms),
             "dtype": str(th.dtype).removeprefix("torch."), "sha256": _PLACEHOLDER}
     header = {"__metadata__": meta, TENSOR: {"dtype": _CODES[th.dtype], "shape": [V, V],
                                              "data_offsets": [0, V * V * itemsize]}}

@@ -3,10 +3,12 @@
 - :mod:`.table`: what a figure reads (optional chance/ceiling/interval/revision columns, the
   1-based layer convention, the paper's steps);
 - :mod:`.stepaxis`: the log step axis shared by every figure (step 0 behind a marked break);
-- :mod:`.describe`: titles (what is compared with what, model, statistics) and colour ranges;
+- :mod:`.describe`: titles (what is compared with what, model, statistics in words from the
+  manifest) and the raw panels' colours (the authors' plotting scripts);
+- :mod:`.scale`: the effect (0 = chance, 1 = ceiling) drawn beside every raw panel;
 - :mod:`.heatmap`, :mod:`.curves`: one panel; :mod:`.figures`: whole figures, saved through
   :mod:`pythia_probe.fileio`;
-- :mod:`.paper`: the leading-terms paper's Figures 6 and 7;
+- :mod:`.paper`: the leading-terms paper's Figures 6 and 7 from the authors' targets;
 - :mod:`.compare`: several models on one colour scale, layers on a relative depth axis;
 
 - :mod:`.run`: :func:`plot_run` (every figure of a table) and ``python -m pythia_probe.plots``.

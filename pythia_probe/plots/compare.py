@@ -2,6 +2,10 @@
 colour scale, layers on a relative depth axis (layer / n_layers) so sizes line up, models
 ordered by size; each layer's peak (o) and exit (x; > when censored) from
 :mod:`pythia_probe.summary` drawn on its row, and the same as a text table per model.
+
+The cells are the effect (0 = chance, 1 = ceiling, :mod:`.scale`) where every model's rows
+have one, so models whose chance levels differ read on one scale; else the raw value in the
+authors' colours and range.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -21,8 +25,9 @@ from matplotlib.lines import Line2D
 from pythia_probe.fileio import write_text
 from pythia_probe.plots import figures, heatmap, stepaxis
 from pythia_probe.plots.describe import color_range, statistics_label, what
+from pythia_probe.plots.scale import EFFECT_CMAP, EFFECT_RANGE, Second, label_effect_bar
 from pythia_probe.plots.table import pivot, safe_name, short_model, step_status
-from pythia_probe.summary import paper_layers, step_label, summary_table
+from pythia_probe.summary import EFFECT, effect_column, paper_layers, step_label, summary_table
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +73,9 @@ def compare_table(df: pd.DataFrame, analysis: str, metric: str, *,
     n = df[df["layer"].notna()].groupby("model")["layer"].max()
     sel["n_layers"] = sel["model"].map(n).astype("Int64")
     sel["depth"] = sel["layer"].astype(float) / sel["n_layers"].astype(float)
-    cols = ["model", "n_layers", "layer", "depth", "peak_step", "peak_step_low",
-            "peak_step_high", "peak_value", "exit_step", "exit_step_low", "exit_step_high",
-            "censored"]
+    cols = ["model", "n_layers", "layer", "depth", "scale", "peak_step", "peak_step_low",
+            "peak_step_high", "peak_value", "peak_effect", "exit_step", "exit_step_low",
+            "exit_step_high", "censored"]
     return sel[cols].sort_values(["model", "layer"]).reset_index(drop=True)
 
 
@@ -85,6 +90,7 @@ def format_compare(table: pd.DataFrame, order: Sequence[str] | None = None) -> s
             "layer": g["layer"].astype(int), "depth": [f"{d:.2f}" for d in g["depth"]],
             "peak step": [step_label(int(s)) for s in g["peak_step"]],
             "peak": [f"{v:.3f}" for v in g["peak_value"]],
+            "peak effect": ["-" if pd.isna(v) else f"{v:.3f}" for v in g["peak_effect"]],
             "exit step": [_exit_text(r) for r in g.itertuples()]})
         blocks.append(f"{model} ({int(g['n_layers'].iloc[0])} layers)\n"
                       f"{rows.to_string(index=False)}")
@@ -112,13 +118,23 @@ def _mark(ax, rows: pd.DataFrame, steps: Sequence[int], edges: np.ndarray) -> No
             ax.plot([x[int(r.exit_step)]], [y], marker="X", **style)
 
 
-def _panel(ax, df, model, analysis, metric, steps, marks, scale, bottom):
+class Colours(NamedTuple):
+    """The colour scale of the small multiples: range, map, the column drawn, its name."""
+
+    vmin: float
+    vmax: float
+    cmap: str
+    column: str
+    label: str
+
+
+def _panel(ax, df, model, analysis, metric, steps, marks, scale: Colours, bottom):
     part = df[df["model"] == model]
-    values = pivot(part, analysis, metric).reindex(columns=steps)
+    values = pivot(part, analysis, metric, values=scale.column).reindex(columns=steps)
     n_layers = int(values.index.max())
     values = values.reindex(range(1, n_layers + 1))
     edges = depth_edges(n_layers)
-    mesh = heatmap.draw(ax, values, vmin=scale[0], vmax=scale[1], cmap=scale[2],
+    mesh = heatmap.draw(ax, values, vmin=scale.vmin, vmax=scale.vmax, cmap=scale.cmap,
                         ylabel="layer / n_layers", y_edges=edges, label_steps=bottom)
     ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0], ["0", ".25", ".5", ".75", "1"], fontsize=7)
     heatmap.mark_steps(ax, steps, step_status(part))
@@ -127,12 +143,15 @@ def _panel(ax, df, model, analysis, metric, steps, marks, scale, bottom):
     return mesh, values
 
 
-def _scale(df: pd.DataFrame, analysis: str, metric: str):
+def _scale(sel: pd.DataFrame, metric: str) -> Colours:
+    """The effect where every row has one, else the raw value in the authors' colours and
+    range (the data's for other metrics)."""
+    if effect_column(sel).notna().all():
+        return Colours(*EFFECT_RANGE, EFFECT_CMAP, "effect", "effect (0 = chance, 1 = ceiling)")
     vmin, vmax, cmap = color_range(metric)
     if vmin is None:
-        v = df[(df["analysis"] == analysis) & (df["metric"] == metric)]["value"]
-        vmin, vmax = float(v.min()), float(v.max())
-    return vmin, vmax, cmap
+        vmin, vmax = float(sel["value"].min()), float(sel["value"].max())
+    return Colours(vmin, vmax, cmap, "value", what(sel["analysis"].iloc[0], metric).measure)
 
 
 def compare_figure(df: pd.DataFrame, analysis: str, metric: str, path: str | os.PathLike, *,
@@ -151,20 +170,25 @@ def compare_figure(df: pd.DataFrame, analysis: str, metric: str, path: str | os.
     fig = Figure(figsize=(ncols * (1.4 + stepaxis.width(steps, 0.4)) + 0.8, 0.9 + 1.7 * nrows),
                  layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    scale = _scale(df, analysis, metric)
+    scale = _scale(sel, metric)
     drawn = [_panel(ax, sel, m, analysis, metric, steps, marks, scale,
                     bottom=i + ncols >= len(models))
              for i, (ax, m) in enumerate(zip(axes, models, strict=False))]
     for ax in axes[len(models):]:
         ax.set_visible(False)
     values = np.concatenate([v.to_numpy(float).ravel() for _, v in drawn])
-    heatmap.colorbar(fig, drawn[-1][0], list(axes[:len(models)]), what(analysis, metric).measure,
-                     values, scale[0], scale[1])
-    fig.suptitle(f"{what(analysis, metric).text(math=True)}, smallest model first "
-                 f"({statistics_label(df, manifest)})", fontsize=9)
+    bar = heatmap.colorbar(fig, drawn[-1][0], list(axes[:len(models)]), scale.label, values,
+                           scale.vmin, scale.vmax)
+    effect = scale.column == "effect"
+    if effect:
+        label_effect_bar(bar, Second(EFFECT, *EFFECT_RANGE))
+    fig.suptitle(f"{what(analysis, metric).text(math=True)}, smallest model first"
+                 f"{', as effect' if effect else ''}\n"
+                 f"{statistics_label(df, manifest)}", fontsize=9)
     fig.legend(handles=[Line2D([], [], marker=m, ls="none", mfc="white", mec="black", label=t)
-                        for m, t in (("o", "peak"), ("X", "exit: below half the peak above "
-                                                     "chance"), (">", "no exit (censored)"))],
+                        for m, t in (("o", "peak"), ("X", "exit: below half the peak (effect, "
+                                                     "else value - chance)"),
+                                     (">", "no exit (censored)"))],
                loc="outside lower center", ncol=3, fontsize=7, frameon=False)
     return figures.save(fig, path)
 

@@ -2,9 +2,14 @@
 one line for a layerless metric (unembedding, the toy's output cosine, the loss).
 
 The interval over documents (``ci_low``..``ci_high``) is a band around each line; chance is a
-grey band over the rows' chance values and the ceiling a dotted line (their median); suspect
+grey band over the rows' chance values (up to above_chance's threshold, chance + 1.96
+chance_sd, where the table has chance_sd) and the ceiling a dotted line (their median); suspect
 and duplicate steps are shaded columns. Step 0 stands alone left of the axis break: no line is
 drawn across the break.
+
+:func:`draw_second` draws the same lines on the effect scale (0 = chance, 1 = ceiling) or as
+value - chance: chance is the line at 0 with the null's band around it (+-1.96 chance_sd on
+that scale), the ceiling the line at 1, and the axis always shows both.
 """
 
 from __future__ import annotations
@@ -56,12 +61,17 @@ def shade_steps(ax, steps: list[int], status: Mapping[int, str]) -> list[int]:
     return marked
 
 
-def _scale(ax, x, steps, chance: pd.DataFrame | None, ceiling: pd.DataFrame | None) -> None:
+def _scale(ax, x, steps, chance: pd.DataFrame | None, ceiling: pd.DataFrame | None,
+           band: pd.DataFrame | None = None) -> None:
     zero, pos = _split(x, steps)
     if chance is not None and chance.notna().to_numpy().any():
         lo, hi = chance.min().to_numpy(float), chance.max().to_numpy(float)
+        label = "chance"
+        if band is not None and band.notna().to_numpy().any():
+            hi = np.fmax(hi, (chance + band).max().to_numpy(float))
+            label = "chance (to the above-chance threshold, +1.96 SD of the null)"
         ax.fill_between(x[pos], lo[pos], np.maximum(hi[pos], lo[pos] + 0.004), color="0.4",
-                        alpha=0.35, lw=0, hatch="xx", label="chance")
+                        alpha=0.35, lw=0, hatch="xx", label=label)
     if ceiling is not None and ceiling.notna().to_numpy().any():
         mid = ceiling.median().to_numpy(float)
         ax.plot(x[pos], mid[pos], color="black", ls=":", lw=1.3, label="ceiling")
@@ -70,13 +80,15 @@ def _scale(ax, x, steps, chance: pd.DataFrame | None, ceiling: pd.DataFrame | No
 def draw(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
          high: pd.DataFrame | None = None, chance: pd.DataFrame | None = None,
          ceiling: pd.DataFrame | None = None, status: Mapping[int, str] | None = None,
-         row_label: str = "layer", ylim: tuple[float, float] | None = None):
+         row_label: str = "layer", ylim: tuple[float, float] | None = None,
+         band: pd.DataFrame | None = None):
     """Draw one line per row of ``values`` (rows x steps). Returns a ScalarMappable when the
-    rows are too many for a legend (the caller draws it as a colour bar), else None."""
+    rows are too many for a legend (the caller draws it as a colour bar), else None.
+    ``band``: above_chance's threshold above chance per cell (1.96 chance_sd)."""
     steps = [int(s) for s in values.columns]
     x = stepaxis.positions(steps)
     shade_steps(ax, steps, status or {})
-    _scale(ax, x, steps, chance, ceiling)
+    _scale(ax, x, steps, chance, ceiling, band)
     n = len(values)
     cmap = colormaps["viridis"]
     for i, (row, y) in enumerate(values.iterrows()):
@@ -104,3 +116,39 @@ def ylim_for(metric: str) -> tuple[float, float] | None:
     if metric.startswith("corr_"):
         return (-1.02, 1.02)
     return None
+
+
+def second_ylim(values: pd.DataFrame, low: pd.DataFrame | None, high: pd.DataFrame | None,
+                effect: bool) -> tuple[float, float]:
+    """Limits that always show chance (0) and, for the effect, the ceiling (1), widened to the
+    data and its intervals."""
+    v = [t.to_numpy(float).ravel() for t in (values, low, high) if t is not None]
+    v = np.concatenate(v)
+    v = v[np.isfinite(v)]
+    lo, hi = (-0.1, 1.1) if effect else (0.0, 0.0)
+    if v.size:
+        pad = 0.05 * max(float(v.max() - v.min()), 1e-3)
+        lo, hi = min(lo, float(v.min()) - pad), max(hi, float(v.max()) + pad)
+    return lo, hi
+
+
+def draw_second(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
+                high: pd.DataFrame | None = None, band: pd.DataFrame | None = None,
+                effect: bool = True, status: Mapping[int, str] | None = None,
+                row_label: str = "layer"):
+    """Lines of the effect (``effect``) or of value - chance per row, with chance at 0 (a
+    line, and +-``band`` around it: the null's 1.96 SD on this scale, its widest over the
+    rows) and, for the effect, the ceiling at 1; returns as :func:`draw`."""
+    steps = [int(s) for s in values.columns]
+    x = stepaxis.positions(steps)
+    zero, pos = _split(x, steps)
+    if band is not None and band.notna().to_numpy().any():
+        b = band.max().to_numpy(float)
+        ax.fill_between(x[pos], -b[pos], b[pos], color="0.4", alpha=0.3, lw=0, hatch="xx",
+                        label="chance +- 1.96 SD of the null")
+    ax.axhline(0.0, color="0.2", lw=1.0, label="chance")
+    if effect:
+        ax.axhline(1.0, color="black", ls=":", lw=1.3, label="ceiling")
+    sm = draw(ax, values, low=low, high=high, status=status, row_label=row_label,
+              ylim=second_ylim(values, low, high, effect))
+    return sm

@@ -3,8 +3,11 @@ axis, with what a reader needs to trust a cell:
 
 - a fixed colour range (the paper's), with arrows on the colour bar where values fall outside;
 - chance and ceiling on the colour bar (a hatched band over the chance values, a line over the
-  ceiling values of the cells drawn), and a dot on every cell not above chance (its interval's
-  lower end, or its value when there is no interval, at or below its chance);
+  ceiling values of the cells drawn), and a dot on every cell not above chance: not flagged by
+  the table's ``above_chance`` test (older tables: its interval's lower end, or its value when
+  there is no interval, at or below its chance). The dots mark the cells NOT above chance (not
+  the flagged ones): in a trained model most cells are above chance, so the dots stay few and
+  sit where the colour must not be read as agreement (step 0, the random weights);
 - suspect steps hatched red and labelled ``S`` above the panel, duplicate steps hatched grey and
   labelled ``D`` (from ``revision_status``);
 - missing cells grey.
@@ -53,17 +56,17 @@ def cell_centres(values: pd.DataFrame, y_edges: np.ndarray | None = None):
     return x, (ys[1:] + ys[:-1]) / 2
 
 
-def mark_not_above_chance(ax, values: pd.DataFrame, chance: pd.DataFrame,
-                          ci_low: pd.DataFrame, y_edges: np.ndarray | None = None) -> int:
-    """A dot on each cell whose lower interval end (else its value) is <= its chance; returns
-    how many were marked. Cells without a chance value are not judged."""
-    low = ci_low.where(ci_low.notna(), values).reindex_like(values)
-    bad = (low <= chance.reindex_like(values)).to_numpy()
+def mark_not_above_chance(ax, values: pd.DataFrame, above: pd.DataFrame,
+                          y_edges: np.ndarray | None = None) -> int:
+    """A white dot on each cell not above chance (``above`` 0.0; NaN: not judged, no dot);
+    returns how many were marked."""
+    bad = (above.reindex_like(values) == 0.0).to_numpy()
     if not bad.any():
         return 0
     x, y = cell_centres(values, y_edges)
     rows, cols = np.nonzero(bad)
-    ax.scatter(x[cols], y[rows], s=2.5, c="white", linewidths=0, zorder=5)
+    ax.scatter(x[cols], y[rows], s=2.5, c="white", edgecolors="black", linewidths=0.2,
+               zorder=5)
     return int(bad.sum())
 
 

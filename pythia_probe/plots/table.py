@@ -1,8 +1,11 @@
 """What the figures read from a tidy results table (pythia_probe.results), and nothing else.
 
-- Optional columns (``chance``, ``ceiling``, ``ci_low``, ``ci_high``, ``revision_status``) may
-  be absent (older tables) or null: :func:`~pythia_probe.summary.column` gives an all-null
-  column then (the summary reads the table the same way).
+- Optional columns (``chance``, ``chance_sd``, ``ceiling``, ``ceiling_half``, ``ci_low``,
+  ``ci_high``, ``effect``, ``above_chance``, ``revision_status``) may be absent (older tables)
+  or null:
+  :func:`~pythia_probe.summary.column` gives an all-null column then (the summary reads the
+  table the same way); ``effect`` and ``above_chance`` are computed where the table lacks them
+  (:func:`~pythia_probe.summary.effect_column`, :func:`~pythia_probe.summary.above_chance_column`).
 - ``layer`` is numbered as the paper numbers layers, from 1 (layer l = the l-th transformer
   block); :func:`~pythia_probe.summary.paper_layers` shifts tables written 0-based.
 """
@@ -11,12 +14,14 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.summary import FLAGGED, column
+from pythia_probe.summary import FLAGGED, above_chance_column, column, effect_column
 
-OPTIONAL_FLOATS = ("chance", "ceiling", "ci_low", "ci_high")
+OPTIONAL_FLOATS = ("chance", "chance_sd", "ceiling", "ceiling_half", "ci_low", "ci_high",
+                   "effect", "above_chance")
 #: the steps of the paper's Figures 6-8 (leading-terms section 5), besides step 0
 PAPER_STEPS = tuple(2**k for k in range(10))
 
@@ -31,12 +36,20 @@ def select(df: pd.DataFrame, analysis: str, metric: str) -> pd.DataFrame:
     return sel
 
 
-def pivot(df: pd.DataFrame, analysis: str, metric: str, *, rows: str = "layer",
-          layer: int | None = None, values: str = "value") -> pd.DataFrame:
-    """A ``rows`` x step table of ``values`` (rows = "layer", or "head" within ``layer``).
+def cell_values(df: pd.DataFrame, name: str) -> pd.Series:
+    """Column ``name`` of ``df`` as floats: ``effect`` (the table's, else computed) and
+    ``above_chance`` (1.0 / 0.0, NaN where not judged) as the summary reads them."""
+    if name == "effect":
+        return effect_column(df)
+    if name == "above_chance":
+        return above_chance_column(df).astype("Float64").to_numpy(float, na_value=np.nan)
+    return column(df, name)
 
-    Only rows with a null head are used for a layer pivot. Duplicate cells are an error.
-    """
+
+def pivots(df: pd.DataFrame, analysis: str, metric: str, names, *, rows: str = "layer",
+           layer: int | None = None) -> dict[str, pd.DataFrame]:
+    """``rows`` x step tables of each column in ``names`` (rows = "layer", or "head" within
+    ``layer``; see :func:`pivot`)."""
     sel = select(df, analysis, metric)
     if rows == "layer":
         sel = sel[sel["head"].isna() & sel["layer"].notna()]
@@ -48,11 +61,25 @@ def pivot(df: pd.DataFrame, analysis: str, metric: str, *, rows: str = "layer",
     if sel.duplicated([rows, "step"]).any():
         raise BadInputError(f"duplicate ({rows}, step) cells for {analysis}/{metric}: "
                             "mixed models or runs in one table?")
-    sel = sel.assign(_v=column(sel, values))
-    out = sel.pivot(index=rows, columns="step", values="_v")
-    out.index, out.columns = out.index.astype(int), out.columns.astype(int)
-    out.index.name, out.columns.name = rows, "step"
-    return out.sort_index().sort_index(axis=1)
+    index = pd.Index(sel[rows].astype(int), name=rows)
+    steps = pd.Index(sel["step"].astype(int), name="step")
+    out = {}
+    for name in names:
+        t = pd.DataFrame({rows: index, "step": steps,
+                          "_v": np.asarray(cell_values(sel, name), dtype=float)})
+        t = t.pivot(index=rows, columns="step", values="_v")
+        t.index.name, t.columns.name = rows, "step"
+        out[name] = t.sort_index().sort_index(axis=1)
+    return out
+
+
+def pivot(df: pd.DataFrame, analysis: str, metric: str, *, rows: str = "layer",
+          layer: int | None = None, values: str = "value") -> pd.DataFrame:
+    """A ``rows`` x step table of ``values`` (rows = "layer", or "head" within ``layer``).
+
+    Only rows with a null head are used for a layer pivot. Duplicate cells are an error.
+    """
+    return pivots(df, analysis, metric, [values], rows=rows, layer=layer)[values]
 
 
 def step_status(df: pd.DataFrame) -> dict[int, str]:

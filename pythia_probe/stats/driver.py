@@ -110,15 +110,19 @@ def with_groups(meta: dict[str, Any], parts: list | None, sums: list | None,
 def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
                 top_k: int | None = None, device: str | torch.device | None = None,
                 tokenizer: dict[str, Any] | None = None, engine: str = "dense",
-                budget_bytes: int | None = None, groups: int = 0, keep=None,
+                budget_bytes: int | None = None, groups: int = 0,
+                documents: Tensor | None = None, keep=None,
                 compose: str = kept.FULL) -> CorpusStats:
     """Both passes, exactly, over one batch [N, T+1] in memory (padding beyond ``lengths``
-    ignored), with the dense (default) or the sparse engine; ``groups`` G: row i (a document)
-    in group i mod G. ``keep``: the kept ids themselves, in order (instead of ``top_k``);
-    ``compose``: 'full_then_slice' or 'kept' (their compositions over the kept ids only,
+    ignored), with the dense (default) or the sparse engine; ``groups`` G: row i in the group
+    of its document, ``documents[i]`` mod G (default: row i is document i), so the windows of
+    one document share a group (packed windows: the document of the first token).
+    ``keep``: the kept ids themselves, in order (instead of ``top_k``); ``compose``:
+    'full_then_slice' or 'kept' (their compositions over the kept ids only,
     ``stats/kept.py``)."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         raise BadInputError("tokens must be a LongTensor [N, T+1]")
+    docs = _documents(documents, tokens.shape[0])
     if engine not in ENGINES:
         raise BadInputError(f"engine {engine!r}; valid: {', '.join(ENGINES)}")
     if keep is not None and top_k is not None:
@@ -135,7 +139,7 @@ def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
                    device=str(dev), budget_bytes=budget_bytes, progress=False, engine=engine,
                    groups=check_groups(groups), compose=compose)
     d = Ranks(device=str(dev))
-    grp = torch.arange(tokens.shape[0]) % groups if groups else None
+    grp = docs % groups if groups else None
     windows = Windows.of_batch(tokens, lengths, grp)
     with spilled(None) as spill:
         parts = count_groups(eng, windows, spec, d, dev, spill) if groups else None
@@ -146,8 +150,20 @@ def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
         spill.restore()
     meta = {"T": T, "tokenizer": tokenizer, "ledger": ledger1, "policy": {"kind": "batch"},
             "engine": {"requested": engine, "resolved": engine, "reason": "batch_stats"}}
-    ledger = [{"docs": tokens.shape[0], "doc_offset": 0}]
+    ledger = [{"docs": int(docs.max()) + 1 if docs.numel() else 0, "doc_offset": 0}]
     return eng.assemble(fp, Q, D, with_groups(meta, parts, sums, ledger), ids, spec, parts)
+
+
+def _documents(documents: Tensor | None, n: int) -> Tensor:
+    """The document ordinal of each of ``n`` rows (int64, non-decreasing from 0), checked."""
+    if documents is None:
+        return torch.arange(n)
+    docs = torch.as_tensor(documents)
+    if docs.dtype.is_floating_point or docs.shape != (n,) or (n and (
+            int(docs.min()) < 0 or bool((docs.diff() < 0).any()))):
+        raise BadInputError(f"documents must be {n} non-negative, non-decreasing integer "
+                            "ordinals (one per row)")
+    return docs.to(torch.int64).cpu()
 
 
 def _kept(keep, d_vocab: int) -> Tensor:

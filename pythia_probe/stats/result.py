@@ -316,19 +316,24 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
 def part_counts(path: str | os.PathLike) -> dict[str, int]:
     """The stored entries of a factored file's sparse parts, from its header alone (nothing
     loaded): ``C`` the bigrams, ``W`` the (target, context) pairs, ``Qbar`` the (query, key)
-    pairs, totals only (document groups' parts not counted). Empty for a dense file."""
+    pairs, and ``QbarHead`` its pairs where the file holds it, totals only (document groups'
+    parts not counted). Empty for a dense file."""
     meta = read_meta(path)
     if meta["format"] != FORMAT:
         return {}
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             size = {k: f.get_slice(k).get_shape()[0] for k in f.keys()
-                    if k in ("bigram_keys", "qbar_vals") or k.startswith("context_keys.")}
+                    if k in ("bigram_keys", "qbar_vals", "qbar_head_vals")
+                    or k.startswith("context_keys.")}
     except (SafetensorError, OSError, RuntimeError) as e:
         raise CorruptFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
                                ) from e
-    return {"C": int(size.get("bigram_keys", 0)), "Qbar": int(size.get("qbar_vals", 0)),
-            "W": int(sum(v for k, v in size.items() if k.startswith("context_keys.")))}
+    out = {"C": int(size.get("bigram_keys", 0)), "Qbar": int(size.get("qbar_vals", 0)),
+           "W": int(sum(v for k, v in size.items() if k.startswith("context_keys.")))}
+    if "qbar_head_vals" in size:
+        out["QbarHead"] = int(size["qbar_head_vals"])
+    return out
 
 
 def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dict]:

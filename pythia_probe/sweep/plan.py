@@ -201,7 +201,8 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
 def intervals_line(sc: ScoringConfig, groups: int) -> str:
     """Whether the rows get ceiling, ci_low and ci_high, and why not where they do not."""
     if not sc.intervals:
-        return "ceiling and intervals: off (--no-intervals): value and chance only"
+        return ("ceiling and intervals: off (--no-intervals): value, chance and chance_sd; "
+                "above_chance from chance_sd alone, no effect")
     if groups < 2:
         return ("ceiling and intervals: none: the statistics keep no document groups (build "
                 "them with --groups 10, the default, or `stats compute --groups 10`)")

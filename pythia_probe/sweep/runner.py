@@ -26,6 +26,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from pythia_probe.analysis import Analysis, combined_needs, get_analyses
+from pythia_probe.analysis.targets import statistic_of
 from pythia_probe.checkpoints import plan_downloads
 from pythia_probe.errors import FolderLockedError, HubError, MissingFileError, user_message
 from pythia_probe.fileio import FolderLock, remove
@@ -101,16 +102,27 @@ def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats,
     """Targets prepared once (cached on disk unless memory mode) and shared by every step;
     rank 0 builds a missing cache, the others then reuse it."""
     needs = combined_needs(analyses)
-    names, progress = list(needs.targets), parts.output.progress and ranks.is_main
+    names, progress = held_targets(needs, lazy), parts.output.progress and ranks.is_main
     for turn in (True, False):  # rank 0 first (it builds missing caches), then the others
         if ranks.is_main == turn:
             targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring,
                                       progress and turn)
             scale = prepare_scale(lazy, names, parts.targets, mode, parts.scoring,
-                                  progress and turn)
+                                  progress and turn, needs.raw)
         if turn:
             ranks.barrier()
     return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)
+
+
+def held_targets(needs, lazy: LazyStats) -> list[str]:
+    """The needed targets the statistics can give; a missing one (QbarHeadT of statistics
+    built before QbarHead existed) is left out with one warning naming the rows it costs."""
+    names = [n for n in needs.targets if lazy.holds(statistic_of(n))]
+    for n in (m for m in needs.targets if m not in names):
+        log.warning("statistics %s hold no %s (built before it existed): no %s rows; rebuild "
+                    "them for those", lazy.stats_id, statistic_of(n),
+                    "cos_head_authors" if n == "QbarHeadT" else n)
+    return names
 
 
 def run(parts: SweepParts, ranks: Ranks | None = None, argv: list[str] | None = None, *,

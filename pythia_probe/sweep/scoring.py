@@ -6,17 +6,19 @@ prepared targets, the statistics' token ids and identity, raw statistics and tex
 one checkpoint's weights into rows. Every value is checked against its analysis's range
 (:func:`check_range`) before it can be written.
 
-Columns of scale beside each value: ``chance`` (closed form, with the value), ``ceiling`` and
-``ci_low``/``ci_high`` (:meth:`Scorer.rows_with_scale`: the same weights scored against the
-leave-one-group-out target sets, joined on (analysis, layer, head, metric);
-:mod:`pythia_probe.analysis.intervals`).
+Columns of scale beside each value: ``chance`` and ``chance_sd`` (closed form, with the
+value), ``ceiling``/``ceiling_half`` and ``ci_low``/``ci_high`` (:meth:`Scorer.rows_with_scale`:
+the same weights scored against the leave-one-group-out target sets, joined on (analysis, layer,
+head, metric); :mod:`pythia_probe.analysis.intervals`), then ``effect`` and ``above_chance`` on
+every row with a chance level (without intervals: above_chance from chance_sd alone, effect
+NaN).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from safetensors.torch import load_file
@@ -25,12 +27,13 @@ from torch import Tensor
 from pythia_probe.analysis import Analysis, Needs, Options, StepTensors
 from pythia_probe.analysis.attention_text import model_attention
 from pythia_probe.analysis.basis import Basis
-from pythia_probe.analysis.intervals import add_intervals
+from pythia_probe.analysis.intervals import add_intervals, judge
 from pythia_probe.analysis.layers import Layer, score_layers_sets
 from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
 from pythia_probe.sweep.config import ScoringConfig
 from pythia_probe.sweep.statistics import LazyStats
+from pythia_probe.sweep.targets import RAW
 
 #: rounding a value may carry beyond its analysis's bounds, by compute dtype
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8}
@@ -82,7 +85,8 @@ class Scorer:
         if targets is None and self.scale is not None:
             return self.rows_with_scale(config, weights, self.scale.left_out,
                                         self.scale.ceilings)
-        return self.rows_sets(config, weights, [self.targets if targets is None else targets])[0]
+        rows = self.rows_sets(config, weights, [self.targets if targets is None else targets])[0]
+        return [judge(r) for r in rows]
 
     def rows_sets(self, config: Mapping, weights: NeoXWeights,
                   target_sets: Sequence[Mapping[str, object]]) -> list[list[dict]]:
@@ -101,10 +105,10 @@ class Scorer:
             x.text_attn = model_attention(config, weights.sd, self.text, self.scoring.device)
         out = []
         for targets, layer_rows in zip(target_sets, by_layer, strict=True):
-            rows = []
+            rows, own = [], replace(opts, raw=targets.get(RAW, self.raw))  # the set's statistics
             for a in self.analyses:
                 got = layer_rows[a.name] if a.layered is not None else a.run(
-                    x, {n: targets[n] for n in a.needs.targets}, opts)
+                    x, {n: targets[n] for n in a.needs.targets}, own)
                 check_range(got, a, TOLERANCE[sc.dtype])
                 rows += got
             out.append(rows)
@@ -117,23 +121,24 @@ class Scorer:
         leave-one-group-out target sets ``left_out``) and ``ceiling`` (per target, computed
         once per statistics: :func:`~pythia_probe.analysis.intervals.ceiling`); each interval
         is checked to hold its value and cut at the analysis's range, each ceiling checked
-        against it. One forward pass, G + 1 passes over the targets; where ``left_out`` holds
-        functions (the sets do not fit at once: ``ScoringConfig.together``), each set is
-        prepared when its turn comes and scored with a forward pass of its own."""
+        against it (``ceilings``: the split-half cosines, corrected here by Spearman-Brown), and
+        ``effect``/``above_chance`` with the jackknife's se (:func:`~pythia_probe.analysis.
+        intervals.add_intervals`). One forward pass, G + 1 passes over the targets; where
+        ``left_out`` holds functions (the sets do not fit at once: ``ScoringConfig.together``),
+        each set is prepared when its turn comes and scored with a forward pass of its own."""
         if all(isinstance(t, Mapping) for t in left_out):
             rows, *replicates = self.rows_sets(config, weights, [self.targets, *left_out])
         else:
             rows = self.rows_sets(config, weights, [self.targets])[0]
             replicates = [self.rows_sets(config, weights, [t()])[0] for t in left_out]
-        target_of = {a.name: a.layered.target for a in self.analyses if a.layered is not None}
-        out = add_intervals(rows, replicates, ceilings, target_of)
+        out = add_intervals(rows, replicates, ceilings, self.target_of)
         bounds = {a.name: a.bounds for a in self.analyses}
         for r in out:  # an interval past the analysis's range is cut at it
             lo, hi = bounds[r["analysis"]]
             r["ci_low"], r["ci_high"] = max(r["ci_low"], lo), min(r["ci_high"], hi)
         for a in self.analyses:
             check_range([r for r in out if r["analysis"] == a.name], a,
-                        TOLERANCE[self.scoring.dtype], ("ceiling",))
+                        TOLERANCE[self.scoring.dtype], ("ceiling", "ceiling_half"))
         for r in out:
             if not r["ci_low"] <= r["value"] <= r["ci_high"]:
                 raise OutOfRangeError(f"{r['analysis']} layer {r.get('layer')}: interval "
@@ -142,10 +147,17 @@ class Scorer:
         return out
 
 
+    def target_of(self, analysis: str, metric: str) -> str | None:
+        """The target a cell of a per-layer analysis is scored against (None: not per layer)."""
+        spec = next((a.layered for a in self.analyses if a.name == analysis), None)
+        return None if spec is None else spec.target_of(metric)
+
+
 def check_range(rows: list[dict], analysis: Analysis, tol: float,
-                keys: tuple[str, ...] = ("value", "chance")) -> None:
-    """Refuse a value (or a chance level) outside ``analysis.bounds`` by more than ``tol``, or
-    not a number, naming the cell; nothing of the step is written then."""
+                keys: tuple[str, ...] = ("value", "chance", "chance_sd")) -> None:
+    """Refuse a value (or a chance level or its standard deviation) outside ``analysis.bounds``
+    by more than ``tol``, or not a number, naming the cell; nothing of the step is written
+    then."""
     lo, hi = analysis.bounds
     for r in rows:
         for key in keys:

@@ -72,7 +72,8 @@ class StatsChoice:
         positions = r.docs * r.seq_len
         pairs = r.docs * r.seq_len * (r.seq_len + 1) // 2
         V2 = self.rows ** 2
-        return {"C": min(V2, positions), "W": min(V2, pairs), "Qbar": min(V2, pairs)}
+        return {"C": min(V2, positions), "W": min(V2, pairs), "Qbar": min(V2, pairs),
+                "QbarHead": min(V2, pairs)}
 
     @property
     def exact_nnz(self) -> bool:
@@ -108,7 +109,9 @@ class StatsChoice:
         source = ({"recipe": self.recipe.__dict__} if self.recipe is not None else
                   {"from_file": {k: meta[k] for k in ("corpus", "policy", "counts", "ledger",
                                                       "tokenizer") if k in meta}})
-        return {"file": str(self.path), "stats_id": self.stats_id, "rows": self.rows, **source}
+        what = {k: meta[k] for k in ("T", "counts", "conventions") if k in meta}  # for titles
+        return {"file": str(self.path), "stats_id": self.stats_id, "rows": self.rows, **what,
+                **source}
 
 
 def choose_vocab(st: StatisticsConfig, V: int) -> tuple[int | None, str]:
@@ -224,6 +227,15 @@ class LazyStats:
         ids = vocab.get("ids")
         self.token_ids = torch.arange(self.d_vocab) if ids is None else torch.tensor(ids)
         self.stats_id = str(meta["stats_id"])
+
+    def holds(self, statistic: str) -> bool:
+        """Whether the file holds ``statistic`` (from its header: QbarHead is missing from
+        files built before it existed; every other statistic is always there)."""
+        if statistic != "QbarHead":
+            return True
+        if self._stats is not None:
+            return self._stats.has(statistic)
+        return statistic in part_counts(self.path)
 
     def load(self) -> CorpusStats:
         """The CorpusStats (every tensor read from disk, once)."""

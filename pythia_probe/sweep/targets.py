@@ -75,37 +75,53 @@ def _statistic(stats: LazyStats, name: str, device: str) -> Tensor:
 
 def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig,
                       progress: bool) -> dict[str, Target]:
-    """Cast each needed target matrix to the device/dtype once (Bbar^T shares Bbar's storage)."""
+    """Cast each needed target matrix to the device/dtype once (a transpose, Bbar^T or Qbar^T,
+    shares its statistic's storage)."""
     dtype, device = scoring.torch_dtype, scoring.device
     cast: dict[str, Tensor] = {}
-    for name in sorted(names, key=lambda n: n == "BbarT"):
-        if name == "BbarT":
-            T = cast["Bbar"].T if "Bbar" in cast else target_matrix(stats.load(), name)
+    for name in sorted(names, key=lambda n: n in TRANSPOSES):
+        if name in TRANSPOSES and TRANSPOSES[name] in cast:
+            T = cast[TRANSPOSES[name]].T
         else:
-            T = cast[name] = _statistic(stats, name, device).to(device, dtype)
+            T = _statistic(stats, name, device).to(device, dtype)
         cast.setdefault(name, T)
     return {n: prepare_target(n, cast[n], dtype=dtype, device=device, chunk=scoring.chunk)
             for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
+
+
+TRANSPOSES = {"BbarT": "Bbar", "QbarT": "Qbar"}
+"""Targets that are the transpose of another target: held as a view of it in memory mode."""
+RAW = "raw"
+"""Key of a target set's raw statistics (``Needs.raw``: attention_text's Qbar and Delta), so a
+left-out set's analyses read the left-out statistics, not the full corpus's."""
+
+
+def raw_statistics(st, names: Sequence[str]) -> dict:
+    """``{RAW: {name: st[name]}}`` for the raw statistics ``names`` of ``st`` (empty: {})."""
+    return {RAW: {n: st[n] for n in names}} if names else {}
 
 
 @dataclass(frozen=True)
 class Scale:
     """What the ceiling and interval columns are scored from, prepared once per run: the
     target sets of the G leave-one-group-out statistics (held, or where they do not fit at
-    once, functions preparing each when its scoring comes) and each target's ceiling (its two
-    halves against each other)."""
+    once, functions preparing each when its scoring comes) and each target's split-half
+    cosine (its two halves against each other: the rows' ``ceiling_half``, whose
+    Spearman-Brown correction is their ``ceiling``)."""
 
     left_out: list[dict | Callable[[], dict]]
     ceilings: dict[str, float]
 
 
 def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
-                  scoring: ScoringConfig, progress: bool = True) -> Scale | None:
+                  scoring: ScoringConfig, progress: bool = True,
+                  raw: Sequence[str] = ()) -> Scale | None:
     """The run's :class:`Scale` from statistics built with groups (meta ``groups.G`` > 1:
     ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
     the run's targets in a cache subfolder of that id; ``scoring.together`` False: the
     left-out sets are prepared one at a time, when scored); None without groups or with
-    intervals off (``scoring.intervals``)."""
+    intervals off (``scoring.intervals``). ``raw``: the raw statistics the analyses read
+    (``Needs.raw``), taken from each left-out statistics too."""
     G = int((stats.meta.get("groups") or {}).get("G", 0))  # from the header: no tensor read
     if not scoring.intervals or G < 2:
         return None
@@ -115,7 +131,7 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mod
     A, B = (part_targets(h, names, cache, mode, scoring) for h in st.halves())
     ceilings = {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names}
     del A, B
-    prepare = [partial(_left_out, st, g, names, cache, mode, scoring) for g in range(G)]
+    prepare = [partial(_left_out, st, g, names, cache, mode, scoring, raw) for g in range(G)]
     if not scoring.together:
         return Scale(prepare, ceilings)
     return Scale([p() for p in tqdm(prepare, desc="left-out targets", disable=not progress)],
@@ -123,9 +139,11 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mod
 
 
 def _left_out(st, g: int, names: Sequence[str], cache: Path, mode: str,
-              scoring: ScoringConfig) -> dict:
-    """The targets of the statistics without group ``g`` (formed now, not before)."""
-    return part_targets(st.leave_out(g), names, cache, mode, scoring)
+              scoring: ScoringConfig, raw: Sequence[str] = ()) -> dict:
+    """The targets (and ``raw`` statistics) of the statistics without group ``g`` (formed
+    now, not before)."""
+    part = st.leave_out(g)
+    return {**part_targets(part, names, cache, mode, scoring), **raw_statistics(part, raw)}
 
 
 def part_targets(st, names: Sequence[str], cache: Path, mode: str,
