@@ -3,7 +3,7 @@
 Everything on the reference side is an independent float64 rendering of what the authors'
 scripts compute (deeplearning-wisc/attn-dynamics-basis, read as a specification):
 - the statistics: pythia.py's compute_theoretical_matrices and find_top_tokens, and
-  pythia-per-head.py's Q_bar (``pythia_probe.testing.authors``);
+  pythia-per-head.py's Q_bar (the rendering of tests/test_stats_conventions.py);
 - the model side: TransformerLens' HookedTransformer with its defaults (fold_ln,
   center_writing_weights) fed each kept token alone, rendered here with transformers'
   GPTNeoXForCausalLM in float64 and literal hooks (resid_pre, resid_pre + attn_out, resid_post)
@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
+from test_stats_conventions import T, authors, find_top_tokens, to_tokens
 
 from pythia_probe.builtin_corpus import story
 from pythia_probe.results import read_results
 from pythia_probe.sweep.__main__ import main as sweep_main
-from pythia_probe.testing.authors import authors_matrices, authors_tokens
 from pythia_probe.testing.repos import random_state_dict, tiny_config, write_checkpoint
 from pythia_probe.testing.tokenizers import pythia_like_backend, write_pythia_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-D_TOK, D_MODEL_ROWS, T, DOCS = 120, 128, 12, 40  # the model pads the tokenizer's ids, as Pythia
+D_TOK, D_MODEL_ROWS, DOCS = 300, 320, 30  # the model pads the tokenizer's ids, as Pythia does
 
 
 def _covariance(X: torch.Tensor) -> torch.Tensor:
@@ -68,12 +69,18 @@ def _tl_model_side(folder, ids: list[int]):
     dh = d // H
     P = torch.eye(d, dtype=torch.float64) - 1.0 / d
     seen: dict[str, list] = {"pre": [], "attn_out": [], "post": []}
+
+    def block(module, args, out) -> None:  # resid_pre in, resid_post out
+        seen["pre"].append(args[0][:, 0])
+        seen["post"].append(out[:, 0])
+
+    def attention(module, args, out) -> None:  # (attn_output, weights)
+        seen["attn_out"].append(out[0][:, 0])
+
     hooks = []
     for layer in model.gpt_neox.layers:
-        hooks.append(layer.register_forward_hook(
-            lambda m, a, out: (seen["pre"].append(a[0][:, 0]), seen["post"].append(out[:, 0]))))
-        hooks.append(layer.attention.register_forward_hook(
-            lambda m, a, out: seen["attn_out"].append(out[0][:, 0])))
+        hooks.append(layer.register_forward_hook(block))
+        hooks.append(layer.attention.register_forward_hook(attention))
     with torch.no_grad():
         model(input_ids=torch.tensor(ids)[:, None])
     for h in hooks:
@@ -94,7 +101,7 @@ def _tl_model_side(folder, ids: list[int]):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("authors")
-    backend = pythia_like_backend(d_vocab=D_TOK, merges_vocab=D_TOK, n_stories=60)
+    backend = pythia_like_backend(D_TOK, D_TOK, n_stories=60)
     model = root / "tiny"
     config = tiny_config(vocab_size=D_MODEL_ROWS, hidden_size=16, num_attention_heads=2,
                          intermediate_size=32, num_hidden_layers=2)
@@ -109,42 +116,60 @@ def setup(tmp_path_factory):
     return root, model, corpus, backend
 
 
-@pytest.mark.parametrize("top_k", ["full", "60"])
+@pytest.mark.parametrize("top_k", ["full", "40"])
 def test_sweep_equals_the_authors_scripts(setup, top_k, tmp_path):
+    from transformers import AutoTokenizer
+
     root, model, corpus, backend = setup
     out = tmp_path / "run"
     argv = ["--model", str(model), "--steps", "0,2", "--conventions", "authors",
             "--dataset", str(corpus), "--docs", str(DOCS), "--min-chars", str(4 * T),
-            "--seq-len", str(T), "--top-k", top_k, "--analyses", "embedding,attention_lnfold",
-            "--dtype", "float64", "--out", str(out), "--no-progress", "--no-plots",
-            "--no-intervals"]
+            "--seq-len", str(T), "--top-k", top_k, "--groups", "0",
+            "--analyses", "embedding,attention_lnfold", "--dtype", "float64",
+            "--out", str(out), "--no-progress", "--no-plots"]
     assert sweep_main(argv) == 0
     df = read_results(out)
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|endoftext|>")
+    tok = AutoTokenizer.from_pretrained(str(model / "step0"))
     texts = [t for t in (json.loads(line)["text"] for line in corpus.read_text().splitlines())
-             if len(t) >= 4 * T][:DOCS]
-    docs = authors_tokens(tok, texts)
-    K = None if top_k == "full" else int(top_k)
-    th = authors_matrices(docs, T, D_MODEL_ROWS, K)  # pythia.py's B_bar ... Q_bar, per-head Q_bar
-    ids = th["token_indices"]
+             if len(t) >= 4 * T][:DOCS]  # load_openwebtext_subset's rule: >= 4 max_length
+    docs = [to_tokens(tok, t) for t in texts]
+    ids = list(range(D_MODEL_ROWS)) if top_k == "full" else find_top_tokens(docs, int(top_k))
+    th = authors(docs, ids, D_MODEL_ROWS)  # pythia.py's B_bar ... Q_bar, the per-head Q_bar
     for step in (0, 2):
         pre, mid, post, WQ, WK = _tl_model_side(model / f"step{step}", ids)
         got = df[df.step == step].set_index(["analysis", "metric", "layer", "head"])["value"]
+        assert len(got) == len(pre) * (3 + 2 * (1 + WQ[0].shape[0]))
         for layer in range(len(pre)):
+            A = torch.stack([WQ[layer][h] @ WK[layer][h].T
+                             for h in range(WQ[layer].shape[0])]).mean(0)
+            A = pre[layer] @ A @ pre[layer].T
             want = {("embedding", "cos_post"): _cosine(post[layer], th["B_bar_Phi_bar"]),
-                    ("embedding", "cos_attn"): _cosine(mid[layer], th["B_bar_Phi_bar"])}
-            A = pre[layer] @ torch.stack([WQ[layer][h] @ WK[layer][h].T
-                                          for h in range(WQ[layer].shape[0])]).mean(0)
-            A = A @ pre[layer].T
-            want[("attention_lnfold", "cos_mean_authors")] = _cosine(A, th["Q_bar"])
-            want[("attention_lnfold", "cos_mean")] = _cosine(A, th["Q_bar"].T)
+                    ("embedding", "cos_attn"): _cosine(mid[layer], th["B_bar_Phi_bar"]),
+                    ("attention_lnfold", "cos_mean_authors"): _cosine(A, th["Q_bar"]),
+                    ("attention_lnfold", "cos_mean"): _cosine(A, th["Q_bar"].T)}
             for (analysis, metric), v in want.items():
-                assert got[(analysis, metric, layer + 1, None)] == pytest.approx(v, abs=1e-9), \
+                assert got[(analysis, metric, layer + 1, pd.NA)] == pytest.approx(v, abs=1e-9), \
                     (step, layer, analysis, metric)
             for h in range(WQ[layer].shape[0]):
                 Ah = pre[layer] @ WQ[layer][h] @ WK[layer][h].T @ pre[layer].T
-                v = _cosine(Ah, th["Q_bar_per_head"])
                 assert got[("attention_lnfold", "cos_head_authors", layer + 1, h)] == \
-                    pytest.approx(v, abs=1e-9), (step, layer, h)
+                    pytest.approx(_cosine(Ah, th["Q_bar_head"]), abs=1e-9), (step, layer, h)
+
+
+def test_conventions_bad_input_is_one_line(setup, tmp_path, capsys):
+    """An unknown --conventions names the valid ones; --stats built under the paper's
+    conventions is refused for --conventions authors (identity by content, never reused)."""
+    from pythia_probe.stats.job import StatsConfig, compute
+
+    root, model, corpus, _ = setup
+    base = ["--model", str(model), "--steps", "0", "--out", str(tmp_path / "o"), "--no-progress"]
+    with pytest.raises(SystemExit) as exit_:
+        sweep_main([*base, "--conventions", "theirs"])
+    assert exit_.value.code == 2
+    assert "'paper', 'authors'" in capsys.readouterr().err
+    paper = tmp_path / "paper.safetensors"
+    compute(StatsConfig(dataset=str(corpus), tokenizer=str(model / "step0"), seq_len=T,
+                        docs=DOCS, groups=0, progress=False, out=str(paper)))
+    assert sweep_main([*base, "--stats", str(paper), "--conventions", "authors"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "built with --conventions paper, not authors" in err[0]

@@ -27,6 +27,7 @@ import torch
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.stats.conventions import check as check_conventions
 from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
 from pythia_probe.stats.recipe import RECIPES
 from pythia_probe.steps import StepError, parse_steps
@@ -89,11 +90,13 @@ class StatisticsConfig:
     top_k: str = "full"
     tokenizer: str | None = None
     groups: int = DEFAULT_GROUPS
+    conventions: str = "paper"
 
     def used(self) -> dict:
         """What the run records: the file alone when given, else the recipe's fields."""
         if self.stats is not None:
-            return {"stats": self.stats, "tokenizer": self.tokenizer}
+            return {"stats": self.stats, "tokenizer": self.tokenizer,
+                    "conventions": self.conventions}
         return asdict(self)
 
 
@@ -250,6 +253,11 @@ class SweepConfig:
     """Statistics recipe: G document groups (document ordinal mod G) kept beside the totals,
     for the ceiling (two halves) and the jackknife intervals (G left out); 0: none, and the
     results then have value and chance only."""
+    conventions: Literal["paper", "authors"] = "paper"
+    """Statistics recipe: paper (this toolkit's definitions, the spec's) or authors (exactly
+    what the authors' pythia.py computes: BOS prepended, the last target 0, short documents
+    padded and counted, centring by the model's embedding rows, their top-K rule and
+    compositions over the kept ids); with --stats, the file's own must be this one."""
     device: str = "auto"
     """auto (cuda when there is one, else cpu), cpu, cuda, cuda:N."""
     dtype: Literal["float32", "float64"] = "float32"
@@ -325,6 +333,7 @@ class SweepConfig:
         if self.targets not in TARGET_MODES:
             raise BadInputError(f"--targets {self.targets!r}; valid: {', '.join(TARGET_MODES)}")
         parse_top_k(self.top_k)
+        check_conventions(self.conventions)
         if min(self.docs, self.seq_len) < 1 or self.min_chars < 0:
             raise BadInputError("--docs and --seq-len must be >= 1, --min-chars >= 0")
         check_steps_syntax(self.steps)
@@ -363,7 +372,7 @@ class SweepConfig:
             dataset, data_dir = RECIPES[self.recipe].dataset, RECIPES[self.recipe].data_dir
         return StatisticsConfig(self.stats, dataset, data_dir, self.recipe, self.docs,
                                 self.min_chars, self.seq_len, self.top_k, self.tokenizer,
-                                self.groups)
+                                self.groups, self.conventions)
 
 
 def check_recipe(name: str, dataset: str, data_dir: str | None) -> None:

@@ -97,7 +97,9 @@ class StatsChoice:
         r = self.recipe
         where = r.dataset if r.data_dir is None else f"{r.dataset} ({r.data_dir}/)"
         what = (f"{where}, first {r.docs:,} documents of >= {r.min_chars} characters, "
-                f"first {r.seq_len + 1} tokens each")
+                f"first {r.seq_len + 1} tokens each" if r.conventions == "paper" else
+                f"{where}, first {r.docs:,} documents of >= {r.min_chars} characters, the "
+                f"authors' conventions (BOS, first {r.seq_len} tokens padded, last target 0)")
         state = "cached" if self.built else "to build now (cached for every later run)"
         return [f"vocabulary: {self.vocab_reason}",
                 f"statistics: {what}; {state}: {self.path}"]
@@ -147,23 +149,29 @@ def is_factored(meta: dict | None, top_k: int | None) -> bool:
 
 
 def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict | None,
-                      device: str,
-                      budget: tuple[float | None, str] | None = None) -> StatsChoice:
-    """``--stats`` checked against the model's tokenizer, or the recipe's cached file (refused
-    up front when it is still to build and cannot fit)."""
+                      device: str, budget: tuple[float | None, str] | None = None,
+                      model_rows: int | None = None) -> StatsChoice:
+    """``--stats`` checked against the model's tokenizer (and ``--conventions``), or the
+    recipe's cached file (refused up front when it is still to build and cannot fit).
+    ``model_rows``: the model's embedding rows, the vocabulary of the authors' conventions."""
     if st.stats is not None:
         path = Path(st.stats)
         meta = read_stats_meta(path, fingerprint)
+        check_file_conventions(meta, st.conventions, path)
         ids = meta.get("vocab", {}).get("ids")
         return StatsChoice(path, None, int(meta["d_vocab"]), "as in --stats", meta,
                            max(ids) if ids else int(meta["d_vocab"]) - 1)
     if tok is None:
         raise BadInputError(f"{model} ships no tokenizer.json: give --tokenizer (to build "
                             "the statistics with it) or --stats")
-    V = tokenizer_d_vocab(tok)
+    authors = st.conventions == "authors" and model_rows is not None
+    V = model_rows if authors else tokenizer_d_vocab(tok)
     top_k, why = choose_vocab(st, V)
+    if authors:
+        why += f", the model's {V:,} embedding rows (--conventions authors)"
     recipe = Recipe(st.dataset, st.docs, st.min_chars, st.seq_len, top_k,
-                    data_dir=st.data_dir, groups=st.groups)
+                    data_dir=st.data_dir, groups=st.groups, conventions=st.conventions,
+                    d_vocab=V if authors else None)
     path = cache_path(recipe, fingerprint)
     meta = read_stats_meta(path, fingerprint) if path.is_file() else None
     if meta is None:
@@ -179,14 +187,26 @@ def choose_for_models(st: StatisticsConfig, runs, device: str,
     groups: dict[str, list] = {}
     for r in runs:
         key = f"none:{r.model}" if r.fingerprint is None else str(r.fingerprint.get("sha256"))
+        if st.conventions == "authors":  # their V is the model's rows (6.9b, 12b pad further)
+            key += f":{r.config.d_vocab}"
         groups.setdefault(key, []).append(r)
     for members in groups.values():
         first = members[0]
         choice = choose_statistics(st, first.model, first.tokenizer, first.fingerprint, device,
-                                   budget)
+                                   budget, first.config.d_vocab)
         for r in members:
             check_fits_model(choice, r.config.d_vocab, r.model)
             r.stats = choice
+
+
+def check_file_conventions(meta: dict, asked: str, path: Path) -> None:
+    """``--stats`` built under other conventions than ``--conventions`` asks (a file from
+    before conventions were recorded is 'paper') is refused in one line."""
+    have = meta.get("conventions", "paper")
+    if asked != "paper" and have != asked:
+        raise MismatchError(f"--stats {path} was built with --conventions {have}, not {asked}; "
+                            "give statistics built with `python -m pythia_probe.stats compute "
+                            f"--conventions {asked} ...`, or leave --stats out to build them")
 
 
 def read_stats_meta(path: Path, fingerprint: dict | None) -> dict:
