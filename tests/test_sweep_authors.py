@@ -156,9 +156,10 @@ def test_sweep_equals_the_authors_scripts(setup, top_k, tmp_path):
                     pytest.approx(_cosine(Ah, th["Q_bar_head"]), abs=1e-9), (step, layer, h)
 
 
-def test_conventions_bad_input_is_one_line(setup, tmp_path, capsys):
+def test_conventions_bad_input_is_one_line(setup, tmp_path, capsys, monkeypatch):
     """An unknown --conventions names the valid ones; --stats built under the paper's
     conventions is refused for --conventions authors (identity by content, never reused)."""
+    from pythia_probe.cli import run_main
     from pythia_probe.stats.job import StatsConfig, compute
 
     root, model, corpus, _ = setup
@@ -170,6 +171,8 @@ def test_conventions_bad_input_is_one_line(setup, tmp_path, capsys):
     paper = tmp_path / "paper.safetensors"
     compute(StatsConfig(dataset=str(corpus), tokenizer=str(model / "step0"), seq_len=T,
                         docs=DOCS, groups=0, progress=False, out=str(paper)))
-    assert sweep_main([*base, "--stats", str(paper), "--conventions", "authors"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK", raising=False)
+    argv = [*base, "--stats", str(paper), "--conventions", "authors"]
+    assert run_main(lambda: sweep_main(argv), "sweep") == 2
+    err = [e for e in capsys.readouterr().err.splitlines() if e.startswith("sweep: error: ")]
     assert len(err) == 1 and "built with --conventions paper, not authors" in err[0]
