@@ -272,12 +272,15 @@ def test_bad_input_is_one_line(folder, tmp_path, capsys):
 
 
 def test_d_vocab_rule_and_flag(folder, tmp_path):
-    """No model config.json: the tokenizer's ids (logged); --d-vocab under either convention."""
+    """No model config.json: the tokenizer's ids (logged); K >= the model's rows keeps every id
+    (pythia.py's clamp); --d-vocab under either convention."""
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (bare / f).write_bytes((folder / f).read_bytes())
     assert build(bare, tmp_path / "a.safetensors", groups=0).d_vocab == TOKENIZER_IDS
+    every = build(folder, tmp_path / "k.safetensors", groups=0, top_k=MODEL_IDS)
+    assert every.d_vocab == MODEL_IDS and not every.restricted  # K >= d_vocab: every id
     st = build(folder, tmp_path / "b.safetensors", conventions="paper", d_vocab=333, groups=0)
     assert st.d_vocab == 333 and int(st.token_counts[TOKENIZER_IDS:].sum()) == 0
     B, n, P = st.Bbar, st.parts()["n"], st.meta["counts"]["positions"]
