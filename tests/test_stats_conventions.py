@@ -272,12 +272,15 @@ def test_bad_input_is_one_line(folder, tmp_path, capsys):
 
 
 def test_d_vocab_rule_and_flag(folder, tmp_path):
-    """No model config.json: the tokenizer's ids (logged); --d-vocab under either convention."""
+    """No model config.json: the tokenizer's ids (logged); K >= the model's rows keeps every id
+    (pythia.py's clamp); --d-vocab under either convention."""
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (bare / f).write_bytes((folder / f).read_bytes())
     assert build(bare, tmp_path / "a.safetensors", groups=0).d_vocab == TOKENIZER_IDS
+    every = build(folder, tmp_path / "k.safetensors", groups=0, top_k=MODEL_IDS)
+    assert every.d_vocab == MODEL_IDS and not every.restricted  # K >= d_vocab: every id
     st = build(folder, tmp_path / "b.safetensors", conventions="paper", d_vocab=333, groups=0)
     assert st.d_vocab == 333 and int(st.token_counts[TOKENIZER_IDS:].sum()) == 0
     B, n, P = st.Bbar, st.parts()["n"], st.meta["counts"]["positions"]
@@ -307,3 +310,35 @@ def test_rules_name_each_difference():
     assert Rules.named("paper").name == "paper" and Rules.named("authors").name == "authors"
     assert Rules(windows=True, compose=True).name == "paper+windows+compose"
     assert Rules.named("authors").for_tokenizer(word=True) == Rules(word_ties=True)
+
+
+def test_the_top_k_rule_merges_across_shards_and_a_resume(tmp_path):
+    """The authors' ranking from each shard's cached document counts: the same ids as one
+    stream (find_top_tokens over every document, BOS first), with 1 shard or 4, and after a
+    run killed in pass 1 and resumed."""
+    from pythia_probe.stats import driver as run
+    from pythia_probe.stats.sequences import AUTHORS, SequencePolicy
+    from pythia_probe.testing.shards import IdShard, encode_ids
+
+    g = torch.Generator().manual_seed(3)
+    docs = [" ".join(map(str, (torch.randint(1, 9, (int(n),), generator=g) ** 2 % 23).tolist()))
+            for n in torch.randint(2, 30, (24,), generator=g)]
+    docs[13:13] = ["21 20 21 20"]  # a tie (20 and 21 occur nowhere else) seen in shard 2
+    streams = [[0] + [int(w) for w in d.split()] for d in docs]
+    theirs = find_top_tokens(streams, 11)
+    counts = Counter(t for s in streams for t in s)
+    assert theirs != sorted(theirs, key=lambda t: (-counts[t], t))  # ties not by id
+
+    def ids(n: int, work: Path, fail: int | None = None) -> list[int]:
+        step = -(-len(docs) // n)
+        shards = [IdShard(f"s{i}", tuple(docs[i * step:(i + 1) * step]), fail=i == fail)
+                  for i in range(n)]
+        spec = run.RunSpec(23, SequencePolicy(5, AUTHORS, bos=0), encode_ids, {"t": 1}, work,
+                           progress=False, top_k=11, top_rule="documents", doc_bos=0,
+                           compose="kept", engine="sparse")
+        return run.compute_stats(shards, spec, {}).token_ids.tolist()
+
+    assert ids(1, tmp_path / "one") == theirs == ids(4, tmp_path / "four")
+    with pytest.raises(KeyboardInterrupt):
+        ids(4, tmp_path / "r", fail=2)
+    assert ids(4, tmp_path / "r") == theirs

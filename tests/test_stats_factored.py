@@ -138,16 +138,17 @@ def test_parts_are_the_factors_of_section_6():
 
 
 def test_part_counts_from_the_header_equal_the_stored_parts(tmp_path):
-    """What the sweep's plan reads without loading the file: the entries of C, W and Qbar,
-    counted literally here (distinct bigrams, distinct (target, context) pairs, Qbar's
-    stored pairs)."""
+    """What the sweep's plan reads without loading the file: the entries of C, W, Qbar and
+    QbarHead, counted literally here (distinct bigrams, distinct (target, context) pairs, Qbar's
+    and QbarHead's stored pairs)."""
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, 30, (9, 12), generator=g)
     stats = batch_stats(tokens, 33, engine="sparse", groups=3)
     path = stats.save(tmp_path / "s.safetensors")
     p = stats.parts()
     bigrams = {(int(s[t]), int(s[t + 1])) for s in tokens for t in range(11)}
-    assert part_counts(path) == {"C": p["C"].nnz, "W": p["W"].nnz, "Qbar": p["Qbar"].nnz}
+    assert part_counts(path) == {"C": p["C"].nnz, "W": p["W"].nnz, "Qbar": p["Qbar"].nnz,
+                                 "QbarHead": p["QbarHead"].nnz}
     assert part_counts(path)["C"] == len(bigrams)
     dense = batch_stats(tokens, 33, engine="dense", top_k=None)
     assert part_counts(dense.save(tmp_path / "d.safetensors")) == part_counts(path)

@@ -183,9 +183,8 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
                        cfg.device, cfg.top_k,
                        None if cfg.budget_gb is None else int(cfg.budget_gb * 2**30),
                        progress if progress is not None else cfg.progress, engine=cfg.engine,
-                       groups=cfg.groups, top_rule="documents" if rules.top_k else "windows",
-                       compose=kept.KEPT if rules.compose and cfg.top_k is not None
-                       else kept.FULL)
+                       groups=cfg.groups, compose=kept.KEPT if rules.compose and
+                       cfg.top_k is not None else kept.FULL, **_top_rule(cfg, tok, rules))
     meta = {"tokenizer": fp, "dataset": cfg.dataset, "config": _jsonable(cfg),
             "conventions": name}
     if cfg.tokenizer.startswith("word:"):
@@ -233,6 +232,19 @@ def _policy(cfg: StatsConfig, tok, rules: Rules) -> SequencePolicy:
         raise BadInputError("--conventions authors makes pythia.py's windows (BOS first, each "
                             "document's first T tokens, zero-padded); valid with it: --mode "
                             "first and no --bos/--eos, or --conventions paper")
+    return SequencePolicy(cfg.seq_len, AUTHORS, "skip", cfg.oov, _bos_id(cfg, tok), None)
+
+
+def _top_rule(cfg: StatsConfig, tok, rules: Rules) -> dict:
+    """How a top-K is ranked: the windows' counts, or the authors' document counts (which
+    start each document with to_tokens' BOS)."""
+    if not rules.top_k or cfg.top_k is None:
+        return {}
+    return {"top_rule": "documents", "doc_bos": _bos_id(cfg, tok)}
+
+
+def _bos_id(cfg: StatsConfig, tok) -> int:
+    """The tokenizer's BOS id, which to_tokens prepends; none: one line."""
     bos = getattr(tok, "bos_token_id", None)
     if bos is None:
         name = tok.name_or_path or cfg.tokenizer
@@ -240,7 +252,7 @@ def _policy(cfg: StatsConfig, tok, rules: Rules) -> SequencePolicy:
                             f"TransformerLens' to_tokens does, but {name!r} has none; valid: a "
                             "tokenizer with a bos_token (Pythia's folder or hub id: "
                             "<|endoftext|>, id 0), or --conventions paper")
-    return SequencePolicy(cfg.seq_len, AUTHORS, "skip", cfg.oov, int(bos), None)
+    return int(bos)
 
 
 def _text_bytes(shards: list) -> int | None:

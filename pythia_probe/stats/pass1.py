@@ -61,6 +61,8 @@ class RunSpec:
     """How the top-k ids are ranked: 'windows' (the tokens counted in the windows, ties by
     id) or 'documents' (pythia.py's find_top_tokens: every token of each document, BOS
     first, up to 2,048, ties in first-seen order; ``stats/doctop.py``)."""
+    doc_bos: int | None = None
+    """The BOS id the documents' token counts of the 'documents' top-k rule start with."""
     compose: str = "full_then_slice"
     """How a top-k vocabulary's SigmaB, PhiBT, Gbar, GbarHead and pass 2 are made:
     'full_then_slice' or 'kept' (the authors': over the kept ids only, ``stats/kept.py``)."""
@@ -160,7 +162,7 @@ def read_windows(shard, spec: RunSpec, quota: int | None, each=None, offset: int
     lengths)`` sees every batch."""
     seq = Sequencer(spec.policy, spec.d_vocab)
     docs = _DocFilter(shard.documents(), spec.min_chars, quota)
-    counted = DocTokens(spec.d_vocab, spec.policy.bos) if spec.top_rule == "documents" else None
+    counted = DocTokens(spec.d_vocab, spec.doc_bos) if spec.top_rule == "documents" else None
     encoded = spec.encode(docs) if counted is None else counted.watch(spec.encode(docs))
     ids, lens = [torch.zeros(0, dtype=torch.int32)], [torch.zeros(0, dtype=torch.int64)]
     for tokens, lengths in batches(seq.windows(encoded), spec.policy.seq_len,

@@ -402,4 +402,4 @@ void sc_spgemm_dense(int64_t r0, int64_t r1, const int64_t *a_indptr, const int6
     }
 }
 
-int64_t sc_abi_version(void) { return 9; }
+int64_t sc_abi_version(void) { return 10; }

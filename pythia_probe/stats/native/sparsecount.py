@@ -20,7 +20,7 @@ import numpy as np
 from pythia_probe.errors import KernelError
 from pythia_probe.stats import native
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 STEM = "_sparsecount"
 
 
