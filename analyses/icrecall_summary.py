@@ -161,13 +161,34 @@ def item6(out: Path) -> list[dict]:
             oks.append(ok)
     base = ("the k = 2 control of the same setting" if len(control)
             else "the absolute rule (no k = 2 control in the table)")
+    verdict = V.combine(*oks) if oks else "undecided"
     return [row(6, "k > 2 pairs", "the pairwise pattern generalises (equal weight within pairs)",
-                " | ".join(parts), V.combine(*oks) if oks else "undecided",
+                " | ".join(parts) + _item6_reason(w[w["k"] > 2], limits, verdict), verdict,
                 f"every run with k > 2, judged relative to {base}: {V.pattern_rule(limits)} "
                 "(tolerances: the k = 2 control's worst seed, never stricter than the absolute "
                 f"rule's gap {V.GAP}, mass {V.OFF}, P(conf) {V.TELL}); the absolute rule's "
                 "verdict per k beside; accuracy reported, not judged",
                 "attention row and P(conf)")]
+
+
+def _item6_reason(w: pd.DataFrame, limits: dict, verdict: str) -> str:
+    """Why item 6 reads as it does: which part of the (relative) pattern rule each k > 2 fails,
+    and whether the within-pair equality itself generalises."""
+    if not len(w):
+        return ""
+    parts = [f"k={k}: {V.failures_text(g, limits)}" for k, g in w.groupby("k")]
+    fails = {k: V.pattern_failures(g, limits) for k, g in w.groupby("k")}
+    gap_ok = all(f["gap"] == 0 for f in fails.values())
+    tell_bad = sum(f["tell"] for f in fails.values())
+    total = len(w)
+    txt = f"; why '{verdict}': " + "; ".join(parts)
+    if gap_ok:
+        txt += (f"; the within-pair equality generalises (every seed's gap <= "
+                f"{limits['gap']:.3f} at every k > 2)")
+    if tell_bad:
+        txt += (f"; what fails is telling the relation on confusing prompts: P(conf) below the "
+                f"limit {limits['tell']:.4f} on {tell_bad}/{total} runs")
+    return txt
 
 
 @dataclass(frozen=True)
