@@ -107,25 +107,42 @@ def item5(out: Path) -> list[dict]:
 
 
 def _memory_limits(ctl: pd.DataFrame | None, constructed: pd.DataFrame | None) -> str:
-    """What the pre-trained memory allows whatever the attention does: the ideal row's own
-    item-2 verdict and the P(conf) of attention spread uniformly (off the pairs included),
-    beside the constructed memory's uniform row."""
+    """What the pre-trained memory allows whatever the attention does: whether P(conf)
+    discriminates on it (the uniform row, attention spread over the whole prompt, must fail
+    P(conf) >= TELL and the ideal row pass it), beside the constructed memory's uniform row, and
+    the ideal row's own item-2 verdict (does the memory cap the sampled accuracy?)."""
     if ctl is None or not {"ideal", "uniform"} <= set(ctl["state"]):
         return ""
+    ideal = ctl[ctl["state"] == "ideal"]
+    u = float(ctl[ctl["state"] == "uniform"]["relation_prob_confusing"].iloc[0])
+    i = float(ideal["relation_prob_confusing"].iloc[0])
     base = "" if constructed is None or "uniform" not in set(constructed["state"]) else (
         "; the constructed memory's uniform row: " + format(
             constructed[constructed["state"] == "uniform"]["relation_prob_confusing"].iloc[0],
             ".4f"))
-    ideal = ctl[ctl["state"] == "ideal"]
-    uni = ctl[ctl["state"] == "uniform"].iloc[0]
+    one = ctl[ctl["state"] == "one_pair"]["relation_prob_confusing"]
+    ref = float(one.iloc[0]) if len(one) else 0.5
+    ref_txt = (f"the one-pair row's {ref:.4f}" if len(one) else
+               "0.5, a coin between the relation and its confusing partner")
+    disc = u <= ref and i >= V.TELL
+    txt = (f"; reference rows on this memory: uniform row P(conf) {u:.4f}, ideal row "
+           f"{i:.4f}{base}: " + (
+               f"P(conf) discriminates (attention spread over the whole prompt does no better "
+               f"than {ref_txt}; the ideal row reaches {V.TELL}), so the trained rows' P(conf) "
+               "and pattern say whether the pairs are found" if disc else
+               "P(conf) does not discriminate (" + (
+                   f"the ideal row misses {V.TELL}" if i < V.TELL else
+                   f"the uniform row does better than {ref_txt}: mass off the pairs costs "
+                   "this memory little, so its training loss does not force v*") + ")"))
     r = ideal.iloc[0]
     n = r["n_all"]
     lo = wilson(round(r["relation_sampled"] * n), n)[0]
-    return (f"; with this memory the ideal row itself gets sampled relation "
-            f"{r['relation_sampled']:.5f} (Wilson lower bound {lo:.5f}; item-2 rule: "
-            f"{V.accuracy_verdict(ideal)[0]}), and the uniform row P(conf) "
-            f"{uni['relation_prob_confusing']:.4f}{base}: mass off the pairs costs this memory "
-            "little, so its training loss does not force v*")
+    verdict = V.accuracy_verdict(ideal)[0]
+    txt += (f"; the ideal row's own sampled relation {r['relation_sampled']:.5f} (Wilson lower "
+            f"bound {lo:.5f}; item-2 rule: {verdict})")
+    if verdict != "yes":
+        txt += ": the memory, not the attention, caps the sampled accuracy"
+    return txt
 
 
 def _long_text(out: Path) -> str:

@@ -490,22 +490,32 @@ def test_item_5_needs_pattern_and_accuracy(scripts, tmp_path, change, verdict):
     assert "training loss 2.0e-04 (the ideal row's on the same prompts 1.0e-04)" in row["ours"]
 
 
-@pytest.mark.parametrize("ideal,verdict", [({"relation_sampled": 0.9988, "n_all": 20000}, "no"),
-                                           ({}, "yes")])
+@pytest.mark.parametrize("ideal,uniform,verdict,discriminates", [
+    ({"relation_sampled": 0.9988, "n_all": 20000}, 0.9757, "no", False),
+    ({}, 0.9757, "yes", False),
+    ({}, 0.30, "yes", True),
+    ({"relation_prob_confusing": 0.98}, 0.30, "yes", False),  # the ideal row misses it too
+])
 def test_item_5_says_what_the_memory_allows_whatever_the_attention(scripts, tmp_path, ideal,
-                                                                    verdict):
+                                                                    uniform, verdict,
+                                                                    discriminates):
     pre = [metric_rows(m, "icrecall_controls", 1, settings=key(state=st))
            for st, m in (("ideal", {**GOOD, **ideal}),
-                         ("uniform", {**UNIFORM, "relation_prob_confusing": 0.9757}))]
+                         ("uniform", {**UNIFORM, "relation_prob_confusing": uniform}))]
     runs = [metric_rows(GOOD, "icrecall_pretrained", 1, settings=key(method="pgd", seed=0))]
     save(pre + runs, "pretrained", tmp_path)
     _write(tmp_path, "controls", "icrecall_controls", [({"state": "uniform"}, UNIFORM)])
     (row,) = scripts["icrecall_summary"].item5(tmp_path)
     n = ideal.get("n_all", GOOD["n_all"])
     lo = wilson(round(ideal.get("relation_sampled", GOOD["relation_sampled"]) * n), n)[0]
-    assert f"ideal row itself gets sampled relation {ideal.get('relation_sampled', 0.9999):.5f}" \
+    assert f"the ideal row's own sampled relation {ideal.get('relation_sampled', 0.9999):.5f}" \
         f" (Wilson lower bound {lo:.5f}; item-2 rule: {verdict})" in row["ours"]
-    assert "uniform row P(conf) 0.9757; the constructed memory's uniform row: 0.0680" in row["ours"]
+    assert ("caps the sampled accuracy" in row["ours"]) == (verdict != "yes")
+    i = ideal.get("relation_prob_confusing", GOOD["relation_prob_confusing"])
+    assert (f"reference rows on this memory: uniform row P(conf) {uniform:.4f}, ideal row "
+            f"{i:.4f}; the constructed memory's uniform row: 0.0680: ") in row["ours"]
+    assert ("P(conf) discriminates (attention spread over" in row["ours"]) == discriminates
+    assert ("P(conf) does not discriminate" in row["ours"]) == (not discriminates)
 
 
 @pytest.mark.parametrize("k2,k3,verdict,absolute", [
