@@ -124,7 +124,7 @@ def _memory_limits(ctl: pd.DataFrame | None, constructed: pd.DataFrame | None) -
     ref = float(one.iloc[0]) if len(one) else 0.5
     ref_txt = (f"the one-pair row's {ref:.4f}" if len(one) else
                "0.5, a coin between the relation and its confusing partner")
-    disc = u <= ref and i >= V.TELL
+    disc = V.discriminates(u, ref, i)
     txt = (f"; reference rows on this memory: uniform row P(conf) {u:.4f}, ideal row "
            f"{i:.4f}{base}: " + (
                f"P(conf) discriminates (attention spread over the whole prompt does no better "

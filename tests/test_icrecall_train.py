@@ -85,6 +85,35 @@ def test_pretrained_memory_learns_the_triples(rows):
     assert not any(p.requires_grad for p in mem.parameters())
 
 
+def test_pretrained_memory_under_the_and_rule_fails_uniform_attention():
+    """C5's memory at small scale: with the AND rule's labels (a pair counts only when both its
+    tokens are attended) attention spread over the whole prompt does worse than reading one pair,
+    while the ideal pairwise row tells confusing prompts apart; labelled with the prompt's
+    relation whatever the row (threshold 0, the earlier design) the uniform row does better than
+    one pair: P(conf) cannot discriminate there. The ideal row's bar is 0.9, not the rule's 0.99:
+    a 3,000-triple memory trained 200 epochs reads less sharply than the full one."""
+    from pythia_probe.toy.icrecall import verdicts as V
+    from pythia_probe.toy.icrecall.experiment import CONTROL_ROWS, evaluate_controls
+
+    task = TaskConfig(n_subjects=30, n_relations=4, n_answers=100, rho=0.3)
+    kb = make_kb(task)
+    test = sample_prompts(kb, 1000, seed=10**6)
+    rows = {k: CONTROL_ROWS[k] for k in ("uniform", "one_pair", "ideal")}
+    got = {}
+    for threshold in (0.0, 0.05):
+        mem = PretrainedMemory(kb, MemoryConfig(kind="pretrained", d_model=128, d_hidden=256,
+                                                pretrain_epochs=200,
+                                                pretrain_threshold=threshold))
+        pretrain(mem, batch=64)
+        m = evaluate_controls(ICRecallModel(kb, mem), test, seed=1, rows=rows)
+        got[threshold] = {k: v["relation_prob_confusing"] for k, v in m.items()}
+    new, old = got[0.05], got[0.0]
+    assert V.discriminates(new["uniform"], new["one_pair"], new["ideal"], tell=0.9), new
+    assert new["uniform"] < new["one_pair"] - 0.05 and new["ideal"] > 0.9, new
+    assert not V.discriminates(old["uniform"], old["one_pair"], old["ideal"], tell=0.9), old
+    assert old["uniform"] > old["one_pair"] + 0.05, old
+
+
 def test_pretraining_examples_reach_the_query_subject_and_separator():
     """With pretrain_rows > 0 the memory also sees whole prompts read through random attention
     rows (mass on s3 and '?', as in fine-tuning); with 0 it never does."""

@@ -139,6 +139,17 @@ def test_faster_needs_a_significant_paired_test(pgd, gd, faster):
     assert V.faster(V.paired(steps(*pgd), steps(*gd))) is faster
 
 
+@pytest.mark.parametrize("uniform,one_pair,ideal,ok", [
+    (0.068, 0.744, 0.9993, True),  # the constructed memory's control rows
+    (0.9757, 0.7467, 0.9966, False),  # the first pre-trained memory: uniform reads it too
+    (0.30, 0.75, 0.985, False),  # the ideal row itself misses 0.99
+    (0.75, 0.75, 0.999, True),  # no better than one pair
+])
+def test_a_memory_discriminates_when_uniform_attention_fails_and_the_ideal_row_passes(
+        uniform, one_pair, ideal, ok):
+    assert V.discriminates(uniform, one_pair, ideal) == ok
+
+
 @pytest.mark.parametrize("stalls,strict,frac,faster,verdict", [
     (4, 4, 0.8, True, "yes"),
     (4, 4, 0.8, False, "partly"),  # a test that is not significant refutes nothing

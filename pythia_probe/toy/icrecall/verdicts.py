@@ -176,6 +176,14 @@ def dynamics_verdict(n_stalls: int, n_strict: int, perturb_frac: float, faster_g
     return "partly"
 
 
+def discriminates(uniform: float, one_pair: float, ideal: float, tell: float = TELL) -> bool:
+    """Whether P(conf) can tell on a memory whether attention found the pairs: attention spread
+    over the whole prompt (the uniform row) does no better than reading one pair (the confused
+    state: P(conf) of the one-pair row), and the ideal pairwise row reaches ``tell``. Without it
+    a trained row's P(conf) says nothing about the pattern (a memory that reads any mixture)."""
+    return uniform <= one_pair and ideal >= tell
+
+
 def combine(*verdicts: str) -> str:
     """'yes' if all are yes; 'partly' if any is yes or partly; else 'no'."""
     if verdicts and all(v == "yes" for v in verdicts):
