@@ -100,10 +100,15 @@ def item5(out: Path) -> list[dict]:
            if mem is not None and "memory_answer_recall" in mem else "")
     gd_txt = f"; GD: {V.pattern_verdict(gd)[1]}" if len(gd) else ""
     rec += _long_text(out) + _memory_limits(ctl, load(out, "controls", "icrecall_controls"))
+    rec += f"; pattern rule ({ok1}): {V.failures_text(pgd)}; accuracy rule: {ok2}"
     return [row(5, "pre-trained memory", "same pattern and accuracy as the constructed memory",
                 f"PGD: {pat}; {acc}{rec}", V.combine(ok1, ok2),
-                f"items 1 and 2: {V.pattern_rule()}; {V.ACCURACY_RULE}{gd_txt}"
-                + control_failures(ctl), "attention row, P(conf), sampled accuracy")]
+                f"items 1 and 2: {V.pattern_rule()}; {V.ACCURACY_RULE}; verdict: 'yes' if both "
+                "say yes, 'partly' if either says yes or partly, else 'no'; the experiment can "
+                "tell whether the pairs are found only where P(conf) discriminates on the "
+                "memory: the uniform row no better than the one-pair row, the ideal row >= "
+                f"{V.TELL}{gd_txt}" + control_failures(ctl),
+                "attention row, P(conf), sampled accuracy")]
 
 
 def _memory_limits(ctl: pd.DataFrame | None, constructed: pd.DataFrame | None) -> str:

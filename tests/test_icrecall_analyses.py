@@ -488,6 +488,9 @@ def test_item_5_needs_pattern_and_accuracy(scripts, tmp_path, change, verdict):
     assert "memory's own answer recall 0.8750" in row["ours"]
     assert "PGD seed 0 trained 20000 steps" in row["ours"]
     assert "training loss 2.0e-04 (the ideal row's on the same prompts 1.0e-04)" in row["ours"]
+    pattern = {"yes": "yes", "partly": "yes", "no": "no"}[verdict]
+    assert f"; pattern rule ({pattern}): P(conf) < 0.9900 on 0/1 seeds" in row["ours"]
+    assert "P(conf) discriminates on the memory" in row["rule"]
 
 
 @pytest.mark.parametrize("ideal,uniform,verdict,discriminates", [

@@ -6,12 +6,24 @@ import pytest
 import torch
 
 from pythia_probe.results import read_manifest, read_shard
+from pythia_probe.toy.icrecall import verdicts as V
 from pythia_probe.toy.icrecall.__main__ import main
-from pythia_probe.toy.icrecall.experiment import EvalConfig, run_experiment
+from pythia_probe.toy.icrecall.experiment import (
+    CONTROL_ROWS,
+    EvalConfig,
+    evaluate_controls,
+    run_experiment,
+)
 from pythia_probe.toy.icrecall.memory import ConstructedMemory, MemoryConfig
 from pythia_probe.toy.icrecall.model import ICRecallModel
-from pythia_probe.toy.icrecall.pretrained import PretrainedMemory, pretrain
-from pythia_probe.toy.icrecall.task import TaskConfig, make_kb, sample_prompts
+from pythia_probe.toy.icrecall.pretrained import PretrainedMemory, pretrain, relation_targets
+from pythia_probe.toy.icrecall.task import (
+    KnowledgeBase,
+    Prompts,
+    TaskConfig,
+    make_kb,
+    sample_prompts,
+)
 from pythia_probe.toy.icrecall.train import TrainConfig, causal_mask, perturbation, train
 
 TASK = TaskConfig(n_subjects=30, n_relations=6, n_answers=100, rho=0.3)
@@ -91,10 +103,7 @@ def test_pretrained_memory_under_the_and_rule_fails_uniform_attention():
     while the ideal pairwise row tells confusing prompts apart; labelled with the prompt's
     relation whatever the row (threshold 0, the earlier design) the uniform row does better than
     one pair: P(conf) cannot discriminate there. The ideal row's bar is 0.9, not the rule's 0.99:
-    a 3,000-triple memory trained 200 epochs reads less sharply than the full one."""
-    from pythia_probe.toy.icrecall import verdicts as V
-    from pythia_probe.toy.icrecall.experiment import CONTROL_ROWS, evaluate_controls
-
+    a 120-triple memory trained 200 epochs reads less sharply than the full one."""
     task = TaskConfig(n_subjects=30, n_relations=4, n_answers=100, rho=0.3)
     kb = make_kb(task)
     test = sample_prompts(kb, 1000, seed=10**6)
@@ -143,9 +152,6 @@ def test_relation_targets_follow_the_and_rule():
     uniform over the relations consistent with every counted pair, blank (uniform over all
     relations) when none counts. Constructed knowledge base: R = 4; subject 0 answers 5 under
     relations 0 and 1 (an ambiguous pair), subject 1 answers 7 under 0 only."""
-    from pythia_probe.toy.icrecall.pretrained import relation_targets
-    from pythia_probe.toy.icrecall.task import KnowledgeBase, Prompts
-
     f = torch.tensor([[5, 5, 6, 8], [7, 9, 9, 9], [1, 2, 3, 4]])
     kb = KnowledgeBase(TaskConfig(n_subjects=3, n_relations=4, n_answers=10), f)
     p = Prompts(subjects=torch.tensor([[0, 1, 2]]), answers=torch.tensor([[5, 7, 1]]),

@@ -69,8 +69,6 @@ def test_committed_toy_tables_come_from_their_runs_rows(tag, values):
 
 
 def test_old_runs_noise_floor_rows_read_as_batch_ceiling():
-    from pythia_probe.toy import paper
-
     df = pd.DataFrame({"metric": ["noise_floor_W_Qbar", "cos_W_Qbar", "loss"],
                        "analysis": ["toy_noise_floor", "toy_train", "toy_train"],
                        "value": [0.9, 0.8, 6.0]})
