@@ -145,6 +145,18 @@ def _stall_text(stalls: pd.DataFrame, S: float) -> str:
             f"there escape {perturb_text(stalls)[0]}")
 
 
+def _init_text(out: Path) -> str:
+    """Curvature at W_PP = 0 (the start of every arm), per seed, labelled like the stalls."""
+    w = load(out, "dynamics", "icrecall_dynamics_states")
+    if w is None or "init_eig1" not in w:
+        return ""
+    labs = pd.Series([label_from_row(r, "init", REACH) for _, r in w.iterrows()])
+    strict = int((labs == "strict saddle").sum())
+    return (f"; at W_PP = 0 (the start): {strict} of {len(w)} seeds a strict saddle, lowest "
+            f"eigenvalue median {w['init_eig1'].median():.1f}, |grad| median "
+            f"{w['init_grad_norm'].median():.2f} (not a critical point: GD leaves it at once)")
+
+
 def _ablation_text(tests: dict) -> str:
     """Which ingredient of PGD does the work: each half of the 2x2 against PGD."""
     parts = []
@@ -179,7 +191,7 @@ def item3(out: Path) -> list[dict]:
         n_stalls = len(stalls)
         n_strict = int((stall_labels(stalls) == "strict saddle").sum()) if n_stalls else 0
         pmean = perturb_text(stalls)[1] if n_stalls else float("nan")
-        grounds = _stall_text(stalls, S)
+        grounds = _stall_text(stalls, S) + _init_text(out)
     gd = steps.get("gd", pd.Series(dtype=float))
     two = gd[one.reindex(gd.index).fillna(0) == 0]
     stuck = int(two.isna().sum())

@@ -386,6 +386,20 @@ def test_item_3_is_judged_from_the_ablations(scripts, tmp_path, times, label, es
     assert "never read as a refutation" in row["rule"]
 
 
+def test_item_3_reports_the_curvature_at_zero(scripts, tmp_path):
+    _escape_tables(tmp_path, *FAST, "one-sided saddle", 1)
+    states = [metric_rows({"init_eig1": e, "init_tol": 1e-12, "init_grad_norm": g,
+                           "init_line_minus": -2.0, "init_line_plus": -2.0,
+                           "init_escape_radius": 0.1}, "icrecall_dynamics_states", 0,
+                          settings=key(seed=s)) for s, (e, g) in enumerate(
+                              [(-20.0, 1.0), (-22.0, 2.0), (-30.0, 1.5)])]
+    frames = [read_shard(tmp_path / "dynamics.parquet"), *states]
+    save(frames, "dynamics", tmp_path)
+    (row,) = scripts["icrecall_summary"].item3(tmp_path)
+    assert ("at W_PP = 0 (the start): 3 of 3 seeds a strict saddle, lowest eigenvalue median "
+            "-22.0, |grad| median 1.50") in row["ours"]
+
+
 def test_item_3_says_stuck_when_gd_is_censored(scripts, tmp_path):
     nan = float("nan")
     _escape_tables(tmp_path, [10.0] * 6, [nan, nan, 50.0, nan, 100.0, nan], "strict saddle", 4)
