@@ -317,7 +317,8 @@ def _samples_rule(out: Path, rule: str) -> tuple[dict[float, str], str] | None:
             "construction, so n can hardly matter: reported, not judged)")
     txt = (f"{head}; {d_txt}; n = {'/'.join(str(n) for n in ns)}, N = "
            f"{w['N'].min()}..{st['max_N']:.0f} (N* = {w['N'].min()} is the smallest N tried), "
-           f"{w['seed'].nunique()} seeds: " + "; ".join(parts))
+           f"{w['seed'].nunique()} seeds, polylog bound (log-log slope of (log n)^2) "
+           f"{bound:.3f}: " + "; ".join(parts))
     return verdicts, txt
 
 

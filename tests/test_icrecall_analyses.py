@@ -461,6 +461,8 @@ def test_item_4_where_the_grid_floor_binds(scripts, tmp_path):
     _samples(tmp_path, "samples_fixed_d", lambda n, s: 2, "fixed", ns=(1000, 10000, 100000))
     (row,) = scripts["icrecall_summary"].item4(tmp_path)
     assert row["reproduces"] == "undecided"
+    assert "5 seeds" not in row["ours"] and "polylog bound (log-log slope of (log n)^2) 0.222: " \
+        in row["ours"]
     assert ("target 0.95: median N* 2/2/2, slope 0.00 [0.00, 0.00], 0 of 12 (n, seed) never "
             "reach it; the median sits on the grid floor (N* = 2: at most 2) at n = "
             "1000/10000/100000, which rules out 'yes' and 'no' -> undecided") in row["ours"]
