@@ -2,14 +2,17 @@
 
 An MLP memory (pretrained.py: fresh examples every epoch) is trained by Adam on the triples, on
 two-pair prompts and on whole prompts read through random attention rows (s3 and '?' included:
-the inputs it meets in fine-tuning), frozen, and W_PP is fine-tuned on top of it (PGD and plain
-GD) with the CLI's defaults. Also: the memory's own recall of the triples with ideal inputs, the
-reference rows (uniform, stuck, one pair, ideal) on this memory, and one PGD run (seed 0) trained
-``long_steps`` steps with its pattern every 1,000 steps and the training loss of the ideal row
-on its prompts beside it (does the pattern come with more steps?). Writes
+the inputs it meets in fine-tuning), every relation example labelled by the AND rule (a pair
+counts only when the product of its two weights exceeds ``threshold``; none counted: blank), so
+that attention spread over the whole prompt cannot do the task; frozen, and W_PP is fine-tuned on
+top of it (PGD and plain GD) with the CLI's defaults. Also: the memory's own recall of the
+triples with ideal inputs, the reference rows (uniform, stuck, one pair, ideal) on this memory,
+and one PGD run (seed 0) trained ``long_steps`` steps with its pattern every 1,000 steps and the
+training loss of the ideal row on its prompts beside it (does the pattern come with more
+steps?). Writes
 results/icrecall/pretrained.parquet and pretrained.png.
 
-    python analyses/icrecall_pretrained.py          # ~15-25 min on one CPU core
+    python analyses/icrecall_pretrained.py          # ~50 min on one CPU core
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ _MEM = MemoryConfig(kind="pretrained")
 
 @dataclass(frozen=True)
 class Config:
-    """Memory: d_model, d_hidden, epochs, lr, mix, beta (defaults: MemoryConfig's for
-    kind='pretrained', i.e. what the CLI uses); fine-tuning: seeds, n_train, methods (TrainConfig
-    defaults otherwise, as in the CLI); n_test fresh prompts."""
+    """Memory: d_model, d_hidden, epochs, lr, mix, rows, threshold, row_law, row_sigma, beta
+    (defaults: MemoryConfig's for kind='pretrained', i.e. what the CLI uses); fine-tuning:
+    seeds, n_train, methods (TrainConfig defaults otherwise, as in the CLI); n_test fresh
+    prompts."""
 
     d_model: int = _MEM.d_model
     d_hidden: int = _MEM.d_hidden
@@ -60,6 +64,9 @@ class Config:
     lr: float = _MEM.pretrain_lr
     mix: float = _MEM.pretrain_mix
     rows: float = _MEM.pretrain_rows
+    threshold: float = _MEM.pretrain_threshold
+    row_law: str = _MEM.pretrain_row_law
+    row_sigma: float = _MEM.pretrain_row_sigma
     beta: float = _MEM.inverse_temperature
     seeds: int = 5
     n_train: int = 32
@@ -70,7 +77,9 @@ class Config:
     def memory(self) -> MemoryConfig:
         return MemoryConfig(kind="pretrained", d_model=self.d_model, d_hidden=self.d_hidden,
                             pretrain_epochs=self.epochs, pretrain_lr=self.lr,
-                            pretrain_mix=self.mix, pretrain_rows=self.rows, beta=self.beta)
+                            pretrain_mix=self.mix, pretrain_rows=self.rows,
+                            pretrain_threshold=self.threshold, pretrain_row_law=self.row_law,
+                            pretrain_row_sigma=self.row_sigma, beta=self.beta)
 
 
 @torch.no_grad()

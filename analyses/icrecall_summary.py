@@ -100,32 +100,54 @@ def item5(out: Path) -> list[dict]:
            if mem is not None and "memory_answer_recall" in mem else "")
     gd_txt = f"; GD: {V.pattern_verdict(gd)[1]}" if len(gd) else ""
     rec += _long_text(out) + _memory_limits(ctl, load(out, "controls", "icrecall_controls"))
+    rec += f"; pattern rule ({ok1}): {V.failures_text(pgd)}; accuracy rule: {ok2}"
     return [row(5, "pre-trained memory", "same pattern and accuracy as the constructed memory",
                 f"PGD: {pat}; {acc}{rec}", V.combine(ok1, ok2),
-                f"items 1 and 2: {V.pattern_rule()}; {V.ACCURACY_RULE}{gd_txt}"
-                + control_failures(ctl), "attention row, P(conf), sampled accuracy")]
+                f"items 1 and 2: {V.pattern_rule()}; {V.ACCURACY_RULE}; verdict: 'yes' if both "
+                "say yes, 'partly' if either says yes or partly, else 'no'; the experiment can "
+                "tell whether the pairs are found only where P(conf) discriminates on the "
+                "memory: the uniform row no better than the one-pair row, the ideal row >= "
+                f"{V.TELL}{gd_txt}" + control_failures(ctl),
+                "attention row, P(conf), sampled accuracy")]
 
 
 def _memory_limits(ctl: pd.DataFrame | None, constructed: pd.DataFrame | None) -> str:
-    """What the pre-trained memory allows whatever the attention does: the ideal row's own
-    item-2 verdict and the P(conf) of attention spread uniformly (off the pairs included),
-    beside the constructed memory's uniform row."""
+    """What the pre-trained memory allows whatever the attention does: whether P(conf)
+    discriminates on it (the uniform row, attention spread over the whole prompt, must fail
+    P(conf) >= TELL and the ideal row pass it), beside the constructed memory's uniform row, and
+    the ideal row's own item-2 verdict (does the memory cap the sampled accuracy?)."""
     if ctl is None or not {"ideal", "uniform"} <= set(ctl["state"]):
         return ""
+    ideal = ctl[ctl["state"] == "ideal"]
+    u = float(ctl[ctl["state"] == "uniform"]["relation_prob_confusing"].iloc[0])
+    i = float(ideal["relation_prob_confusing"].iloc[0])
     base = "" if constructed is None or "uniform" not in set(constructed["state"]) else (
         "; the constructed memory's uniform row: " + format(
             constructed[constructed["state"] == "uniform"]["relation_prob_confusing"].iloc[0],
             ".4f"))
-    ideal = ctl[ctl["state"] == "ideal"]
-    uni = ctl[ctl["state"] == "uniform"].iloc[0]
+    one = ctl[ctl["state"] == "one_pair"]["relation_prob_confusing"]
+    ref = float(one.iloc[0]) if len(one) else 0.5
+    ref_txt = (f"the one-pair row's {ref:.4f}" if len(one) else
+               "0.5, a coin between the relation and its confusing partner")
+    disc = V.discriminates(u, ref, i)
+    txt = (f"; reference rows on this memory: uniform row P(conf) {u:.4f}, ideal row "
+           f"{i:.4f}{base}: " + (
+               f"P(conf) discriminates (attention spread over the whole prompt does no better "
+               f"than {ref_txt}; the ideal row reaches {V.TELL}), so the trained rows' P(conf) "
+               "and pattern say whether the pairs are found" if disc else
+               "P(conf) does not discriminate (" + (
+                   f"the ideal row misses {V.TELL}" if i < V.TELL else
+                   f"the uniform row does better than {ref_txt}: mass off the pairs costs "
+                   "this memory little, so its training loss does not force v*") + ")"))
     r = ideal.iloc[0]
     n = r["n_all"]
     lo = wilson(round(r["relation_sampled"] * n), n)[0]
-    return (f"; with this memory the ideal row itself gets sampled relation "
-            f"{r['relation_sampled']:.5f} (Wilson lower bound {lo:.5f}; item-2 rule: "
-            f"{V.accuracy_verdict(ideal)[0]}), and the uniform row P(conf) "
-            f"{uni['relation_prob_confusing']:.4f}{base}: mass off the pairs costs this memory "
-            "little, so its training loss does not force v*")
+    verdict = V.accuracy_verdict(ideal)[0]
+    txt += (f"; the ideal row's own sampled relation {r['relation_sampled']:.5f} (Wilson lower "
+            f"bound {lo:.5f}; item-2 rule: {verdict})")
+    if verdict != "yes":
+        txt += ": the memory, not the attention, caps the sampled accuracy"
+    return txt
 
 
 def _long_text(out: Path) -> str:
@@ -161,13 +183,34 @@ def item6(out: Path) -> list[dict]:
             oks.append(ok)
     base = ("the k = 2 control of the same setting" if len(control)
             else "the absolute rule (no k = 2 control in the table)")
+    verdict = V.combine(*oks) if oks else "undecided"
     return [row(6, "k > 2 pairs", "the pairwise pattern generalises (equal weight within pairs)",
-                " | ".join(parts), V.combine(*oks) if oks else "undecided",
+                " | ".join(parts) + _item6_reason(w[w["k"] > 2], limits, verdict), verdict,
                 f"every run with k > 2, judged relative to {base}: {V.pattern_rule(limits)} "
                 "(tolerances: the k = 2 control's worst seed, never stricter than the absolute "
                 f"rule's gap {V.GAP}, mass {V.OFF}, P(conf) {V.TELL}); the absolute rule's "
                 "verdict per k beside; accuracy reported, not judged",
                 "attention row and P(conf)")]
+
+
+def _item6_reason(w: pd.DataFrame, limits: dict, verdict: str) -> str:
+    """Why item 6 reads as it does: which part of the (relative) pattern rule each k > 2 fails,
+    and whether the within-pair equality itself generalises."""
+    if not len(w):
+        return ""
+    parts = [f"k={k}: {V.failures_text(g, limits)}" for k, g in w.groupby("k")]
+    fails = {k: V.pattern_failures(g, limits) for k, g in w.groupby("k")}
+    gap_ok = all(f["gap"] == 0 for f in fails.values())
+    tell_bad = sum(f["tell"] for f in fails.values())
+    total = len(w)
+    txt = f"; why '{verdict}': " + "; ".join(parts)
+    if gap_ok:
+        txt += (f"; the within-pair equality generalises (every seed's gap <= "
+                f"{limits['gap']:.3f} at every k > 2)")
+    if tell_bad:
+        txt += (f"; what fails is telling the relation on confusing prompts: P(conf) below the "
+                f"limit {limits['tell']:.4f} on {tell_bad}/{total} runs")
+    return txt
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,44 @@ def _test_text(name: str, t: dict) -> str:
             f"test p = {t['p']:.3g}")
 
 
+def _stall_text(stalls: pd.DataFrame, S: float) -> str:
+    """Curvature and random perturbations at GD's stalls (two-sided training sets)."""
+    if not len(stalls):
+        return f"; no GD run on a two-sided training set stalled at step {S:.0f}"
+    labs = stall_labels(stalls)
+    return (f"; curvature at GD's step-{S:.0f} stalls on two-sided training sets: "
+            f"{int((labs == 'strict saddle').sum())} of {len(stalls)} strict saddles "
+            f"({_labels(stalls)}), lowest eigenvalue median "
+            f"{stalls['stall_eig1'].median():.1e}, |grad| median "
+            f"{stalls['stall_grad_norm'].median():.1e}, loss change at distance rho_p along "
+            f"-u1 / +u1 median {stalls['stall_line_minus'].median():.1e} / "
+            f"{stalls['stall_line_plus'].median():.1e}; random perturbations (radius rho_p) "
+            f"there escape {perturb_text(stalls)[0]}")
+
+
+def _init_text(out: Path) -> str:
+    """Curvature at W_PP = 0 (the start of every arm), per seed, labelled like the stalls."""
+    w = load(out, "dynamics", "icrecall_dynamics_states")
+    if w is None or "init_eig1" not in w:
+        return ""
+    labs = pd.Series([label_from_row(r, "init", REACH) for _, r in w.iterrows()])
+    strict = int((labs == "strict saddle").sum())
+    return (f"; at W_PP = 0 (the start): {strict} of {len(w)} seeds a strict saddle, lowest "
+            f"eigenvalue median {w['init_eig1'].median():.1f}, |grad| median "
+            f"{w['init_grad_norm'].median():.2f} (not a critical point: GD leaves it at once)")
+
+
+def _ablation_text(tests: dict) -> str:
+    """Which ingredient of PGD does the work: each half of the 2x2 against PGD."""
+    parts = []
+    if ("pgd", "large_only") in tests:
+        parts.append(_test_text("PGD vs the large step alone", tests[("pgd", "large_only")]))
+    if ("pgd", "perturb_only") in tests:
+        parts.append(_test_text("PGD vs the perturbation alone",
+                                tests[("pgd", "perturb_only")]))
+    return ("; 2x2 ablation: " + "; ".join(parts)) if parts else ""
+
+
 def item3(out: Path) -> list[dict]:
     esc = load(out, "escape", "icrecall_escape")
     dyn = load(out, "dynamics", "icrecall_dynamics_summary")
@@ -142,55 +180,58 @@ def item3(out: Path) -> list[dict]:
     tests = {(a, b): V.paired(steps[a], steps[b]) for a, b in
              (("pgd", "gd"), ("large_only", "gd"), ("perturb_only", "gd"),
               ("pgd", "large_only"), ("pgd", "perturb_only")) if a in steps and b in steps}
+    beats = ("pgd", "gd") in tests and V.faster(tests[("pgd", "gd")])
     seeds = sorted(one.index)
-    txt = (f"seeds {seeds[0]}-{seeds[-1]}, time to escape per seed (steps; >cap = censored): "
-           if seeds == list(range(seeds[0], seeds[-1] + 1)) else
-           f"seeds {seeds}, time to escape per seed (steps; >cap = censored): ") + "; ".join(
-        f"{a} {V.censored_text(s, cap)}" for a, s in steps.items())
-    txt += "; paired seeds: " + "; ".join(_test_text(f"{a} vs {b}", t)
-                                          for (a, b), t in tests.items())
+    n_stalls, n_strict, pmean, grounds = 0, 0, float("nan"), ""
+    S = None
+    if dyn is not None:
+        S = last_step(out, "dynamics", "icrecall_dynamics_summary")
+        g = dyn[dyn["arm"] == "gd"]
+        stalls = g[(g["escaped"] == 0) & (g["one_sided"] == 0)]
+        n_stalls = len(stalls)
+        n_strict = int((stall_labels(stalls) == "strict saddle").sum()) if n_stalls else 0
+        pmean = perturb_text(stalls)[1] if n_stalls else float("nan")
+        grounds = _stall_text(stalls, S) + _init_text(out)
     gd = steps.get("gd", pd.Series(dtype=float))
     two = gd[one.reindex(gd.index).fillna(0) == 0]
     stuck = int(two.isna().sum())
-    txt += (f"; GD on two-sided training sets: {len(two) - stuck}/{len(two)} escape by step "
-            f"{cap:.0f} (" + ("slower, not stuck" if not stuck else f"{stuck} stuck to the cap")
-            + f"), median {two.median():.0f} steps")
-    strict, perturb_ok, S = False, False, None
-    if dyn is not None:
-        S = last_step(out, "dynamics", "icrecall_dynamics_summary")
-        if "pgd" in steps and "gd" in steps:
-            m = V.mcnemar(steps["pgd"], steps["gd"], S)
-            txt += (f"; escaped by step {S:.0f} (the dynamics runs' length): PGD only "
-                    f"{m['b10']}, GD only {m['b01']}, exact McNemar p = {m['p']:.3g}")
-        g = dyn[dyn["arm"] == "gd"]
-        stalls = g[(g["escaped"] == 0) & (g["one_sided"] == 0)]
-        labs = stall_labels(stalls) if len(stalls) else pd.Series(dtype=object)
-        strict = bool(len(labs)) and bool((labs == "strict saddle").all())
-        ptxt, pmean = perturb_text(dyn[dyn["escaped"] == 0])
-        perturb_ok = pmean == pmean and pmean >= 0.5
-        if len(stalls):
-            txt += (f"; curvature at GD's step-{S:.0f} stalls (two-sided training sets): "
-                    f"{_labels(stalls)}, lowest eigenvalue median "
-                    f"{stalls['stall_eig1'].median():.1e}, |grad| median "
-                    f"{stalls['stall_grad_norm'].median():.1e}, loss change at distance rho_p "
-                    f"along -u1 / +u1 median {stalls['stall_line_minus'].median():.1e} / "
-                    f"{stalls['stall_line_plus'].median():.1e}")
-        txt += f"; random perturbations (radius rho_p) at the step-{S:.0f} stalls: {ptxt}"
-    beats = "pgd" in steps and "gd" in steps and V.faster(tests[("pgd", "gd")])
-    verdict = "yes" if beats and strict and perturb_ok else ("partly" if beats else "no")
-    rule = (f"'yes' if PGD escapes earlier than GD on paired seeds (exact two-sided sign test "
-            f"on the time to escape, p < {V.ALPHA}; a censored run is later than any escape, "
-            "two censored runs tie), every GD stall at the dynamics runs' end on a two-sided "
-            "training set is a strict saddle (a negative Hessian eigenvalue beyond noise, and "
-            "the loss falls on both sides along it), and random perturbations at the stalls "
-            "escape in at least half the draws (mean over stalls); 'partly' if only the first "
-            "holds; 'no' if PGD is not earlier by the test; escaped at step t: P(conf) on fresh "
-            f"confusing prompts >= {level} from t on for {confirm:.0f} steps; censored at step "
-            f"{cap:.0f}")
+    grounds += _ablation_text(tests)
+    fate = "slower, not stuck" if not stuck else f"{stuck} stuck to the cap"
+    grounds += (f"; GD on two-sided training sets: {len(two) - stuck}/{len(two)} escape by step "
+                f"{cap:.0f} ({fate}), median {two.median():.0f} steps")
+    span = (f"seeds {seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1))
+            else f"seeds {seeds}")
+    txt = (f"grounds (the ablations){grounds}; time to escape per seed (steps; >cap = "
+           f"censored), {span}: " + "; ".join(f"{a} {V.censored_text(s, cap)}"
+                                              for a, s in steps.items()))
+    txt += "; paired seeds: " + "; ".join(_test_text(f"{a} vs {b}", t)
+                                          for (a, b), t in tests.items() if b == "gd")
+    if S is not None and "pgd" in steps and "gd" in steps:
+        m = V.mcnemar(steps["pgd"], steps["gd"], S)
+        txt += (f"; escaped by step {S:.0f} (the dynamics runs' length): PGD only "
+                f"{m['b10']}, GD only {m['b01']}, exact McNemar p = {m['p']:.3g}")
+    if ("pgd", "gd") in tests and not beats:
+        txt += (f"; PGD vs GD p = {tests[('pgd', 'gd')]['p']:.3g} over {len(seeds)} paired "
+                "seeds is not significant, which alone refutes nothing: the verdict rests on "
+                "the curvature and the perturbations at GD's stalls")
+    verdict = V.dynamics_verdict(n_stalls, n_strict, pmean, beats)
+    rule = ("judged from the ablations: 'yes' if every GD stall at the dynamics runs' end on a "
+            "two-sided training set is a strict saddle (a negative Hessian eigenvalue beyond "
+            "noise, and the loss falls on both sides along it), random perturbations of radius "
+            "rho_p at those stalls escape in at least half the draws (mean over stalls), and "
+            f"PGD escapes earlier than GD on paired seeds (exact two-sided sign test on the time "
+            f"to escape, p < {V.ALPHA}; a censored run is later than any escape, two censored "
+            "runs tie); 'no' if the ablations contradict the mechanism: no stall is a strict "
+            "saddle, the perturbations escape in fewer than half the draws, and PGD is not "
+            "earlier by the test; 'undecided' with no stall to examine and no significant test; "
+            "'partly' otherwise; a test that is not significant is reported, never read as a "
+            f"refutation; escaped at step t: P(conf) on fresh confusing prompts >= {level} from "
+            f"t on for {confirm:.0f} steps; censored at step {cap:.0f}")
     return [row(3, "two-phase dynamics (GD stalls at a saddle, PGD escapes)",
                 "GD stalls at a saddle confusing r with a confusing relation; PGD's "
                 "perturbation escapes", txt, verdict, rule,
-                "time to escape on paired seeds, exact Hessian in W_PP")]
+                "exact Hessian in W_PP and random perturbations at GD's stalls; time to escape "
+                "on paired seeds (2x2 ablation)")]
 
 
 def ablation_lines(out: Path) -> list[str]:
@@ -263,20 +304,33 @@ def _samples_rule(out: Path, rule: str) -> tuple[dict[float, str], str] | None:
                       for _, r in ideal.sort_values("n", key=lambda s: s.astype(int)).iterrows()
                       ) if ideal is not None and len(ideal) else ""
     verdicts, parts = {}, []
+    floor = int(w["N"].min())
     for t, (best, fit) in growth.over_thresholds(w, cap).items():
         verdicts[t] = growth.growth_verdict(fit, bound)
         med = "/".join(_median_N(best, n, cap) for n in ns)
         lo, mid, hi = (_two(fit[f"loglog_slope{s}"]) for s in ("_lo", "", "_hi"))
         parts.append(f"target {t}: median N* {med}, slope {mid} [{lo}, {hi}], "
-                     f"{int(fit['censored'])} of {len(best)} (n, seed) never reach it -> "
-                     f"{verdicts[t]}")
+                     f"{int(fit['censored'])} of {len(best)} (n, seed) never reach it"
+                     f"{_floor_text(best, floor)} -> {verdicts[t]}")
     head = ("fixed d (one memory sized for the largest n: the margin shrinks as n grows)"
             if rule == "fixed" else f"d = {st['d_scale']:g} sqrt(n) (the margin is fixed by "
             "construction, so n can hardly matter: reported, not judged)")
     txt = (f"{head}; {d_txt}; n = {'/'.join(str(n) for n in ns)}, N = "
            f"{w['N'].min()}..{st['max_N']:.0f} (N* = {w['N'].min()} is the smallest N tried), "
-           f"{w['seed'].nunique()} seeds: " + "; ".join(parts))
+           f"{w['seed'].nunique()} seeds, polylog bound (log-log slope of (log n)^2) "
+           f"{bound:.3f}: " + "; ".join(parts))
     return verdicts, txt
+
+
+def _floor_text(best: dict, floor: int) -> str:
+    """Where the grid floor binds the median (growth.floor_sides) and what it rules out."""
+    at, below, above = growth.floor_sides(best, floor)
+    if not at:
+        return ""
+    out = [what for what, hit in (("'yes'", below), ("'no'", above)) if hit]
+    rules = (" rules out " + " and ".join(out)) if out else " moves no end of the slope"
+    return (f"; the median sits on the grid floor (N* = {floor}: at most {floor}) at n = "
+            f"{'/'.join(str(n) for n in at)}, which{rules}")
 
 
 def _median_N(best: dict, n: int, cap: float) -> str:
@@ -307,7 +361,12 @@ def item4(out: Path) -> list[dict]:
             "(per (n, seed)); slope of log median N* on log n with a bootstrap 95% interval over "
             "seeds; 'yes' if its upper end is <= the log-log slope of (log n)^2 over the n range, "
             "'no' if its lower end exceeds it, 'undecided' if the interval straddles it or at "
-            "some n at least half the seeds never reach the target; judged on the fixed-d "
-            "memory: the common verdict if every target agrees, else 'partly'")
+            "some n at least half the seeds never reach the target; the grid floor: where at "
+            "least half the seeds at some n reach the target at the smallest N tried, the median "
+            "there is only 'at most that N', so a floor at an n below the mean log n (a smaller "
+            "true median there raises the slope) rules out 'yes' and one above it rules out "
+            "'no' (every n on the floor: 'undecided'); judged on the fixed-d memory: 'yes' if "
+            "every target says yes, 'partly' if some do, else 'no' if some target says no, else "
+            "'undecided'")
     return [row(4, "sample complexity vs n", "smallest N grows at most polylog(n); ~8 samples",
                 txt, verdict, rule, "P(conf)")]

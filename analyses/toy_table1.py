@@ -1,7 +1,8 @@
 """Table 1 of the leading-terms paper: the minimum over training (epochs and layers) of the
-Frobenius cosine between each weight and its leading term, lr 0.005; beside it the run's noise
-floor (each first-batch leading term against the same term over the whole training set: how far
-the batch the theory uses is from what the model learns) and the paper's number.
+Frobenius cosine between each weight and its leading term, lr 0.005; beside it the run's batch
+ceiling (each first-batch leading term against the same term over the whole training set: what a
+weight that has learnt the whole set scores, an upper bound on first-batch agreement, not a floor)
+and the paper's number.
 
 Default: CPU scale on the built-in corpus (|V| = 509, T = 64, 512 sequences, batch 128, 200
 SGD steps at lr 0.08: lr x steps = 16, the paper's 0.005 x 3,200, so that the loss moves).
@@ -35,7 +36,7 @@ min_cosines = paper.min_cosines
 
 def report(table: pd.DataFrame, cfg: TrainConfig, run_dir: str, out: Path, tag: str,
            title: str, name: str, values: dict, paper_run: dict) -> None:
-    """Print the table with settings, noise floors and the loss; write .md, .csv and .png."""
+    """Print the table with settings, batch ceilings and the loss; write .md, .csv and .png."""
     df = read_results(run_dir)
     d_vocab = int(read_manifest(run_dir)["config"]["d_vocab"])
     sched = make_schedule(cfg, cfg.n_seqs)
@@ -45,8 +46,10 @@ def report(table: pd.DataFrame, cfg: TrainConfig, run_dir: str, out: Path, tag: 
             f"lr, T and L; the run took {sched.total_steps} steps, lr x steps = "
             f"{cfg.lr * sched.total_steps:g} (agreement beyond the window is empirical); "
             f"training loss {first:.4f} -> {last:.4f} by step {step} (log |V| = "
-            f"{math.log(d_vocab):.4f}).\nnoise_floor: cosine of the first-batch leading "
-            "term with the whole training set's; layers 1-based as in the paper.\nsettings that "
+            f"{math.log(d_vocab):.4f}).\nbatch_ceiling: cosine of the first-batch leading "
+            "term with the whole training set's (what a weight that has learnt the whole set "
+            "scores: an upper bound on first-batch agreement, not a floor); layers 1-based as in "
+            "the paper.\nsettings that "
             f"differ from the paper's: {paper.settings_diff(cfg, paper_run, d_vocab)}")
     print(settings_line(cfg, run_dir))
     print("\n".join(paper.comparison_lines(df, cfg, d_vocab, values, paper_run, name)))

@@ -1,6 +1,6 @@
 """Table 2 of the leading-terms paper (App. B): Table 1 with a BPE tokenizer (|V| = 10,000,
 10 epochs, lr 0.005): the minimum over training of each weight's cosine with its leading term,
-beside the run's noise floor and the paper's number.
+beside the run's batch ceiling and the paper's number.
 
 Default: CPU scale on the built-in corpus with a 1,000-id byte-level BPE (T = 64, 256 sequences,
 batch 64, 200 SGD steps at lr 0.08 as in the CPU Table 1, so that the loss moves; the paper's

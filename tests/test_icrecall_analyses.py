@@ -355,22 +355,49 @@ def _escape_tables(out: Path, pgd: list[float], gd: list[float], label: str, esc
           for kv, m in dyn], "dynamics", out)
 
 
-@pytest.mark.parametrize("pgd,gd,label,escapes,verdict", [
-    ([10.0] * 6, [9000.0, 20000.0, 50.0, 100.0, 30000.0, 4000.0], "strict saddle", 4, "yes"),
-    ([10.0] * 6, [9000.0, 20000.0, 50.0, 100.0, 30000.0, 4000.0], "one-sided saddle", 4,
-     "partly"),  # earlier by the test, but the stalls are no strict saddles
-    ([10.0] * 6, [9000.0, 20000.0, 50.0, 100.0, 30000.0, 4000.0], "strict saddle", 1,
-     "partly"),  # the perturbation does not escape the stalls
-    ([10.0, 10.0, 10.0, 50.0, 100.0, 10.0], [9000.0, 20000.0, 30000.0, 50.0, 100.0, 10.0],
-     "strict saddle", 4, "no"),  # 3 of 6 earlier, 3 tied: p = 0.25
+FAST = ([10.0] * 6, [9000.0, 20000.0, 50.0, 100.0, 30000.0, 4000.0])  # p = 0.0625 one-sided
+SLOW = ([10.0, 10.0, 10.0, 50.0, 100.0, 10.0], [9000.0, 20000.0, 30000.0, 50.0, 100.0, 10.0])
+# SLOW: 3 of 6 earlier, 3 tied: p = 0.25, not significant
+
+
+@pytest.mark.parametrize("times,label,escapes,verdict", [
+    (FAST, "strict saddle", 4, "yes"),
+    (FAST, "one-sided saddle", 4, "partly"),  # earlier by the test, the stalls no strict saddles
+    (FAST, "strict saddle", 1, "partly"),  # the perturbation does not escape the stalls
+    (FAST, "one-sided saddle", 1, "partly"),  # PGD faster, but not by the claimed mechanism
+    # not significant is no refutation: strict saddles that perturbations escape are 'partly'
+    (SLOW, "strict saddle", 4, "partly"),
+    # the ablations refute the mechanism: no strict saddle, perturbations rarely escape
+    (SLOW, "one-sided saddle", 1, "no"),
 ])
-def test_item_3_paired_time_to_escape(scripts, tmp_path, pgd, gd, label, escapes, verdict):
-    _escape_tables(tmp_path, pgd, gd, label, escapes)
+def test_item_3_is_judged_from_the_ablations(scripts, tmp_path, times, label, escapes, verdict):
+    _escape_tables(tmp_path, *times, label, escapes)
     (row,) = scripts["icrecall_summary"].item3(tmp_path)
     assert row["reproduces"] == verdict
+    assert row["ours"].startswith("grounds (the ablations); curvature at GD's step-3000 stalls")
+    n = sum(v > 3000 for v in times[1])  # GD stalls at step 3000: 4 (FAST), 3 (SLOW)
+    strict = n if label == "strict saddle" else 0
+    assert f"{strict} of {n} strict saddles" in row["ours"]
+    assert f"there escape {n * escapes}/{5 * n} draws" in row["ours"]
     assert "pgd vs gd:" in row["ours"] and "exact sign test p = " in row["ours"]
     assert "slower, not stuck" in row["ours"]  # every GD run escapes before the cap
     assert "exact McNemar" in row["ours"] and ">= 0.95" in row["rule"]
+    assert ("is not significant, which alone refutes nothing" in row["ours"]) == (times is SLOW)
+    assert "never read as a refutation" in row["rule"]
+
+
+def test_item_3_reports_the_curvature_at_zero(scripts, tmp_path):
+    _escape_tables(tmp_path, *FAST, "one-sided saddle", 1)
+    states = [metric_rows({"init_eig1": e, "init_tol": 1e-12, "init_grad_norm": g,
+                           "init_line_minus": -2.0, "init_line_plus": -2.0,
+                           "init_escape_radius": 0.1}, "icrecall_dynamics_states", 0,
+                          settings=key(seed=s)) for s, (e, g) in enumerate(
+                              [(-20.0, 1.0), (-22.0, 2.0), (-30.0, 1.5)])]
+    frames = [read_shard(tmp_path / "dynamics.parquet"), *states]
+    save(frames, "dynamics", tmp_path)
+    (row,) = scripts["icrecall_summary"].item3(tmp_path)
+    assert ("at W_PP = 0 (the start): 3 of 3 seeds a strict saddle, lowest eigenvalue median "
+            "-22.0, |grad| median 1.50") in row["ours"]
 
 
 def test_item_3_says_stuck_when_gd_is_censored(scripts, tmp_path):
@@ -428,6 +455,25 @@ def test_item_4_judged_on_the_fixed_d_memory_over_thresholds(scripts, tmp_path, 
         assert "2 of 8 (n, seed) never reach it -> undecided" in fixed
 
 
+def test_item_4_where_the_grid_floor_binds(scripts, tmp_path):
+    """N* = 2 (the smallest N tried) at every n reads 'undecided', not 'yes'; steep growth from
+    the floor at the smallest n still reads 'no' (a smaller true N* there only steepens it)."""
+    _samples(tmp_path, "samples_fixed_d", lambda n, s: 2, "fixed", ns=(1000, 10000, 100000))
+    (row,) = scripts["icrecall_summary"].item4(tmp_path)
+    assert row["reproduces"] == "undecided"
+    assert "5 seeds" not in row["ours"] and "polylog bound (log-log slope of (log n)^2) 0.222: " \
+        in row["ours"]
+    assert ("target 0.95: median N* 2/2/2, slope 0.00 [0.00, 0.00], 0 of 12 (n, seed) never "
+            "reach it; the median sits on the grid floor (N* = 2: at most 2) at n = "
+            "1000/10000/100000, which rules out 'yes' and 'no' -> undecided") in row["ours"]
+    assert "the grid floor" in row["rule"]
+    _samples(tmp_path, "samples_fixed_d", lambda n, s: {1000: 2, 10000: 16, 100000: 128}[n],
+             "fixed", ns=(1000, 10000, 100000))
+    (row,) = scripts["icrecall_summary"].item4(tmp_path)
+    assert row["reproduces"] == "no"
+    assert "at n = 1000, which rules out 'yes' -> no" in row["ours"]
+
+
 def test_slopes_print_without_a_negative_zero(scripts):
     two = sys.modules["icrecall_summary_parts"]._two  # imported by the summary script
     assert [two(x) for x in (-0.0, -0.004, 0.004, -0.02, 0.901)] == \
@@ -458,24 +504,37 @@ def test_item_5_needs_pattern_and_accuracy(scripts, tmp_path, change, verdict):
     assert "memory's own answer recall 0.8750" in row["ours"]
     assert "PGD seed 0 trained 20000 steps" in row["ours"]
     assert "training loss 2.0e-04 (the ideal row's on the same prompts 1.0e-04)" in row["ours"]
+    pattern = {"yes": "yes", "partly": "yes", "no": "no"}[verdict]
+    assert f"; pattern rule ({pattern}): P(conf) < 0.9900 on 0/1 seeds" in row["ours"]
+    assert "P(conf) discriminates on the memory" in row["rule"]
 
 
-@pytest.mark.parametrize("ideal,verdict", [({"relation_sampled": 0.9988, "n_all": 20000}, "no"),
-                                           ({}, "yes")])
+@pytest.mark.parametrize("ideal,uniform,verdict,discriminates", [
+    ({"relation_sampled": 0.9988, "n_all": 20000}, 0.9757, "no", False),
+    ({}, 0.9757, "yes", False),
+    ({}, 0.30, "yes", True),
+    ({"relation_prob_confusing": 0.98}, 0.30, "yes", False),  # the ideal row misses it too
+])
 def test_item_5_says_what_the_memory_allows_whatever_the_attention(scripts, tmp_path, ideal,
-                                                                    verdict):
+                                                                    uniform, verdict,
+                                                                    discriminates):
     pre = [metric_rows(m, "icrecall_controls", 1, settings=key(state=st))
            for st, m in (("ideal", {**GOOD, **ideal}),
-                         ("uniform", {**UNIFORM, "relation_prob_confusing": 0.9757}))]
+                         ("uniform", {**UNIFORM, "relation_prob_confusing": uniform}))]
     runs = [metric_rows(GOOD, "icrecall_pretrained", 1, settings=key(method="pgd", seed=0))]
     save(pre + runs, "pretrained", tmp_path)
     _write(tmp_path, "controls", "icrecall_controls", [({"state": "uniform"}, UNIFORM)])
     (row,) = scripts["icrecall_summary"].item5(tmp_path)
     n = ideal.get("n_all", GOOD["n_all"])
     lo = wilson(round(ideal.get("relation_sampled", GOOD["relation_sampled"]) * n), n)[0]
-    assert f"ideal row itself gets sampled relation {ideal.get('relation_sampled', 0.9999):.5f}" \
+    assert f"the ideal row's own sampled relation {ideal.get('relation_sampled', 0.9999):.5f}" \
         f" (Wilson lower bound {lo:.5f}; item-2 rule: {verdict})" in row["ours"]
-    assert "uniform row P(conf) 0.9757; the constructed memory's uniform row: 0.0680" in row["ours"]
+    assert ("caps the sampled accuracy" in row["ours"]) == (verdict != "yes")
+    i = ideal.get("relation_prob_confusing", GOOD["relation_prob_confusing"])
+    assert (f"reference rows on this memory: uniform row P(conf) {uniform:.4f}, ideal row "
+            f"{i:.4f}; the constructed memory's uniform row: 0.0680: ") in row["ours"]
+    assert ("P(conf) discriminates (attention spread over" in row["ours"]) == discriminates
+    assert ("P(conf) does not discriminate" in row["ours"]) == (not discriminates)
 
 
 @pytest.mark.parametrize("k2,k3,verdict,absolute", [
@@ -495,6 +554,27 @@ def test_item_6_is_judged_relative_to_the_k2_control(scripts, tmp_path, k2, k3, 
     assert row["reproduces"] == verdict
     assert row["ours"].startswith("k=2: pattern passes on 2/2 seeds")  # by construction
     assert f"(absolute rule: {absolute}); sampled accuracy" in row["ours"].split(" | k=3: ")[1]
+    reason = row["ours"].split(f"; why '{verdict}': ")[1]  # the reason is in the summary
+    assert reason.startswith("k=3: P(conf) < 0.9900 on ")
+    assert ("the within-pair equality generalises" in reason) == (k3["pair_gap_max"] <= 0.05)
+    fails_tell = k3["relation_prob_confusing"] < 0.99
+    assert ("what fails is telling the relation" in reason) == fails_tell
+    assert f"on {2 if fails_tell else 0}/2 seeds" in reason
+
+
+def test_item_6_reason_names_the_failing_part(scripts, tmp_path):
+    """Equal weight within pairs but P(conf) short: the reason says so, from the table."""
+    _write(tmp_path, "kpairs", "icrecall_kpairs",
+           [({"k": 2, "seed": s}, GOOD) for s in range(2)]
+           + [({"k": 3, "seed": s}, {**GOOD, "relation_prob_confusing": 0.95 + s / 100})
+              for s in range(2)])
+    (row,) = scripts["icrecall_summary"].item6(tmp_path)
+    assert row["reproduces"] == "no"
+    assert ("why 'no': k=3: P(conf) < 0.9900 on 2/2 seeds (min 0.9500), within-pair gap > "
+            "0.050 on 0/2, mass on s_query+'?' > 0.050 on 0/2; the within-pair equality "
+            "generalises (every seed's gap <= 0.050 at every k > 2); what fails is telling the "
+            "relation on confusing prompts: P(conf) below the limit 0.9900 on 2/2 runs") \
+        in row["ours"]
 
 
 def test_combine_verdicts():

@@ -152,7 +152,10 @@ def test_accuracy_metrics_hand_made():
 
 @pytest.mark.parametrize("kw, word", [({"vote": "xor"}, "vote"), ({"kind": "lookup"}, "kind"),
                                        ({"embedding": "sparse"}, "embedding"),
-                                       ({"beta": 0.0}, "beta"), ({"pretrain_mix": 2.0}, "mix")])
+                                       ({"beta": 0.0}, "beta"), ({"pretrain_mix": 2.0}, "mix"),
+                                       ({"pretrain_threshold": -0.1}, "pretrain_threshold"),
+                                       ({"pretrain_row_law": "beta"}, "softmax', 'dirichlet"),
+                                       ({"pretrain_row_sigma": -1.0}, "pretrain_row_sigma")])
 def test_bad_memory_config_names_the_field(kw, word):
     with pytest.raises(ValueError, match=word):
         MemoryConfig(**kw)

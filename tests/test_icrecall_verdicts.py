@@ -139,6 +139,32 @@ def test_faster_needs_a_significant_paired_test(pgd, gd, faster):
     assert V.faster(V.paired(steps(*pgd), steps(*gd))) is faster
 
 
+@pytest.mark.parametrize("uniform,one_pair,ideal,ok", [
+    (0.068, 0.744, 0.9993, True),  # the constructed memory's control rows
+    (0.9757, 0.7467, 0.9966, False),  # the first pre-trained memory: uniform reads it too
+    (0.30, 0.75, 0.985, False),  # the ideal row itself misses 0.99
+    (0.75, 0.75, 0.999, True),  # no better than one pair
+])
+def test_a_memory_discriminates_when_uniform_attention_fails_and_the_ideal_row_passes(
+        uniform, one_pair, ideal, ok):
+    assert V.discriminates(uniform, one_pair, ideal) == ok
+
+
+@pytest.mark.parametrize("stalls,strict,frac,faster,verdict", [
+    (4, 4, 0.8, True, "yes"),
+    (4, 4, 0.8, False, "partly"),  # a test that is not significant refutes nothing
+    (4, 0, 0.1, False, "no"),  # the ablations refute it: no strict saddle, no escape
+    (4, 0, 0.1, True, "partly"),  # PGD faster, but not through a saddle it perturbs out of
+    (4, 2, 0.1, False, "partly"),  # some stalls strict saddles
+    (4, 0, 0.6, False, "partly"),  # perturbations do escape
+    (4, 0, NAN, False, "no"),  # no perturbation drawn counts as no escape
+    (0, 0, NAN, False, "undecided"),  # nothing to examine
+    (0, 0, NAN, True, "partly"),
+])
+def test_item_3_verdict_rests_on_the_ablations(stalls, strict, frac, faster, verdict):
+    assert V.dynamics_verdict(stalls, strict, frac, faster) == verdict
+
+
 def test_mcnemar_on_escaped_by_step_S():
     m = V.mcnemar(steps(50, 100, 5000, NAN), steps(4000, 100, 50, NAN), 3000)
     assert (m["b10"], m["b01"]) == (1, 1) and m["p"] == 1.0
@@ -195,6 +221,42 @@ def test_growth_rule_on_constructed_laws():
     assert judge(mixed)[0] == "undecided"  # the interval straddles the bound
 
 
+def judge_floor(law, t=0.99):
+    """The growth rule with the grid floor (the smallest N tried, 2) taken into account."""
+    w = samples_table(law)
+    best, fit = growth.over_thresholds(w, 256, thresholds=(t,))[t]
+    return growth.growth_verdict(fit, growth.polylog_bound(1000, 100000)), fit, best
+
+
+def test_grid_floor_everywhere_is_undecided_not_yes():
+    """N* = 2 (the smallest N tried) at every n: the slope 0 says nothing, the true medians are
+    only 'at most 2'. Without the floor the same table reads 'yes'."""
+    verdict, fit, best = judge_floor(lambda n, s: 2)
+    assert fit["loglog_slope_hi"] == pytest.approx(0.0)
+    assert judge(samples_table(lambda n, s: 2))[0] == "yes"  # the old rule, floor ignored
+    assert verdict == "undecided" and fit["floor_below"] == fit["floor_above"] == 1.0
+    assert growth.floor_sides(best, 2) == ([1000, 10000, 100000], True, True)
+
+
+@pytest.mark.parametrize("law,verdict,sides", [
+    # floor at the smallest n only, steep growth after: a smaller true median there makes the
+    # slope steeper still, so 'no' stands
+    (lambda n, s: {1000: 2, 10000: 16, 100000: 128}[n], "no", ([1000], True, False)),
+    # floor at the largest n only, N* falling: the true slope is lower still, so 'yes' stands
+    (lambda n, s: {1000: 32, 10000: 8, 100000: 2}[n], "yes", ([100000], False, True)),
+    # floor at the middle n (the mean log n): it moves no end of the slope
+    (lambda n, s: {1000: 8, 10000: 2, 100000: 8}[n], "yes", ([10000], False, False)),
+    # half the seeds on the floor at the smallest n, flat elsewhere: 'yes' is ruled out
+    (lambda n, s: 2 if n == 1000 and s < 2 else 8, "undecided", ([1000], True, False)),
+    # one seed of four on the floor: the median is exact, the flat law reads 'yes'
+    (lambda n, s: 2 if n == 100000 and s == 0 else 8, "yes", ([], False, False)),
+])
+def test_grid_floor_rules_out_only_the_end_it_could_move(law, verdict, sides):
+    got, _, best = judge_floor(law)
+    assert got == verdict
+    assert growth.floor_sides(best, 2) == sides
+
+
 def test_threshold_range_and_one_verdict_over_it():
     w = samples_table(lambda n, s: 8)
     fits = growth.over_thresholds(w, 256)
@@ -202,7 +264,11 @@ def test_threshold_range_and_one_verdict_over_it():
     assert all(growth.growth_verdict(f, 0.22) == "yes" for _, f in fits.values())
     assert growth.judge_thresholds({0.95: "yes", 0.99: "yes"}) == "yes"
     assert growth.judge_thresholds({0.95: "yes", 0.995: "undecided"}) == "partly"
+    assert growth.judge_thresholds({0.95: "yes", 0.995: "no"}) == "partly"
     assert growth.judge_thresholds({0.95: "no", 0.99: "no"}) == "no"
+    # no target supports the claim and one refutes it: 'no', not 'partly'
+    assert growth.judge_thresholds({0.95: "undecided", 0.995: "no"}) == "no"
+    assert growth.judge_thresholds({0.95: "undecided", 0.99: "undecided"}) == "undecided"
 
 
 def test_smallest_N_needs_every_larger_N():

@@ -44,17 +44,19 @@ def test_table2_min_cosines_beside_paper(scripts, tmp_path, monkeypatch, capsys)
     assert pd.isna(table.loc["positional (P vs Delta)", "paper"])
     md = (out / "table2.md").read_text()
     assert md.startswith("# Table 2 (BPE tokenizer)") and "| 0.999914 |" in md
-    floor = df[df["analysis"] == "toy_noise_floor"].set_index("metric")["value"]
+    ceiling = df[df["analysis"] == "toy_batch_ceiling"].set_index("metric")["value"]
     out_row = table.loc["output (W_O vs Bbar)"]
-    assert out_row["noise_floor"] == pytest.approx(floor["noise_floor_W_O_Bbar"])
-    assert 0 < out_row["noise_floor"] < 1  # the first batch is not the whole training set
+    assert out_row["batch_ceiling"] == pytest.approx(ceiling["batch_ceiling_W_O_Bbar"])
+    assert 0 < out_row["batch_ceiling"] < 1  # the first batch is not the whole training set
+    assert (run_dir / "rows" / "batch_ceiling.parquet").exists()
+    assert not (run_dir / "rows" / "noise_floor.parquet").exists()
     printed = capsys.readouterr().out
     assert "tokenizer=bpe" in printed and "0.999914" in printed
     first, last = map(float, re.search(r"training loss \(interval means\): (\d+\.\d+) -> "
                                        r"(\d+\.\d+)", printed).groups())
     loss = df[df["metric"] == "loss"].sort_values("step")["value"]
     assert first == pytest.approx(loss.iloc[0], abs=1e-4) and last < first
-    assert "noise_floor: cosine of the first-batch" in md
+    assert "batch_ceiling: cosine of the first-batch" in md and "noise" not in md
     assert "tokenizer bpe:300 (paper bpe:10000)" in printed
     assert (out / "table2.png").stat().st_size > 0
 

@@ -141,18 +141,19 @@ def test_cli_end_to_end_and_resume(tmp_path, capsys):
     first = reference_stats(data.tokens[tt.make_schedule(cfg, 16).batch_indices(0)],
                             data.d_vocab)
     torch.testing.assert_close(stats["Bbar"], first["Bbar"])
-    # the noise floor: each first-batch leading term against the whole training set's
-    floor = df[df["analysis"] == "toy_noise_floor"].set_index("metric")["value"]
+    # the batch ceiling: each first-batch leading term against the whole training set's
+    ceiling = df[df["analysis"] == "toy_batch_ceiling"].set_index("metric")["value"]
     whole = reference_stats(data.tokens, data.d_vocab)
-    assert len(floor) == 4
+    assert len(ceiling) == 4
     for w, suffix in tt.PAIRS.items():
         term = theory.LEADING_TERM[w]
         want = frobenius_cosine(first[term], whole[term])
-        assert floor[f"noise_floor_{suffix}"] == pytest.approx(want, abs=1e-5), w
+        assert ceiling[f"batch_ceiling_{suffix}"] == pytest.approx(want, abs=1e-5), w
         assert want < 1 - 1e-4  # 8 of 16 sequences: the batch differs from the whole set
     printed = capsys.readouterr().out
-    assert "noise floor" in printed and "0.999496" in printed and "lr 0.3 (paper 0.005)" in printed
-    assert f"{floor['noise_floor_W_O_Bbar']:.6f}" in printed
+    assert "batch ceiling" in printed and "noise floor" not in printed
+    assert "0.999496" in printed and "lr 0.3 (paper 0.005)" in printed
+    assert f"{ceiling['batch_ceiling_W_O_Bbar']:.6f}" in printed
 
 
 def test_cli_refuses_to_resume_with_other_settings(tmp_path):

@@ -6,9 +6,10 @@ layer (1-based, as in the paper), the Frobenius cosine of W_O vs Bbar, V vs Phib
 W vs Qbar and P vs Delta, the relative error against the predicted weight
 ``coefficient(s) * leading term`` and the norm ratio, plus the mean training loss of the
 interval. Theory statistics come from the FIRST training batch (as in the paper);
-``rows/noise_floor.parquet`` holds each term's cosine between the first batch and the whole
-training set (toy/paper.py). Checkpoints (safetensors) allow an exact resume. The command prints
-its headline numbers beside the paper's Table 1.
+``rows/batch_ceiling.parquet`` holds each term's cosine between the first batch and the whole
+training set: the batch ceiling, an upper bound on first-batch agreement (toy/paper.py; runs
+written before the rename have it as rows/noise_floor.parquet). Checkpoints (safetensors) allow
+an exact resume. The command prints its headline numbers beside the paper's Table 1.
 Several processes (``torchrun`` or ``accelerate launch``): data parallel, each rank a share of
 every batch, gradients summed through the :class:`~pythia_probe.ranks.Ranks` built in main().
 On CPU, subnormal floats are flushed to zero while training (tiny gradient products at small
@@ -148,14 +149,15 @@ def _norm_ratio(weight: Tensor, predicted: Tensor) -> float:
     return float(weight.detach().double().norm()) / denom if denom > 0 else math.nan
 
 
-def noise_floor_rows(first: dict[str, Tensor], whole: dict[str, Tensor]) -> list[dict]:
-    """Per weight: cosine of its first-batch leading term with the whole-set term."""
+def batch_ceiling_rows(first: dict[str, Tensor], whole: dict[str, Tensor]) -> list[dict]:
+    """Per weight: cosine of its first-batch leading term with the whole-set term (the batch
+    ceiling, toy/paper.py)."""
     rows = []
     for w, suffix in PAIRS.items():
         term = theory.LEADING_TERM[w]
         c = checked_cosine(first[term], whole[term], f"first-batch vs whole-set {term}")
         if math.isfinite(c):
-            rows.append({"layer": None, "metric": f"noise_floor_{suffix}", "value": c})
+            rows.append({"layer": None, "metric": f"{paper.CEILING}{suffix}", "value": c})
     return rows
 
 
@@ -240,10 +242,10 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, ranks: Ranks | None = N
     if ranks.is_main:
         save_tensors(out / "theory.safetensors", stats)
         whole = theory.as_stats(batch_stats(data.tokens, data.d_vocab, device=device))
-        write_shard(make_rows(noise_floor_rows(stats, {k: v.cpu() for k, v in whole.items()}),
-                              model=MODEL_NAME, analysis="toy_noise_floor", run_id=run_id,
+        write_shard(make_rows(batch_ceiling_rows(stats, {k: v.cpu() for k, v in whole.items()}),
+                              model=MODEL_NAME, analysis="toy_batch_ceiling", run_id=run_id,
                               stats_id=first.stats_id, n=len(data.tokens)),
-                    out / "rows" / "noise_floor.parquet")
+                    out / "rows" / "batch_ceiling.parquet")
         write_manifest(out, config, argv=argv, started=started, run_id=run_id, extra=extra)
     train(model, data.tokens, stats, cfg, sched, out, start_step=start, run_id=run_id,
           ranks=ranks, stats_id=first.stats_id)

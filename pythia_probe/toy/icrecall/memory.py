@@ -26,6 +26,7 @@ from pythia_probe.errors import BadInputError
 from pythia_probe.toy.icrecall.task import KnowledgeBase
 
 VOTES = ("product", "minpow", "andprod")
+ROW_LAWS = ("softmax", "dirichlet")  # pre-training's attention-like rows (pretrained.py)
 EMBEDDINGS = ("random", "onehot")
 BETA_DEFAULT = {"constructed": 400.0, "pretrained": 2.0}
 
@@ -39,7 +40,10 @@ class MemoryConfig:
     sharp enough that sampling from the ideal row is near-certain). Pre-trained MLP: d_hidden,
     pretrain_epochs, pretrain_lr, pretrain_mix (fraction of the pair examples that are two-pair
     prompts), pretrain_rows (fraction of all relation and answer examples that are whole prompts,
-    s3 and '?' included, read through a random attention row; see pretrained.py)."""
+    s3 and '?' included, read through a random attention row), pretrain_threshold (a pair counts
+    in a relation example's label when the product of its two weights exceeds it; none counted:
+    the blank label, uniform over relations), pretrain_row_law ('softmax': rows softmax(s z),
+    s ~ U(0, pretrain_row_sigma); 'dirichlet': Dirichlet(1) rows); see pretrained.py."""
 
     kind: str = "constructed"
     embedding: str = "random"
@@ -50,10 +54,13 @@ class MemoryConfig:
     smooth: float = 0.0025
     beta: float | None = None
     d_hidden: int = 1024
-    pretrain_epochs: int = 150
+    pretrain_epochs: int = 300
     pretrain_lr: float = 1e-2
     pretrain_mix: float = 0.75
     pretrain_rows: float = 0.5
+    pretrain_threshold: float = 0.05
+    pretrain_row_law: str = "softmax"
+    pretrain_row_sigma: float = 3.0
     seed: int = field(default=0, metadata={"flag": "memory_seed"})
 
     def __post_init__(self) -> None:
@@ -74,7 +81,12 @@ class MemoryConfig:
             raise BadInputError("beta and power must be > 0 and threshold, smooth >= 0, got "
                              f"beta={self.beta}, power={self.power}, threshold={self.threshold}, "
                              f"smooth={self.smooth}")
-        for name in ("pretrain_mix", "pretrain_rows"):
+        if self.pretrain_row_law not in ROW_LAWS:
+            raise BadInputError(f"pretrain_row_law must be one of {ROW_LAWS}, got "
+                                f"{self.pretrain_row_law!r}")
+        if self.pretrain_row_sigma < 0:
+            raise BadInputError(f"pretrain_row_sigma must be >= 0, got {self.pretrain_row_sigma}")
+        for name in ("pretrain_mix", "pretrain_rows", "pretrain_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise BadInputError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 

@@ -21,7 +21,8 @@ def settings_line(task: TaskConfig, mem: MemoryConfig, tr: TrainConfig, n_test: 
                   f"{mem.smooth:g})")
     else:
         memory = (f"pre-trained MLP memory (d_hidden {mem.d_hidden}, {mem.pretrain_epochs} "
-                  f"epochs, rows {mem.pretrain_rows:g})")
+                  f"epochs, rows {mem.pretrain_rows:g} {mem.pretrain_row_law}, AND threshold "
+                  f"{mem.pretrain_threshold:g})")
     method = (f"PGD (eta0 {tr.eta0:g}, rho_p {tr.rho_p:g}, eta {tr.eta:g})" if tr.method == "pgd"
               else f"GD (eta {tr.eta:g})")
     return (f"settings: n = {task.n_triples} triples (|S| {task.n_subjects}, |R| "

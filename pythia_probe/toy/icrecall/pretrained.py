@@ -6,16 +6,27 @@ Adam (cosine-decayed learning rate) with cross-entropy, each softmax restricted 
 on examples drawn afresh every epoch (a memory that sees the same few mixtures every epoch learns
 them, not the rule). Every example is a whole prompt s1 a1 s2 a2 s3 ? r* read through a weight
 row, as the fine-tuned model reads it:
-- relation, single pair: weights 1/2 on s1 and a1 -> r; an ambiguous pair's label is whichever
-  consistent relation the prompt was drawn with, so the memory learns to split its vote;
+- relation, single pair: weights 1/2 on s1 and a1;
 - relation, two pairs (a fraction ``pretrain_mix`` of the pair examples): 1/4 on each of s1, a1,
-  s2, a2 -> r;
-- answer: 1 on s3 plus the residual r* -> f(s3, r) (the answer step's ideal input);
-- attention-like rows (a fraction ``pretrain_rows`` of the relation and of the answer
-  examples): a random row w ~ Dirichlet(1, ..., 1) over s1 a1 s2 a2 s3 ? (relation -> r) or over
-  the seven positions plus the residual r* (answer -> f(s3, r)): the inputs the memory meets
-  while the attention moves, s3 and '?' included, so that it learns what mass off the pairs
-  costs instead of never having seen it.
+  s2, a2;
+- relation, attention-like rows (a fraction ``pretrain_rows`` of the relation examples): a random
+  row over s1 a1 s2 a2 s3 ?: the inputs the memory meets while the attention moves, s3 and '?'
+  included. ``pretrain_row_law`` 'softmax': w = softmax(sigma z), z ~ N(0, I), sigma ~
+  U(0, ``pretrain_row_sigma``), the rows a query-key block of random size produces, uniform
+  attention (sigma -> 0) included; 'dirichlet': w ~ Dirichlet(1, ..., 1);
+- answer: 1 on s3 plus the residual r* -> f(s3, r) (the answer step's ideal input), and for a
+  fraction ``pretrain_rows`` a random row of the same law over the seven positions plus the
+  residual r*.
+Every relation example's label is the soft target of one rule, the AND of the constructed memory
+(:func:`relation_targets`): pair i counts when the product of its two weights w_si w_ai exceeds
+``pretrain_threshold``; the target is uniform over the relations consistent with every pair that
+counts, and uniform over all relations (blank: "cannot tell") when none counts. A single pair
+thus splits its vote over the relations it is consistent with, two counted pairs name r
+(Assumption 1), and attention spread thin (the uniform row: w_s w_a = 1/36 < 0.035 < 1/16, the
+pairwise pattern's product) reads blank. The memory must then be read through both tokens of a
+pair, as the paper's is: uniform attention cannot do the task with it (with threshold 0 every
+attended pair counts and Dirichlet rows are labelled with the prompt's relation, the earlier
+design under which uniform attention already gets P(correct | confusing) ~0.98).
 Prompts are drawn like the fine-tuning prompts (Assumption 1, confusing prompts at their natural
 rate). Frozen afterwards; fine-tuning uses the trained logits times ``inverse_temperature``.
 """
@@ -29,7 +40,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from pythia_probe.toy.icrecall.memory import MemoryConfig, make_embeddings
-from pythia_probe.toy.icrecall.task import KnowledgeBase, sample_prompts
+from pythia_probe.toy.icrecall.task import KnowledgeBase, Prompts, consistent, sample_prompts
 
 
 class PretrainedMemory(torch.nn.Module):
@@ -80,6 +91,20 @@ def dirichlet_rows(n: int, m: int, g: torch.Generator) -> torch.Tensor:
     return (e / e.sum(1, keepdim=True)).float()
 
 
+def softmax_rows(n: int, m: int, g: torch.Generator, sigma: float) -> torch.Tensor:
+    """(n, m) rows softmax(s z), z ~ N(0, I), s ~ U(0, sigma) per row: attention rows of a
+    random query-key block of random size (s near 0: near uniform)."""
+    s = torch.rand(n, 1, generator=g, dtype=torch.float64) * sigma
+    z = torch.randn(n, m, generator=g, dtype=torch.float64)
+    return torch.softmax(s * z, 1).float()
+
+
+def random_rows(n: int, m: int, g: torch.Generator, law: str = "softmax",
+                sigma: float = 3.0) -> torch.Tensor:
+    """(n, m) random attention-like rows of ``law`` (module doc)."""
+    return dirichlet_rows(n, m, g) if law == "dirichlet" else softmax_rows(n, m, g, sigma)
+
+
 def _counts(n: int, rows: float, mix: float) -> tuple[int, int, int]:
     """(single-pair, two-pair, attention-row) example counts out of n."""
     n_rows = int(round(rows * n))
@@ -87,9 +112,22 @@ def _counts(n: int, rows: float, mix: float) -> tuple[int, int, int]:
     return n - n_rows - n_mix, n_mix, n_rows
 
 
-def relation_examples(kb: KnowledgeBase, n: int, mix: float, seed: int, rows: float = 0.0):
-    """Fresh relation examples: tokens (n, 6) = s1 a1 s2 a2 s3 ?, weights (n, 6), targets (n,)
-    (module doc)."""
+def relation_targets(kb: KnowledgeBase, p: Prompts, w: torch.Tensor,
+                     threshold: float) -> torch.Tensor:
+    """(n, R) soft relation targets of the AND rule (module doc): pair i of prompt b counts when
+    w[b, 2i] * w[b, 2i+1] > threshold; uniform over the relations consistent with every counted
+    pair, uniform over all relations when none counts."""
+    k = p.subjects.shape[1] - 1
+    cons = consistent(kb, p.subjects[:, :k], p.answers[:, :k])  # (n, k, R)
+    counts = (w[:, 0:2 * k:2] * w[:, 1:2 * k:2]).double() > threshold  # (n, k)
+    allowed = (cons | ~counts.unsqueeze(-1)).all(1).double()
+    return (allowed / allowed.sum(1, keepdim=True)).float()
+
+
+def relation_examples(kb: KnowledgeBase, n: int, mix: float, seed: int, rows: float = 0.0,
+                      threshold: float = 0.0, law: str = "softmax", sigma: float = 3.0):
+    """Fresh relation examples: tokens (n, 6) = s1 a1 s2 a2 s3 ?, weights (n, 6), soft targets
+    (n, R) from :func:`relation_targets` (module doc)."""
     n_one, n_mix, n_rows = _counts(n, rows, mix)
     p = sample_prompts(kb, n, seed=seed + 1, k=2)
     tok = p.tokens(kb)[:, :6]
@@ -97,11 +135,12 @@ def relation_examples(kb: KnowledgeBase, n: int, mix: float, seed: int, rows: fl
     w[:n_one, :2] = 0.5
     w[n_one:n_one + n_mix, :4] = 0.25
     if n_rows:
-        w[n - n_rows:] = dirichlet_rows(n_rows, 6, torch.Generator().manual_seed(seed))
-    return tok, w, p.relation
+        w[n - n_rows:] = random_rows(n_rows, 6, torch.Generator().manual_seed(seed), law, sigma)
+    return tok, w, relation_targets(kb, p, w, threshold)
 
 
-def answer_examples(kb: KnowledgeBase, n: int, seed: int, rows: float = 0.0):
+def answer_examples(kb: KnowledgeBase, n: int, seed: int, rows: float = 0.0,
+                    law: str = "softmax", sigma: float = 3.0):
     """Fresh answer examples: tokens (n, 7) = s1 a1 s2 a2 s3 ? r*, weights (n, 7) (attention
     plus the residual on r*), targets (n,) = f(s3, r)."""
     n_rows = int(round(rows * n))
@@ -109,7 +148,7 @@ def answer_examples(kb: KnowledgeBase, n: int, seed: int, rows: float = 0.0):
     w = torch.zeros(n, 7)
     w[:, 4] = 1.0
     if n_rows:
-        w[n - n_rows:] = dirichlet_rows(n_rows, 7, torch.Generator().manual_seed(seed))
+        w[n - n_rows:] = random_rows(n_rows, 7, torch.Generator().manual_seed(seed), law, sigma)
     w[:, 6] += 1.0
     return p.tokens(kb), w, p.answers[:, -1]
 
@@ -128,9 +167,11 @@ def pretrain(mem: PretrainedMemory, batch: int = 128, progress: bool = False) ->
     losses = []
     for epoch in tqdm(range(cfg.pretrain_epochs), disable=not progress, desc="pretrain memory"):
         seed = (cfg.seed + 1) * 1_000_003 + epoch * 2
+        law, sigma = cfg.pretrain_row_law, cfg.pretrain_row_sigma
         rel_tok, rel_w, rel_y = relation_examples(kb, n, cfg.pretrain_mix, seed,
-                                                  cfg.pretrain_rows)
-        ans_tok, ans_w, ans_y = answer_examples(kb, n, seed + 1, cfg.pretrain_rows)
+                                                  cfg.pretrain_rows, cfg.pretrain_threshold,
+                                                  law, sigma)
+        ans_tok, ans_w, ans_y = answer_examples(kb, n, seed + 1, cfg.pretrain_rows, law, sigma)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         running = 0.0
         for b in range(nb):

@@ -11,7 +11,10 @@ state fails (the control rows show it), and every interval is over seeds:
   tolerances; point estimates instead of bounds), else 'no';
 - k > 2 pairs (item 6): the pattern rule with tolerances set by the k = 2 control run beside it
   (:func:`relative_limits`), so k > 2 is held to what k = 2 achieves in the same setting;
-- dynamics (item 3): paired seeds, exact sign test on the time to escape (:func:`paired`).
+- dynamics (item 3): judged from the ablations (:func:`dynamics_verdict`): the curvature at
+  GD's stalls and random perturbations there (is it a saddle that a perturbation escapes?), with
+  the paired time-to-escape test (:func:`paired`) as the speed-up; a test that is not significant
+  is reported, never read as a refutation.
 """
 
 from __future__ import annotations
@@ -63,6 +66,25 @@ def pattern_ok(r: pd.Series, scale: float = 1.0, limits: dict | None = None) -> 
     return bool(r["relation_prob_confusing"] >= lim["tell"]
                 and r["pair_gap_max"] <= scale * lim["gap"]
                 and r["offpair_mass"] <= scale * lim["off"])
+
+
+def pattern_failures(w: pd.DataFrame, limits: dict | None = None) -> dict[str, int]:
+    """How many seeds (rows of ``w``) fail each part of the strict pattern rule: 'tell'
+    (P(conf) below its limit), 'gap' (within-pair gap above), 'off' (mass off the pairs above)."""
+    lim = limits or LIMITS
+    return {"tell": int((w["relation_prob_confusing"] < lim["tell"]).sum()),
+            "gap": int((w["pair_gap_max"] > lim["gap"]).sum()),
+            "off": int((w["offpair_mass"] > lim["off"]).sum())}
+
+
+def failures_text(w: pd.DataFrame, limits: dict | None = None) -> str:
+    """'P(conf) < 0.9900 on 4/5 seeds (min 0.9679), within-pair gap > 0.050 on 0/5, mass on
+    s_query+'?' > 0.079 on 0/5': which part of the pattern rule the seeds fail."""
+    lim = limits or LIMITS
+    f, n = pattern_failures(w, lim), len(w)
+    return (f"P(conf) < {lim['tell']:.4f} on {f['tell']}/{n} seeds (min "
+            f"{w['relation_prob_confusing'].min():.4f}), within-pair gap > {lim['gap']:.3f} on "
+            f"{f['gap']}/{n}, mass on s_query+'?' > {lim['off']:.3f} on {f['off']}/{n}")
 
 
 def pattern_rule(limits: dict | None = None) -> str:
@@ -131,6 +153,35 @@ def relative_limits(control: pd.DataFrame) -> dict[str, float]:
     return {"gap": max(GAP, float(control["pair_gap_max"].max())),
             "off": max(OFF, float(control["offpair_mass"].max())),
             "tell": min(TELL, float(control["relation_prob_confusing"].min()))}
+
+
+def dynamics_verdict(n_stalls: int, n_strict: int, perturb_frac: float, faster_gd: bool) -> str:
+    """Item 3 from the ablations. n_stalls: GD runs stalled at the dynamics runs' end on
+    two-sided training sets (their curvature measured), n_strict: how many of them are strict
+    saddles; perturb_frac: mean over those stalls of the fraction of random perturbations of
+    radius rho_p that escape (nan if none drawn); faster_gd: PGD escapes earlier than GD by the
+    paired test.
+    'yes': every stall is a strict saddle, perturbations escape in at least half the draws and
+    PGD is earlier by the test. 'no': the ablations contradict the mechanism (no stall is a
+    strict saddle, perturbations escape in fewer than half the draws) and PGD is not earlier by
+    the test. 'undecided': no stall to examine and no significant test. 'partly' otherwise (some
+    part of the claim is seen)."""
+    escapes = perturb_frac == perturb_frac and perturb_frac >= 0.5
+    if n_stalls == 0:
+        return "partly" if faster_gd else "undecided"
+    if n_strict == n_stalls and escapes and faster_gd:
+        return "yes"
+    if n_strict == 0 and not escapes and not faster_gd:
+        return "no"
+    return "partly"
+
+
+def discriminates(uniform: float, one_pair: float, ideal: float, tell: float = TELL) -> bool:
+    """Whether P(conf) can tell on a memory whether attention found the pairs: attention spread
+    over the whole prompt (the uniform row) does no better than reading one pair (the confused
+    state: P(conf) of the one-pair row), and the ideal pairwise row reaches ``tell``. Without it
+    a trained row's P(conf) says nothing about the pattern (a memory that reads any mixture)."""
+    return uniform <= one_pair and ideal >= tell
 
 
 def combine(*verdicts: str) -> str:
