@@ -20,10 +20,10 @@ from pythia_probe.analysis.intervals import (
     ceiling,
     cross_cosine,
     effect,
+    full_ceiling,
     jackknife,
     jackknife_se,
     judge,
-    full_ceiling,
     spearman_brown,
 )
 from pythia_probe.linalg import frobenius_cosine

@@ -60,7 +60,8 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
         assert m["statistics"]["recipe"] == {"dataset": "Skylion007/openwebtext", "docs": 100000,
                                              "min_chars": 512, "seq_len": 128, "top_k": K,
                                              "split": "train", "text_field": "text",
-                                             "data_dir": None, "groups": 10}
+                                             "data_dir": None, "groups": 10,
+                                             "conventions": "paper", "d_vocab": None}
         # the scale of every cell, on by default: chance, ceiling and the jackknife interval
         assert df[["chance", "ceiling", "ci_low", "ci_high"]].notna().all().all()
         assert ((df["ci_low"] <= df["value"]) & (df["value"] <= df["ci_high"])).all()

@@ -35,7 +35,7 @@ def recipe_manifest(stats_id="abc123def456", rows=50_277, **recipe):
 def realistic(n_layers=3, heads=2, steps=STEPS, model="EleutherAI/pythia-160m", seed=0,
               stats_id="abc123def456"):
     """Every analysis and metric a sweep writes, with the scale columns of the contract:
-    chance, chance_sd, ceiling (Spearman-Brown of ceiling_half), ci, effect, above_chance."""
+    chance, chance_sd, ceiling (sqrt(2r/(1+r)) of ceiling_half r), ci, effect, above_chance."""
     rng = np.random.default_rng(seed)
     rows = []
 
@@ -49,7 +49,7 @@ def realistic(n_layers=3, heads=2, steps=STEPS, model="EleutherAI/pythia-160m", 
                 half = float(rng.uniform(0.8, 0.95)) if ceiling else np.nan
                 row |= {"chance": float(rng.uniform(0.0, 0.5)),
                         "chance_sd": float(rng.uniform(0.001, 0.02)), "ceiling_half": half,
-                        "ceiling": 2 * half / (1 + half)}
+                        "ceiling": (2 * half / (1 + half)) ** 0.5}
             rows.append(row)
 
     for layer in range(1, n_layers + 1):
@@ -248,7 +248,8 @@ def test_effect_curves_show_chance_at_0_its_band_and_the_ceiling_at_1(tmp_path, 
     top = (Z_ABOVE * sd / span).max().to_numpy()[1:]
     ys = band[0].get_paths()[0].vertices[:, 1]
     assert ys.max() == pytest.approx(top.max())
-    assert "chance (to the above-chance threshold, +1.96 SD of the null)" in raw.get_legend_handles_labels()[1]
+    label = "chance (to the above-chance threshold, +1.96 SD of the null)"
+    assert label in raw.get_legend_handles_labels()[1]
 
 
 def test_unembedding_rows_without_a_ceiling_read_as_value_minus_chance(tmp_path, drawn):

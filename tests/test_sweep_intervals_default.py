@@ -120,10 +120,10 @@ def test_a_sweep_holding_one_replicate_set_at_a_time_writes_the_same_table(tmp_p
     assert read_manifest(tmp_path / "alone")["config"]["scoring"]["together"] is False
     a, b = (read_results(tmp_path / d).drop(columns=["run_id"]) for d in ("together", "alone"))
     assert a["ceiling"].notna().all() and a["ci_low"].notna().all()
-    # issue 26's scale: every row its null's SD, a bool test, the Spearman-Brown ceiling
+    # issue 26's scale: every row its null's SD, a bool test, the corrected ceiling
     assert (a["chance_sd"] > 0).all() and a["above_chance"].notna().all()
     r = a["ceiling_half"]
-    assert (a["ceiling"] == 2 * r / (1 + r)).all() and (a["ceiling"] > r).all()
+    assert (a["ceiling"] == (2 * r / (1 + r)) ** 0.5).all() and (a["ceiling"] > r).all()
     has = a["ceiling"] > a["chance"]
     assert a.loc[has, "effect"].notna().all() and a.loc[~has, "effect"].isna().all()
     pd.testing.assert_frame_equal(a, b)

@@ -20,13 +20,13 @@ part of either mapping.
 
 Two orientations of the target, both on every row set (leading-terms spec, section 7):
 
-- ``cos_mean``, ``cos_head``: against Qbar, the theory's orientation (rows = query tokens,
+- ``cos_mean``, ``cos_head``: against Qbar, the paper's own orientation (rows = query tokens,
   columns = key tokens, as Eq. 14/17 define it and as the model map's rows are queries).
 - ``cos_mean_authors``, ``cos_head_authors``: exactly what the authors' scripts computed. pythia.py
   transposes the Jacobian-applied T x T matrix before X^T (.) X, so its Q_bar is NT Qbar^T
   (rows = KEY tokens), and compute_attention_comparison scores the same query-row model map
   against the rows of that: target ``QbarT``. pythia-per-head.py (Figure 7) composes its own
-  G_bar (B_bar_Phi_bar.T @ B_bar.T, i.e. Bbar^T Phibar^T Bbar^T in the theory's M orientation,
+  G_bar (B_bar_Phi_bar.T @ B_bar.T, i.e. Bbar^T Phibar^T Bbar^T in Eq. 15's orientation of M,
   not Gbar = SigmaB Phibar) and transposes the same way: target ``QbarHeadT`` =
   QbarHead^T. Statistics built before QbarHead existed have no cos_head_authors rows.
 

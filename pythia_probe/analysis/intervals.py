@@ -20,13 +20,13 @@ agree have no scale to correct). In the signal-plus-noise model behind split-hal
 as 1 / documents, independent between halves) r = s / (s + 2 e), with s the signal's and e the
 full corpus's noise power; Spearman-Brown's 2 r / (1 + r) = s / (s + e) is what an independent
 corpus of the run's size scores against the run's target, and the statistic itself scores the
-square root of that, sqrt(s / (s + e)) (classical test theory: the correlation of an observed
-score with its true score is the square root of its reliability). That is the highest value
-a model can be expected to reach against this finite corpus, so it is the ceiling: ``effect``
-= 1 means as close as the text's own statistic. The split half alone understates it
-(tests/test_analysis_intervals.py, on Markov-chain text with a known transition matrix: r
-0.90, 2r/(1+r) 0.95, the true statistic 0.97, sqrt(2r/(1+r)) 0.97; the synthetic case of issue
-26: r 0.890, true 0.981, corrected 0.970).
+square root of that, sqrt(s / (s + e)) (as for reliability in psychometrics: an observed
+score correlates with its true score by the square root of its reliability). That is the
+highest value a model can be expected to reach against this finite corpus, so it is the
+ceiling: ``effect`` = 1 means as close as the text's own statistic. The split half alone
+understates it: on Markov-chain text with a known transition matrix the corrected value is the
+closer to what the true statistic scores (tests/test_analysis_intervals.py;
+benchmarks/bench_chance.py prints the numbers).
 
 ``effect`` = (value - chance) / (ceiling - chance): 0 at chance, 1 at the ceiling; NaN where
 there is no ceiling or the ceiling is not above chance. ``above_chance``: a one-sided test whose
