@@ -62,7 +62,7 @@ SCHEMA: dict[str, tuple[pa.DataType, bool]] = {
     "ci_low": (pa.float64(), True),  # an interval of the value over documents
     "ci_high": (pa.float64(), True),
     "effect": (pa.float64(), True),  # (value - chance) / (ceiling - chance)
-    "above_chance": (pa.bool_(), True),  # a one-sided 5% test of value > chance
+    "above_chance": (pa.bool_(), True),  # value > chance: z > 1.96, unrelated weights flagged <= 5%
     "revision_status": (pa.string(), True),  # ok, duplicate or suspect (the revision ledger)
 }
 COLUMNS = list(SCHEMA)

@@ -90,8 +90,9 @@ def effect_column(df: pd.DataFrame) -> pd.Series:
 
 
 #: how a row was judged above chance: the table's calibrated test, or the older rules
-ABOVE_RULES = {"table": "the table's above_chance (one-sided 5% test: the null's spread and "
-                        "the interval over documents)",
+ABOVE_RULES = {"table": "the table's above_chance (one-sided test, z > 1.96 against the null's "
+                        "spread and the interval over documents: unrelated weights flagged "
+                        "<= 5%)",
                "interval": "older table: the interval's lower end above chance",
                "value": "older table without intervals: the value above chance"}
 

@@ -50,3 +50,29 @@ def test_the_committed_table_is_the_csv_at_the_default_settings(script):
     assert (out / "effect.md").read_text() == script.render(table, script.Flags())
     assert len(table) == len(script.ROWS)
     assert asdict(script.Flags())["stories"] >= 1000  # the committed run's scale
+
+
+@pytest.fixture(scope="module")
+def orientations():
+    sys.path.insert(0, str(ROOT / "analyses"))
+    try:
+        yield importlib.import_module("orientations")
+    finally:
+        sys.path.remove(str(ROOT / "analyses"))
+
+
+def test_orientations_small_case_and_the_committed_table(orientations, tmp_path):
+    """The two orientations' targets differ (their covariance cosine is below 1, a cosine), the
+    same pair twice scores 1; the committed md is what the committed csv holds."""
+    small = ["--stories", "20", "--seq-len", "10", "--top-k", "25", "--tokenizer-ids", "270",
+             "--model-ids", "280"]
+    assert orientations.main([*small, "--out", str(tmp_path), "--log-level", "warning"]) == 0
+    table = pd.read_csv(tmp_path / "orientations.csv")
+    assert len(table) == 2 * 2 * len(orientations.PAIRS)
+    assert table["cosine"].between(-1, 1 - 1e-6).all()
+    flags = orientations.Flags(20, 10, 25, 270, 280, str(tmp_path))
+    assert (tmp_path / "orientations.md").read_text() == orientations.render(table, flags)
+    out = ROOT / orientations.Flags().out
+    committed = pd.read_csv(out / "orientations.csv")
+    assert (out / "orientations.md").read_text() == orientations.render(committed,
+                                                                         orientations.Flags())

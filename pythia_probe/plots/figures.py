@@ -85,8 +85,8 @@ def caption(c: dict[str, pd.DataFrame], drawn: Drawn, extra: Sequence[str] = ())
         lines.append(f"the null's SD (chance_sd): {_range(c['chance_sd'])}")
     if _any(c["ceiling"]):
         where = ", line on the colour bar" if "ceiling" in drawn.on_bar else ""
-        how = (f"split-half r {_range(c['ceiling_half'])} corrected to the full corpus by "
-               "Spearman-Brown, 2r/(1+r)" if _any(c["ceiling_half"]) else
+        how = (f"split-half r {_range(c['ceiling_half'])} corrected to the full corpus, "
+               "sqrt(2r/(1+r))" if _any(c["ceiling_half"]) else
                "two halves of the corpus, not corrected to the full corpus")
         lines.append(f"ceiling (the statistics against themselves: {how}): "
                      f"{_range(c['ceiling'])}" + where)
