@@ -46,3 +46,18 @@ def hub(hub_root, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
     with HubServer(hub_root) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def analyses_script():
+    """Import a script of analyses/ by its module name (the folder on sys.path meanwhile)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    folder = str(Path(__file__).resolve().parents[1] / "analyses")
+    sys.path.insert(0, folder)
+    try:
+        yield importlib.import_module
+    finally:
+        sys.path.remove(folder)

@@ -4,8 +4,6 @@ effect.csv holds, at the script's default settings."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,12 +16,8 @@ SMALL = ["--stories", "20", "--seq-len", "10", "--top-k", "25", "--tokenizer-ids
 
 
 @pytest.fixture(scope="module")
-def script():
-    sys.path.insert(0, str(ROOT / "analyses"))
-    try:
-        yield importlib.import_module("conventions_effect")
-    finally:
-        sys.path.remove(str(ROOT / "analyses"))
+def script(analyses_script):
+    return analyses_script("conventions_effect")
 
 
 def test_a_small_case(script, tmp_path):
@@ -53,12 +47,8 @@ def test_the_committed_table_is_the_csv_at_the_default_settings(script):
 
 
 @pytest.fixture(scope="module")
-def orientations():
-    sys.path.insert(0, str(ROOT / "analyses"))
-    try:
-        yield importlib.import_module("orientations")
-    finally:
-        sys.path.remove(str(ROOT / "analyses"))
+def orientations(analyses_script):
+    return analyses_script("orientations")
 
 
 def test_orientations_small_case_and_the_committed_table(orientations, tmp_path):

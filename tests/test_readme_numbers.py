@@ -4,8 +4,6 @@ its table holds fails, naming the block."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def script():
-    sys.path.insert(0, str(ROOT / "analyses"))
-    try:
-        yield importlib.import_module("readme_numbers")
-    finally:
-        sys.path.remove(str(ROOT / "analyses"))
+def script(analyses_script):
+    return analyses_script("readme_numbers")
 
 
 def test_the_readme_states_what_the_committed_tables_hold(script):
