@@ -252,7 +252,7 @@ class SweepConfig:
     groups: int = DEFAULT_GROUPS
     """Statistics recipe: G document groups (document ordinal mod G) kept beside the totals,
     for the ceiling (two halves) and the jackknife intervals (G left out); 0: none, and the
-    results then have value and chance only."""
+    results then have value, chance, chance_sd and above_chance (from chance_sd) only."""
     conventions: Literal["paper", "authors"] = "paper"
     """Statistics recipe: paper (this toolkit's definitions, the spec's) or authors (exactly
     what the authors' pythia.py computes: BOS prepended, the last target 0, short documents
@@ -303,8 +303,9 @@ class SweepConfig:
     --out (default: the Slurm array task's place, SLURM_ARRAY_TASK_ID, else all); ranks of
     torchrun/accelerate split each share further."""
     intervals: bool = True
-    """ceiling, ci_low, ci_high on every row where the statistics keep document groups (G + 1
-    scorings per step; --no-intervals: value and chance only)."""
+    """ceiling, ceiling_half, ci_low, ci_high and effect on every row where the statistics
+    keep document groups (G + 1 scorings per step; --no-intervals: value, chance, chance_sd
+    and above_chance from chance_sd alone)."""
     progress: bool = True
     """Show the progress display."""
     plots: bool = True
