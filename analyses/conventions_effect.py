@@ -158,15 +158,19 @@ def _docs(table: pd.DataFrame, diff: str, column: str) -> str:
     return f"{int(table.loc[table['difference'] == diff, column].iloc[0]):,}"
 
 
+def write_table(table: pd.DataFrame, md: str, out: Path, stem: str) -> None:
+    """``out/stem.csv`` (the table) and ``out/stem.md`` (its rendering), printed too."""
+    write_text(out / f"{stem}.csv", table.to_csv(index=False))
+    write_text(out / f"{stem}.md", md)
+    print(md)
+
+
 def main(argv: list[str] | None = None) -> int:
     (values,) = parse_configs([Flags], argv, PROG, __doc__)
     f = Flags(**values)
     with tempfile.TemporaryDirectory() as tmp:
         table = measure(f, Path(tmp))
-    out = Path(f.out)
-    write_text(out / "effect.csv", table.to_csv(index=False))
-    write_text(out / "effect.md", render(table, f))
-    print(render(table, f))
+    write_table(table, render(table, f), Path(f.out), "effect")
     return 0
 
 

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 from conventions_effect import Flags as EffectFlags
-from conventions_effect import build, tokenizer_folder
+from conventions_effect import build, tokenizer_folder, write_table
 
 from pythia_probe.analysis.cosine import prepare_target
 from pythia_probe.analysis.intervals import ceiling
 from pythia_probe.analysis.targets import target_matrix
 from pythia_probe.cli import parse_configs, run_main
-from pythia_probe.fileio import write_text
 from pythia_probe.stats.conventions import Rules
 
 PROG = "python analyses/orientations.py"
@@ -87,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     f = Flags(**values)
     with tempfile.TemporaryDirectory() as tmp:
         table = measure(f, Path(tmp))
-    out = Path(f.out)
-    write_text(out / "orientations.csv", table.to_csv(index=False))
-    write_text(out / "orientations.md", render(table, f))
-    print(render(table, f))
+    write_table(table, render(table, f), Path(f.out), "orientations")
     return 0
 
 

@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_analysis_chance import _attention_matrix, _tiny
 from test_analysis_factored import _dense, parts_from_tokens
 
 from pythia_probe.analysis import (
     REGISTRY,
     Options,
-    StepTensors,
     factored_cache,
     prepared,
     target_matrix,
@@ -156,27 +156,6 @@ def test_chance_sd_matches_a_monte_carlo_at_a_larger_vocabulary():
     assert float(vals.std()) == pytest.approx(s.chance_sd, rel=4 * rse)
     assert rse < 0.02  # the check has teeth
     assert abs(float(vals.mean()) - s.chance) < 4 * s.chance_sd / math.sqrt(n)
-
-
-def _tiny(V=6, Vmodel=8, d=4, H=2, L=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    res = {k: [r(Vmodel, d) + 0.3 for _ in range(L)] for k in ("pre", "attn", "post")}
-    return StepTensors(res, [r(H, d, d // H) for _ in range(L)],
-                       [r(H, d, d // H) for _ in range(L)], r(Vmodel, d) + 0.2, r(d, Vmodel),
-                       ln1_w=[1 + 0.5 * r(d) for _ in range(L)])
-
-
-def _attention_matrix(x, layer, head, folded):
-    """Literal A_tok of one layer (head None: the head mean), raw or LN-folded."""
-    E, W_Q, W_K = x.residuals["pre"][layer][:6], x.W_Q[layer], x.W_K[layer]
-    d = E.shape[1]
-    eye = torch.eye(d, dtype=torch.float64)
-    P = eye - 1.0 / d if folded else eye
-    D = torch.diag(x.ln1_w[layer]) if folded else eye
-    heads = range(W_Q.shape[0]) if head is None else [head]
-    A_emb = torch.stack([(P @ D @ W_Q[h]) @ (P @ D @ W_K[h]).T for h in heads]).mean(0)
-    return (E @ P) @ A_emb @ (E @ P).T
 
 
 def _sd(M, T):
