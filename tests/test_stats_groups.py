@@ -9,6 +9,7 @@ import types
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,6 +154,18 @@ def test_leave_out_and_halves_partition_the_documents(engine):
         st.subset([6])
     with pytest.raises(BadInputError, match=r"need one or more of 0\.\.5"):
         st.subset([])
+    for bad in ([1.5], [torch.tensor(2.0)], [True], ["1"]):
+        with pytest.raises(BadInputError, match=r"group id .* is not an integer: group ids are "
+                                                r"0\.\.5"):
+            st.subset(bad)
+    for bad in (1.7, 1.0, torch.tensor(1.0)):
+        with pytest.raises(BadInputError, match=r"group id .* is not an integer"):
+            st.leave_out(bad)
+    with pytest.raises(BadInputError, match=r"groups 3: need a sequence of group ids 0\.\.5"):
+        st.subset(3)
+    same = st.subset([np.int64(1), torch.tensor(2)])
+    assert same.stats_id == st.subset([1, 2]).stats_id
+    assert torch.equal(same["Bbar"], st.subset([1, 2])["Bbar"])
 
 
 def test_statistics_without_groups_are_refused_in_one_line(tmp_path):

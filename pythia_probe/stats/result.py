@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
@@ -81,6 +82,9 @@ class CorpusStats:
             raise BadInputError(f"unknown statistic {name!r}; valid: {', '.join(MATRICES)}")
         self._require(name)
         if name == "Delta":
+            if rows is not None or cols is not None:
+                raise BadInputError("block('Delta') is the whole Delta vector (T entries, one "
+                                    "per offset): give no row or column indices")
             return self.store.delta
         r, c = self.indices(rows, "row"), self.indices(cols, "column")
         (ru, ri), (cu, ci) = _unique(r), _unique(c)
@@ -105,7 +109,13 @@ class CorpusStats:
         """``idx`` as a LongTensor of positions, checked against 0..d_vocab-1 (None: all)."""
         if idx is None:
             return None
-        t = torch.as_tensor(idx)
+        try:
+            t = torch.as_tensor(idx)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise BadInputError(f"block {what} indices must be an integer tensor or a sequence "
+                                f"of integers, got {type(idx).__name__}") from e
+        if t.numel() == 0:
+            return torch.zeros(0, dtype=torch.int64)
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
             raise BadInputError(f"block {what} indices must be integers, got {t.dtype}")
         t = t.reshape(-1).to(torch.int64).cpu()
@@ -214,6 +224,12 @@ class CorpusStats:
             raise BadInputError(
                 f"statistics {self.meta.get('stats_id', '?')} keep no document groups; rebuild "
                 "them with `python -m pythia_probe.stats compute ... --groups 10`")
+        if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
+            raise BadInputError(f"groups {groups!r}: need a sequence of group ids 0..{G - 1}")
+        groups = list(groups)
+        for g in groups:
+            if not _is_int(g):
+                raise BadInputError(f"group id {g!r} is not an integer: group ids are 0..{G - 1}")
         out = sorted({int(g) for g in groups})
         if not out or out[0] < 0 or out[-1] >= G:
             raise BadInputError(f"groups {list(groups)!r}: need one or more of 0..{G - 1}")
@@ -254,6 +270,14 @@ class CorpusStats:
                                    "recompute them with `python -m pythia_probe.stats "
                                    "compute ...`") from e
         return cls(store, meta)
+
+
+def _is_int(g) -> bool:
+    """An integer group id: a Python or numpy integer or a 0-d integer tensor (not a bool)."""
+    if isinstance(g, Tensor):
+        return g.ndim == 0 and not g.dtype.is_floating_point and not g.dtype.is_complex \
+            and g.dtype != torch.bool
+    return isinstance(g, (int, np.integer)) and not isinstance(g, bool)
 
 
 def _unique(idx: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
