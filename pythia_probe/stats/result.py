@@ -36,6 +36,7 @@ from torch import Tensor
 from pythia_probe import __version__ as CODE_VERSION
 from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.stats import checkpoint
+from pythia_probe.stats.consistency import check_factored
 from pythia_probe.stats.stores import DenseStore, FactoredStore
 
 FORMAT = "pythia_probe.stats/2"
@@ -262,13 +263,14 @@ class CorpusStats:
         if meta["format"] == DENSE_FORMAT:
             return cls(tensors, meta)
         try:
+            check_factored(tensors, meta)
             vocab = meta.get("vocab", {})
             store = FactoredStore.from_tensors(tensors, meta["layout"], vocab.get("ids"),
                                                vocab.get("compose"))
-        except (KeyError, ValueError, IndexError) as e:
-            raise CorruptFileError(f"{path}: the factored statistics are incomplete ({e}); "
-                                   "recompute them with `python -m pythia_probe.stats "
-                                   "compute ...`") from e
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            what = f"tensor or header entry {e} missing" if isinstance(e, KeyError) else e
+            raise CorruptFileError(f"{path}: corrupt ({what}); recompute it with `python -m "
+                                   "pythia_probe.stats compute ...`") from e
         return cls(store, meta)
 
 

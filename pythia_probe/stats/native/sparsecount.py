@@ -77,9 +77,9 @@ def use_c() -> bool:
 def require() -> None:
     """Pass 2 of the sparse engine runs only here: refuse when the library is not built."""
     if not available():
-        raise KernelError(f"the sparse engine needs its C kernels ({STEM}), which are not "
-                          "built: reinstall with `pip install -e .` and a C compiler, or use "
-                          "--engine dense")
+        raise KernelError(f"the sparse engine needs its C kernels ({STEM}), which "
+                          f"{native.REFUSED.get(STEM, 'are not built')}: reinstall with "
+                          "`pip install -e .` and a C compiler, or use --engine dense")
 
 
 def info() -> dict:
