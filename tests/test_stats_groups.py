@@ -217,3 +217,41 @@ def test_two_processes_assign_the_same_groups(tmp_path):
             assert torch.equal(a[n], b[n]), n
         for n in ("Qbar", "Delta"):
             torch.testing.assert_close(a[n], b[n], rtol=1e-12, atol=1e-18)
+
+
+def test_more_groups_than_documents_is_refused_before_pass_2(tmp_path, capsys):
+    """--groups 50 on a 30-document corpus (issue 28 item 5): one line naming the empty groups
+    before pass 2 and no statistics file; with --docs 10 up front, before any document is
+    read; --groups 30 builds, every group filled."""
+    from pythia_probe.cli import run_main
+    from pythia_probe.stats.__main__ import main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(documents(30)))
+    out = tmp_path / "s.safetensors"
+    args = ["compute", "--dataset", str(corpus), "--tokenizer", "word:3000", "--seq-len", "4",
+            "--keep-short", "--no-progress", "--out", str(out)]
+    for extra, said in ((["--groups", "50"], "--groups 50: 20 of the 50 groups hold no "
+                                             "counted window (groups 30..49; the corpus gives "
+                                             "windows in 30 of them): use a smaller --groups"),
+                        (["--groups", "20", "--docs", "10"], "--groups 20 is more than --docs "
+                                                             "10: groups 10..19 would hold no "
+                                                             "document; use --groups 10 or "
+                                                             "fewer")):
+        assert run_main(lambda extra=extra: main(args + extra), "stats") == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+        assert len(err) == 1 and said in err[0], err
+        assert not out.exists() and not (tmp_path / "s.safetensors.work").exists()
+    assert main([*args, "--groups", "30"]) == 0
+    st = CorpusStats.load(out)
+    assert st.groups == 30 and st.filled_groups() == list(range(30))
+    assert all(c["docs"] == 1 for c in st.meta["groups"]["counts"])
+
+
+def test_the_jackknife_of_an_older_file_skips_its_empty_groups(monkeypatch):
+    monkeypatch.setattr(run, "check_filled", lambda parts: None)  # as built before the check
+    st = batch_stats(torch.randint(0, V, (5, T + 1)), V, groups=8)
+    assert st.filled_groups() == [0, 1, 2, 3, 4]
+    with pytest.raises(BadInputError, match="--groups 8: 3 of the 8 groups hold no counted "
+                                            r"window \(groups 5\.\.7"):
+        groups.check_filled(st.store.groups)

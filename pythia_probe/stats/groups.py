@@ -202,6 +202,30 @@ def check_groups(G: int) -> int:
     return G
 
 
+def check_filled(parts: list[GroupCounts]) -> None:
+    """Refuse, before pass 2, groups that hold no counted window (--groups larger than the
+    documents counted): a jackknife over them would count the whole corpus as a replicate."""
+    empty = [g for g, p in enumerate(parts) if p.n_positions == 0]
+    if empty:
+        G = len(parts)
+        raise BadInputError(
+            f"--groups {G}: {len(empty)} of the {G} groups hold no counted window (groups "
+            f"{_span(empty)}; the corpus gives windows in {G - len(empty)} of them): use a "
+            "smaller --groups (every group needs a document that gives a window), or 0 for "
+            "no intervals")
+
+
+def _span(gs: list[int]) -> str:
+    """'3, 5, 30..49' for sorted group numbers."""
+    runs: list[list[int]] = []
+    for g in gs:
+        if runs and g == runs[-1][1] + 1:
+            runs[-1][1] = g
+        else:
+            runs.append([g, g])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
 def split_rows(groups: Tensor | np.ndarray | None, G: int) -> list[np.ndarray | None]:
     """The rows of each group (G = 0: one part, every row, as None)."""
     if not G:

@@ -119,6 +119,11 @@ class StatsConfig:
             raise BadInputError(f"--d-vocab must be an integer >= 1 (the model's embedding "
                                 f"rows, e.g. 50304 for Pythia), got {self.d_vocab!r}")
         check_groups(self.groups)
+        if self.docs is not None and self.groups > self.docs:
+            raise BadInputError(f"--groups {self.groups} is more than --docs {self.docs}: "
+                                f"groups {self.docs}..{self.groups - 1} would hold no document;"
+                                f" use --groups {self.docs if self.docs >= 2 else 0}"
+                                f"{' or fewer' if self.docs >= 2 else ''}")
         if self.budget_gb is not None and not self.budget_gb > 0:
             raise BadInputError(f"--budget-gb must be > 0 (GiB for matmul tiles), got "
                                 f"{self.budget_gb}")

@@ -189,6 +189,12 @@ class CorpusStats:
         """G: the document groups these statistics keep (0: none)."""
         return int((self.meta.get("groups") or {}).get("G", 0))
 
+    def filled_groups(self) -> list[int]:
+        """The groups holding counted positions: the jackknife's replicates (a file built
+        before empty groups were refused may hold others)."""
+        counts = (self.meta.get("groups") or {}).get("counts", [])
+        return [g for g, c in enumerate(counts) if c.get("positions", 1)]
+
     def subset(self, groups: Sequence[int]) -> CorpusStats:
         """The statistics of the documents in ``groups`` (document ordinal mod G): their
         pass-1 counts summed exactly (Bbar, Phibar, SigmaB, PhiBT, Gbar as a build over those
