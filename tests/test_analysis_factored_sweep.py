@@ -88,12 +88,15 @@ def test_top_k_statistics_are_refused_in_one_line(step, tmp_path):
                          ScoringConfig(("attention",)))
 
 
-@pytest.mark.parametrize("asked,k", [("full", None), ("auto", None), ("300", 300)])
+@pytest.mark.parametrize("asked,k", [("full", None), ("300", 300)])
 def test_the_vocabulary_is_the_users_choice_alone(asked, k):
     top_k, why = choose_vocab(StatisticsConfig(top_k=asked), 50277)
     assert top_k == k
-    assert ("old alias of full" in why) == (asked == "auto")
+    assert why == ("full vocabulary (50,277 ids), the default" if k is None else
+                   "the 300 most frequent tokens, --top-k 300 given")
     assert StatisticsConfig().top_k == "full"  # the default, on every machine
+    with pytest.raises(BadInputError, match="--top-k auto is retired .*: use --top-k full"):
+        choose_vocab(StatisticsConfig(top_k="auto"), 50277)
 
 
 def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):

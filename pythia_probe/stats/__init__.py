@@ -11,8 +11,6 @@ Public API: ``CorpusStats`` (the frozen result, factored at any vocabulary:
 Memory plans: ``stats/MEMORY.md``.
 """
 
-from pythia_probe.errors import MismatchError as StatsMismatchError  # the old name, still used
-from pythia_probe.stats import result as corpus_stats  # the old module name, still used
 from pythia_probe.stats.dense import compose
 from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.dense.first import first_pass
@@ -24,5 +22,5 @@ from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
 
 __all__ = ["CorpusStats", "CountAccumulator", "Engine", "QAccumulator", "SequencePolicy",
-           "SparseCountAccumulator", "StatsMismatchError", "batch_stats", "compose", "corpus_stats",
+           "SparseCountAccumulator", "batch_stats", "compose",
            "compute_stats", "first_pass", "read_meta", "top_k_ids"]

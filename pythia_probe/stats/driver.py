@@ -27,10 +27,10 @@ from pythia_probe.stats import doctop, kept, plan
 from pythia_probe.stats.dense.engine import DenseEngine
 from pythia_probe.stats.engine import Engine, top_k_ids
 from pythia_probe.stats.groups import (
-    check_filled,
     check_groups,
     count_groups,
     docs_per_group,
+    empty_groups,
     spilled,
 )
 from pythia_probe.stats.native import sparsecount
@@ -73,7 +73,7 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
     windows = Windows.of_shards(spec, ledger, mine)
     with spilled(spec.work_dir) as spill:
         parts = count_groups(engine, windows, spec, d, dev, spill) if spec.groups else None
-        _check_filled(parts or [], spec, d, spill)
+        _say_empty(parts or [], d)
         ids = kept_ids(spec, acc, windows, d)
         spec = dataclasses.replace(spec, compose=spec.compose if ids is not None else kept.FULL)
         fp = engine.first_pass(acc, spec, d)
@@ -89,16 +89,11 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
     return stats
 
 
-def _check_filled(parts: list, spec: RunSpec, d: Ranks, spill) -> None:
-    """Refuse empty groups before pass 2; the pass-1 work (checkpoints and token caches of
-    this G, which no other --groups can resume) is removed so the next run starts clean."""
-    try:
-        check_filled(parts)
-    except BadInputError:
-        spill.close()
-        if d.is_main and spec.work_dir is not None:
-            remove_work(spec.work_dir)
-        raise
+def _say_empty(parts: list, d: Ranks) -> None:
+    """Name, once (rank 0), the groups that hold no counted window."""
+    line = empty_groups(parts)
+    if line and d.is_main:
+        log.warning(line)
 
 
 def kept_ids(spec: RunSpec, acc, windows: Windows, d: Ranks) -> Tensor | None:
@@ -162,7 +157,7 @@ def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
     windows = Windows.of_batch(tokens, lengths, grp)
     with spilled(None) as spill:
         parts = count_groups(eng, windows, spec, d, dev, spill) if groups else None
-        check_filled(parts or [])
+        _say_empty(parts or [], d)
         ids = kept_ids(spec, acc, windows, d) if keep is None else _kept(keep, d_vocab)
         fp = eng.first_pass(acc, spec, d)
         del acc

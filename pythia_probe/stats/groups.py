@@ -202,17 +202,17 @@ def check_groups(G: int) -> int:
     return G
 
 
-def check_filled(parts: list[GroupCounts]) -> None:
-    """Refuse, before pass 2, groups that hold no counted window (--groups larger than the
-    documents counted): a jackknife over them would count the whole corpus as a replicate."""
+def empty_groups(parts: list[GroupCounts]) -> str | None:
+    """The line naming the groups that hold no counted window (--groups larger than the
+    documents that give windows), or None: they stay in the file, and the jackknife and the
+    halves use the others (``CorpusStats.filled_groups``)."""
     empty = [g for g, p in enumerate(parts) if p.n_positions == 0]
-    if empty:
-        G = len(parts)
-        raise BadInputError(
-            f"--groups {G}: {len(empty)} of the {G} groups hold no counted window (groups "
-            f"{_span(empty)}; the corpus gives windows in {G - len(empty)} of them): use a "
-            "smaller --groups (every group needs a document that gives a window), or 0 for "
-            "no intervals")
+    if not empty:
+        return None
+    G = len(parts)
+    return (f"--groups {G}: {len(empty)} of the {G} groups hold no counted window (groups "
+            f"{_span(empty)}): the intervals use the other {G - len(empty)}; a smaller "
+            "--groups gives every group documents")
 
 
 def _span(gs: list[int]) -> str:

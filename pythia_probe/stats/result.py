@@ -220,10 +220,15 @@ class CorpusStats:
         return self.subset([i for i in range(self.groups) if i != g])
 
     def halves(self) -> tuple[CorpusStats, CorpusStats]:
-        """(groups 0 .. G/2 - 1, groups G/2 .. G - 1): two disjoint halves of the documents."""
+        """(groups 0 .. G/2 - 1, groups G/2 .. G - 1) of the :meth:`filled_groups`: two
+        disjoint halves of the documents."""
         self._group_list([0])
-        G = self.groups
-        return self.subset(range(G // 2)), self.subset(range(G // 2, G))
+        filled = self.filled_groups()
+        if len(filled) < 2:
+            raise BadInputError(f"statistics {self.stats_id}: {len(filled)} of their "
+                                f"{self.groups} document groups hold documents; halves need 2")
+        n = len(filled) // 2
+        return self.subset(filled[:n]), self.subset(filled[n:])
 
     def _group_list(self, groups: Sequence[int]) -> list[int]:
         G = self.groups
