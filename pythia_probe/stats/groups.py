@@ -35,7 +35,7 @@ from torch import Tensor
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats.checkpoint import load_state, save_state
 from pythia_probe.stats.factors import Factors, SparseQ
-from pythia_probe.stats.sparse.tables import CountTable, FixedTable
+from pythia_probe.stats.tables import CountTable, FixedTable
 
 DEFAULT_GROUPS = 10
 
