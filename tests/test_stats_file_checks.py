@@ -1,5 +1,6 @@
-"""Issue 28 item 6: a factored statistics file is checked against its header before any use,
-and the compiled kernels are loaded only after a check of the file.
+"""Issue 28 item 6: a factored statistics file is checked against its header before any use
+(its counts and shapes from the header alone: read_meta, what the sweep reads before it decides
+on intervals), and the compiled kernels are loaded only after a check of the file.
 
 Each fault is planted in a copy of a good file with the digests updated (so only the
 consistency check can catch it); loading it, and the real command reading it, give one
@@ -19,7 +20,7 @@ from safetensors.torch import save_file
 
 from pythia_probe.cli import run_main
 from pythia_probe.errors import CorruptFileError, KernelError
-from pythia_probe.stats import CorpusStats, batch_stats, native
+from pythia_probe.stats import CorpusStats, batch_stats, native, read_meta
 from pythia_probe.stats.__main__ import main
 from pythia_probe.stats.native import fastcount, sparsecount
 from pythia_probe.stats.result import _sha
@@ -97,6 +98,9 @@ def test_a_header_that_disagrees_with_its_tensors_is_one_line(fault, good, tmp_p
     line = str(e.value)
     assert "\n" not in line and str(bad) in line and "corrupt" in line
     assert "recompute it with `python -m pythia_probe.stats compute" in line
+    if "indptr" not in fault:  # counts and shapes: caught from the header alone
+        with pytest.raises(CorruptFileError, match=said):
+            read_meta(bad)
     code = run_main(lambda: main(["top", "--stats", str(bad), "--rows", "0"]), "stats")
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert code == 2 and len(err) == 1 and "corrupt" in err[0], err

@@ -274,14 +274,11 @@ class CorpusStats:
         if meta["format"] == DENSE_FORMAT:
             return cls(tensors, meta)
         try:
-            check_factored(tensors, meta)
             vocab = meta.get("vocab", {})
             store = FactoredStore.from_tensors(tensors, meta["layout"], vocab.get("ids"),
                                                vocab.get("compose"))
         except (KeyError, ValueError, IndexError, TypeError) as e:
-            what = f"tensor or header entry {e} missing" if isinstance(e, KeyError) else e
-            raise CorruptFileError(f"{path}: corrupt ({what}); recompute it with `python -m "
-                                   "pythia_probe.stats compute ...`") from e
+            raise _corrupt(path, e) from e
         return cls(store, meta)
 
 
@@ -386,12 +383,25 @@ def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dic
                     f"{meta.get('format')!r}; reads {FORMAT!r} and {DENSE_FORMAT!r}); rebuild "
                     "it with `python -m pythia_probe.stats compute ...`")
             tensors = {} if header_only else {k: f.get_tensor(k) for k in f.keys()}
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, json.JSONDecodeError, OSError, RuntimeError) as e:
         raise CorruptFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
                                ) from e
+    if meta["format"] == FORMAT:
+        try:
+            check_factored(shapes, meta, None if header_only else tensors)
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            raise _corrupt(path, e) from e
     if meta["format"] == DENSE_FORMAT and device != "cpu":
         tensors = {k: v.to(device) for k, v in tensors.items()}
     return meta, tensors
+
+
+def _corrupt(path: Any, e: Exception) -> CorruptFileError:
+    """One line: the file, what disagrees, the command that recomputes it."""
+    what = f"tensor or header entry {e} missing" if isinstance(e, KeyError) else e
+    return CorruptFileError(f"{path}: corrupt ({what}); recompute it with `python -m "
+                            "pythia_probe.stats compute ...`")
 
 
 def _verify(tensors: dict[str, Tensor], digests: dict[str, str], path: Any) -> None:
