@@ -148,8 +148,9 @@ def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
 
 
 class Grouped:
-    """The groups interface (st.groups, st.leave_out(g), st.halves()) with each part's
-    statistics built separately from its documents (the stand-in for one grouped build)."""
+    """The groups interface (st.groups, st.filled_groups(), st.leave_out(g), st.halves())
+    with each part's statistics built separately from its documents (the stand-in for one
+    grouped build; every group holds documents)."""
 
     def __init__(self, tokens, G, build):
         self.groups, self._g = G, [tokens[i::G] for i in range(G)]
@@ -157,6 +158,9 @@ class Grouped:
 
     def _of(self, keep):
         return self._build(torch.cat([self._g[i] for i in keep]))
+
+    def filled_groups(self):
+        return list(range(self.groups))
 
     def leave_out(self, g):
         return self._of([i for i in range(self.groups) if i != g])
