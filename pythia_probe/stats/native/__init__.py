@@ -76,13 +76,15 @@ def open_library(stem: str, abi_symbol: str, abi_version: int) -> ctypes.CDLL | 
 
 
 def elf_fault(path: Path) -> str | None:
-    """Why ``path`` is not a whole 64-bit ELF file (None: it is): every loaded segment and the
-    section header table must lie inside the file."""
+    """Why the 64-bit ELF file ``path`` is not whole (None: it is, or it is another format):
+    every loaded segment and the section header table must lie inside the file."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(64)
-        if len(head) < 64 or head[:5] != b"\x7fELF\x02":
-            return f"is not a 64-bit ELF shared library ({size} bytes)"
+        if head[:4] != b"\x7fELF" or head[4:5] not in (b"\x02", b""):
+            return None  # not a 64-bit ELF file: dlopen decides (an OSError: not loaded)
+        if len(head) < 64:
+            return f"is truncated ({size} bytes)"
         order = "<" if head[5] == 1 else ">"
         phoff, shoff = struct.unpack_from(order + "QQ", head, 32)
         phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 54)
