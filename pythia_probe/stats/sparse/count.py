@@ -8,7 +8,7 @@ Densified, its state equals the dense accumulator's bit for bit (``to_dense``), 
 ``checksum`` is the dense one, so both engines give the same ``stats_id``.
 
 Storage (section 6 of the algebra: the counts live on the pairs the corpus holds; the tables
-in ``stats/tables.py``, the pair codes in ``pairs.py``):
+in ``stats/tables.py``; pair codes are made and reduced by ``native.sparsecount``):
 - C: sorted unique keys x * V + y (int64) with int64 counts (16 B per distinct bigram);
 - W: sorted unique keys a * V + y (context-major, so Gbar's column tiles are key ranges) with
   int64 hi and lo (24 B per distinct (target, context) pair), in chunks of <= 2 CHUNK entries
@@ -33,8 +33,24 @@ from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.fixedpoint import INT_MAX, context_weights
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.sequences import as_ids, check_batch
-from pythia_probe.stats.sparse.pairs import check_key_range, dense_index, t_bits
 from pythia_probe.stats.tables import BUFFER, HEAD, CountTable, F, FixedTable, merge_fixed
+
+
+def t_bits(T: int) -> int:
+    """Bits that hold a position 0..T-1 in the low end of a pair code."""
+    return max(1, (T - 1).bit_length())
+
+
+def check_key_range(d_vocab: int, T: int) -> None:
+    """Pair codes (a * V + y) << tbits must stay below 2^63."""
+    if (d_vocab * d_vocab) << t_bits(T) > INT_MAX:
+        raise BadInputError(f"d_vocab {d_vocab} with T = {T} is too large for the sparse "
+                            "engine's int64 pair codes (V^2 * 2^ceil(log2 T) >= 2^63)")
+
+
+def dense_index(keys: np.ndarray, d_vocab: int) -> np.ndarray:
+    """Context-major keys a * V + y -> the dense accumulator's flat index y * V + a."""
+    return (keys % d_vocab) * d_vocab + keys // d_vocab
 
 
 def _row_slices(positions: np.ndarray, pairs: np.ndarray, max_positions: int, max_pairs: int
