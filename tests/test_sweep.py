@@ -171,7 +171,7 @@ def _no_download(monkeypatch):
 
 
 def test_bad_input_fails_before_any_download(setup, tmp_path, monkeypatch):
-    from pythia_probe.stats import StatsMismatchError
+    from pythia_probe.errors import MismatchError
     from pythia_probe.steps import StepError
     from pythia_probe.tokenizer import build_word_tokenizer, tokenizer_fingerprint
 
@@ -188,7 +188,7 @@ def test_bad_input_fails_before_any_download(setup, tmp_path, monkeypatch):
     tok.save_pretrained(str(tmp_path / "tok"))
     wrong = batch_stats(torch.randint(0, 3, (4, 9)), 3, tokenizer=tokenizer_fingerprint(other))
     wrong.save(tmp_path / "wrong.safetensors")
-    with pytest.raises(StatsMismatchError, match="tokenizer"):
+    with pytest.raises(MismatchError, match="tokenizer"):
         sweep_main(_argv(repo, tmp_path / "wrong.safetensors", tmp_path / "c", "--tokenizer",
                          str(tmp_path / "tok")))
     with pytest.raises(FileNotFoundError, match="no such statistics file"):
@@ -299,7 +299,7 @@ def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_pat
 
 
 def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monkeypatch):
-    from pythia_probe.stats import StatsMismatchError
+    from pythia_probe.errors import MismatchError
     from pythia_probe.testing.hub import HubServer
     from pythia_probe.tokenizer import build_word_tokenizer, tokenizer_fingerprint
 
@@ -314,7 +314,7 @@ def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monk
     _no_download(monkeypatch)
     with HubServer(tmp_path / "hub") as server:
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        with pytest.raises(StatsMismatchError, match="computed with tokenizer"):
+        with pytest.raises(MismatchError, match="computed with tokenizer"):
             sweep_main(_argv("org/tok", stats, tmp_path / "o", "--cache-dir",
                              str(tmp_path / "c")))
 
@@ -406,17 +406,17 @@ def test_targets_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_pat
 
 
 def test_warm_target_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path, monkeypatch):
-    from pythia_probe.stats import result as corpus_stats
+    from pythia_probe.stats import result as stats_result
 
     root, repo, stats = setup
-    real, reads = corpus_stats._read, []
+    real, reads = stats_result._read, []
 
     def spy(path, device, header_only=False):
         if not header_only:
             reads.append(path)
         return real(path, device, header_only)
 
-    monkeypatch.setattr(corpus_stats, "_read", spy)
+    monkeypatch.setattr(stats_result, "_read", spy)
     cache = tmp_path / "cache"
     runs = [("cold", "streamed", 1), ("warm", "streamed", 0), ("mem", "memory", 1)]
     for name, mode, n_reads in runs:  # the first run builds the cache, the second reuses it

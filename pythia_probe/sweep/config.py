@@ -29,6 +29,7 @@ from pythia_probe.analysis.cosine import DEFAULT_CHUNK
 from pythia_probe.errors import BadInputError, check_device
 from pythia_probe.stats.conventions import check as check_conventions
 from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
+from pythia_probe.stats.kept import parse_top_k
 from pythia_probe.stats.recipe import RECIPES
 from pythia_probe.steps import StepError, parse_steps
 
@@ -245,8 +246,8 @@ class SweepConfig:
     """Statistics recipe: T, the first T+1 tokens of each document."""
     top_k: str = "full"
     """Statistics vocabulary: full (the authors' default, on every machine) or K (the K most
-    frequent tokens; 5000 was the authors' find_top_tokens setting); auto: an old alias of
-    full (memory never chooses the vocabulary, only how the work is chunked)."""
+    frequent tokens; 5000 was the authors' find_top_tokens setting). Memory never chooses
+    the vocabulary, only how the work is chunked."""
     tokenizer: str | None = None
     """Tokenizer of the statistics (default: the one the model ships)."""
     groups: int = DEFAULT_GROUPS
@@ -411,16 +412,6 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise BadInputError(f"--shard {text!r}: give INDEX/COUNT with 0 <= INDEX < COUNT, "
                             "e.g. 0/4 ... 3/4")
     return int(i), int(n)
-
-
-def parse_top_k(text: str) -> str | int | None:
-    """--top-k: None for "full" (and "auto", its old alias), or the integer K >= 1."""
-    if text in ("auto", "full"):
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise BadInputError(f"--top-k {text!r}: valid: full, or an integer K >= 1 (auto is an "
-                            "old alias of full)")
-    return int(text)
 
 
 def check_steps_syntax(spec: str) -> None:

@@ -131,7 +131,8 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mod
     A, B = (part_targets(h, names, cache, mode, scoring) for h in st.halves())
     ceilings = {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names}
     del A, B
-    prepare = [partial(_left_out, st, g, names, cache, mode, scoring, raw) for g in range(G)]
+    prepare = [partial(_left_out, st, g, names, cache, mode, scoring, raw)
+               for g in st.filled_groups()]
     if not scoring.together:
         return Scale(prepare, ceilings)
     return Scale([p() for p in tqdm(prepare, desc="left-out targets", disable=not progress)],
