@@ -10,13 +10,16 @@ import sys
 import threading
 import time
 
+import pandas as pd
 import pytest
 import torch
 
 from pythia_probe import fileio
+from pythia_probe.cli import run_main
 from pythia_probe.errors import BadInputError, FolderLockedError
 from pythia_probe.fileio import FolderLock, create_exclusive
 from pythia_probe.ranks import Ranks, from_env, slurm_array
+from pythia_probe.results import read_results
 from pythia_probe.stats import batch_stats
 from pythia_probe.sweep import claims as claims_mod
 from pythia_probe.sweep.__main__ import main as sweep_main
@@ -86,7 +89,8 @@ def test_the_claim_of_a_dead_process_is_taken_over(tmp_path):
                           capture_output=True, text=True).stdout.strip()
     path = tmp_path / "step4.json"
     host = Claims(tmp_path).me["host"]
-    path.write_text(json.dumps({"host": host, "pid": int(dead), "token": "old"}))
+    path.write_text(json.dumps({"tool": claims_mod.TOOL, "host": host, "pid": int(dead),
+                                "token": "old", "claim": path.name}))
     mine = Claims(tmp_path)
     assert mine.take(path) and json.loads(path.read_text())["token"] == mine.me["token"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step4.json"]  # no tomb left
@@ -94,7 +98,8 @@ def test_the_claim_of_a_dead_process_is_taken_over(tmp_path):
 
 def test_another_hosts_claim_is_stale_only_when_its_heartbeat_stops(tmp_path, monkeypatch):
     path = tmp_path / "step8.json"
-    path.write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "token": "t"}))
+    path.write_text(json.dumps({"tool": claims_mod.TOOL, "host": "node-elsewhere", "pid": 1,
+                                "token": "t", "claim": path.name}))
     mine = Claims(tmp_path)
     assert not mine.take(path)  # its heartbeat is fresh: a live machine
     old = time.time() - claims_mod.STALE_AFTER - 5
@@ -190,3 +195,152 @@ def test_an_irregular_slurm_array_is_refused_naming_the_way_out(monkeypatch):
 def test_a_bad_shard_is_one_line(bad):
     with pytest.raises(BadInputError, match="INDEX/COUNT"):
         sweep_main([f"--shard={bad}", "--model", "org/x", "--dry-run"])
+
+
+@pytest.mark.parametrize("env,var", [
+    ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "2"}, "0..1 step 1 (2 tasks"),
+    ({"SLURM_ARRAY_TASK_ID": "-1", "SLURM_ARRAY_TASK_COUNT": "2"}, "0..1 step 1 (2 tasks"),
+    ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "2",
+      "SLURM_ARRAY_TASK_COUNT": "2"}, "1..2 step 1 (2 tasks"),
+])
+def test_a_slurm_task_id_outside_its_array_is_one_line(env, var, monkeypatch, capsys, tmp_path):
+    """It used to score nothing with exit 0 (id 5 of 2), or "share -1 of 2"."""
+    for name in ("ID", "MIN", "MAX", "STEP", "COUNT"):
+        monkeypatch.delenv(f"SLURM_ARRAY_TASK_{name}", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK", raising=False)
+    argv = ["--model", "org/x", "--out", str(tmp_path / "o"), "--dry-run"]
+    assert run_main(lambda: sweep_main(argv), "sweep") == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sweep: error: ")
+    assert f"SLURM_ARRAY_TASK_ID={env['SLURM_ARRAY_TASK_ID']} is not an id of its array" \
+        in lines[0] and var in lines[0] and "--shard INDEX/COUNT" in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+# ---- claims in a real sweep: unreadable ones, two workers on one share -------------------------
+STEPS = (0, 2, 4, 8, 16, 32, 64, 128)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A local model of 8 distinct steps, statistics, and the table of one clean run."""
+    root = tmp_path_factory.mktemp("claims")
+    repo = build_pythia_like_repo(root / "hub", "org/tiny", STEPS, tiny_config(),
+                                  {s: ("safetensors", 1) for s in STEPS}, with_main=False)
+    stats = batch_stats(torch.randint(0, 90, (20, 9), generator=torch.Generator()
+                                      .manual_seed(1)), 90).save(root / "s.safetensors")
+    assert sweep_main(_argv(repo, stats, root / "clean")) == 0
+    return repo, stats, _table(read_results(root / "clean"))
+
+
+def _argv(repo, stats, out, *extra):
+    return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
+            "--analyses", "embedding", "--no-plots", "--no-progress", *extra]
+
+
+def _table(df):
+    return df.drop(columns="run_id").sort_values(["step", "layer", "metric"]).reset_index(
+        drop=True)
+
+
+def _plant(path, kind: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "folder":
+        path.mkdir()
+        (path / "notes.txt").write_text("a user's file")
+    else:
+        path.write_bytes(kind.encode())
+
+
+UNREADABLE = {0: "\x00garbage", 2: "", 4: "[1, 2]", 8: "folder",
+              16: '{"step": 16, "loss": 1.5}'}  # the last: a user's JSON, not a claim
+
+
+def _contents(folder) -> list:
+    """(kind, bytes) of every entry below ``folder``, names aside (a set-aside file is
+    renamed)."""
+    return sorted(("dir", b"") if p.is_dir() else ("file", p.read_bytes())
+                  for p in folder.rglob("*"))
+
+
+def test_old_unreadable_claims_are_taken_over_by_age_and_kept(tiny, tmp_path, capfd):
+    """Garbage, empty, a JSON list, a folder and a user's JSON where claims go, untouched for a
+    day: each taken over like a dead holder's claim (the table equals a clean run's), and
+    none deleted: the tool cannot prove it wrote them, so each is kept beside, named."""
+    repo, stats, want = tiny
+    out = tmp_path / "o"
+    for step, kind in UNREADABLE.items():
+        _plant(out / "claims" / f"step{step}.json", kind)
+        old = time.time() - 86400
+        os.utime(out / "claims" / f"step{step}.json", (old, old))
+    before = _contents(out / "claims")
+    assert sweep_main(_argv(repo, stats, out)) == 0
+    pd.testing.assert_frame_equal(_table(read_results(out)), want)
+    assert _contents(out / "claims") == before  # every planted byte still there
+    kept = [m for m in capfd.readouterr().err.splitlines() if "cannot prove it wrote it" in m]
+    assert len(kept) == len(UNREADABLE)
+    for step in UNREADABLE:
+        assert not (out / "claims" / f"step{step}.json").exists()
+        assert any(f"claims/step{step}.json" in m for m in kept)
+
+
+@pytest.mark.parametrize("kind,why", [("\x00garbage", "not JSON"), ("", "empty"),
+                                      ("[1]", "a JSON list, not a claim of this tool"),
+                                      ("folder", "a folder")])
+def test_a_fresh_unreadable_claim_is_named_as_such_and_left(tiny, tmp_path, kind, why, capfd):
+    """A claim file that cannot be read, touched just now: named as such (it used to read
+    "pid ? on ?"), its step left to it; every other step scored."""
+    repo, stats, want = tiny
+    out = tmp_path / "o"
+    _plant(out / "claims" / "step4.json", kind)
+    assert sweep_main(_argv(repo, stats, out)) == 0
+    printed = capfd.readouterr()
+    said = [m for m in printed.err.splitlines() if "step 4 is claimed by" in m]
+    assert len(said) == 1 and "pid ?" not in said[0]
+    assert f"a claim file that cannot be read, {out / 'claims' / 'step4.json'} ({why})" \
+        in said[0]
+    assert "1 being scored elsewhere" in printed.out
+    got = _table(read_results(out))
+    pd.testing.assert_frame_equal(got, want[want["step"] != 4].reset_index(drop=True))
+
+
+def test_two_workers_on_one_share_never_score_a_task_twice(tiny, tmp_path, monkeypatch,
+                                                          capsys):
+    """Worker B looks at the folder (nothing done) and stops there; worker A scores the whole
+    share 0/2 and releases its claims; B then claims each task, finds its shard and scores
+    nothing (it used to score them again: 11 tasks scored for 8). Two workers of one process
+    (threads: each its own claims, the folder's lock shared as by two processes)."""
+    from pythia_probe.sweep import runner, tasks
+
+    repo, stats, want = tiny
+    out, scored, looked, go = tmp_path / "o", [], threading.Event(), threading.Event()
+    real_step, real_claim = runner.run_step, tasks._claim_and_copy
+
+    def step(loaded, s, *a):
+        scored.append((threading.current_thread().name, s))
+        return real_step(loaded, s, *a)
+
+    def claim(*a):
+        if threading.current_thread().name == "B":
+            looked.set()
+            assert go.wait(120)
+        return real_claim(*a)
+
+    monkeypatch.setattr(runner, "run_step", step)
+    monkeypatch.setattr(tasks, "_claim_and_copy", claim)
+    rc = {}
+    b = threading.Thread(target=lambda: rc.update(
+        B=sweep_main(_argv(repo, stats, out, "--shard", "0/2"))), name="B")
+    b.start()
+    assert looked.wait(120)
+    assert sweep_main(_argv(repo, stats, out, "--shard", "0/2")) == 0  # worker A
+    go.set()
+    b.join(120)
+    assert rc == {"B": 0}
+    share = sorted(STEPS[0::2])
+    assert sorted(s for _, s in scored) == share and {w for w, _ in scored} == {"MainThread"}
+    assert "0 steps done, 4 already done" in capsys.readouterr().out  # B's count
+    pd.testing.assert_frame_equal(_table(read_results(out)),
+                                  want[want["step"].isin(share)].reset_index(drop=True))

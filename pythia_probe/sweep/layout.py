@@ -42,6 +42,11 @@ class Layout:
             return root
         return root / str(model).replace("/", "--")
 
+    def folders(self, kind: str) -> list[Path]:
+        """Every folder of ``kind`` the run writes, each model's before the top one."""
+        top = Path(self.out) / kind
+        return [self._folder(kind, m) for m in self.models if len(self.models) > 1] + [top]
+
     def shard(self, model: str | None, step: int) -> Path:
         return self._folder(SHARDS, model) / f"step{step}.parquet"
 
