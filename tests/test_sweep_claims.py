@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -344,3 +345,64 @@ def test_two_workers_on_one_share_never_score_a_task_twice(tiny, tmp_path, monke
     assert "0 steps done, 4 already done" in capsys.readouterr().out  # B's count
     pd.testing.assert_frame_equal(_table(read_results(out)),
                                   want[want["step"].isin(share)].reset_index(drop=True))
+
+
+# ---- no write or delete through a link below --out (issue 29) ----------------------------------
+def _tree(root) -> dict:
+    """Every entry below ``root`` (links not followed): its kind and bytes or link target."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = (
+                ("link", os.readlink(p)) if p.is_symlink() else ("dir", None) if p.is_dir()
+                else ("file", p.read_bytes(), p.stat().st_mtime_ns))
+    return out
+
+
+@pytest.mark.parametrize("links,plots", [(("claims", "failed"), False), (("shards",), False),
+                                         (("plots",), True), (("plots/tiny",), True)])
+def test_a_folder_below_out_that_is_a_link_is_refused_before_anything_is_written(
+        tiny, tmp_path, capsys, monkeypatch, links, plots):
+    """OUT/claims and OUT/failed linked to a user's folders (the issue's case: a sweep deleted
+    the user's day-old step0.json as a stale claim, overwrote step2.json, wrote records
+    outside --out): one line naming the link, exit 2, nothing below the user's folders or
+    --out changed."""
+    repo, stats, _ = tiny
+    user, out = tmp_path / "user", tmp_path / "o"
+    for name in links:
+        mine = user / name.replace("/", "-")
+        mine.mkdir(parents=True)
+        (mine / "step0.json").write_text('{"note": "a day old, mine"}')
+        (mine / "step2.json").write_text('{"note": "mine too"}')
+        old = time.time() - 86400
+        os.utime(mine / "step0.json", (old, old))
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).symlink_to(mine, target_is_directory=True)
+    before = _tree(tmp_path)
+    monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK", raising=False)
+    argv = _argv(repo, stats, out)
+    argv = [a for a in argv if a != "--no-plots"] if plots else argv
+    assert run_main(lambda: sweep_main(argv), "sweep") == 2
+    lines = [m for m in capsys.readouterr().err.splitlines() if m.startswith("sweep: error: ")]
+    assert len(lines) == 1
+    assert f"{out / links[-1]} is a symbolic link to {user}" in lines[0] or \
+        f"{out / links[0]} is a symbolic link to {user}" in lines[0]
+    assert "real folders inside" in lines[0]
+    assert _tree(tmp_path) == before  # nothing written, moved or deleted anywhere
+
+
+def test_only_the_tools_own_failure_record_is_deleted_when_its_step_succeeds(tiny, tmp_path):
+    """Below a real OUT/failed/: the failure record the tool wrote for step 4 goes once step 4
+    is scored; a user's step2.json there stays, byte for byte."""
+    repo, stats, want = tiny
+    out, model = tmp_path / "o", want["model"].iloc[0]
+    (out / "failed").mkdir(parents=True)
+    (out / "failed" / "step4.json").write_text(json.dumps(
+        {"model": model, "step": 4, "error": "HubError: x", "rank": 0, "tries": 1,
+         "traceback": "..."}))
+    (out / "failed" / "step2.json").write_text('{"step": 2, "note": "mine"}')
+    assert sweep_main(_argv(repo, stats, out)) == 0
+    assert sorted(p.name for p in (out / "failed").iterdir()) == ["step2.json"]
+    assert (out / "failed" / "step2.json").read_text() == '{"step": 2, "note": "mine"}'
+    pd.testing.assert_frame_equal(_table(read_results(out)), want)
