@@ -17,7 +17,7 @@ import torch
 
 from pythia_probe import fileio
 from pythia_probe.cli import run_main
-from pythia_probe.errors import BadInputError, FolderLockedError
+from pythia_probe.errors import BadInputError, FolderLockedError, UnsafeFileError
 from pythia_probe.fileio import FolderLock, create_exclusive
 from pythia_probe.ranks import Ranks, from_env, slurm_array
 from pythia_probe.results import read_results
@@ -255,8 +255,9 @@ def _plant(path, kind: str) -> None:
         path.write_bytes(kind.encode())
 
 
-UNREADABLE = {0: "\x00garbage", 2: "", 4: "[1, 2]", 8: "folder",
-              16: '{"step": 16, "loss": 1.5}'}  # the last: a user's JSON, not a claim
+UNREADABLE = {0: ("\x00garbage", "not JSON"), 2: ("", "empty"),
+              4: ("[1, 2]", "a JSON list, not a claim of this tool"), 8: ("folder", "a folder"),
+              16: ('{"step": 16}', "a JSON dict, not a claim of this tool")}  # a user's JSON
 
 
 def _contents(folder) -> list:
@@ -272,7 +273,7 @@ def test_old_unreadable_claims_are_taken_over_by_age_and_kept(tiny, tmp_path, ca
     none deleted: the tool cannot prove it wrote them, so each is kept beside, named."""
     repo, stats, want = tiny
     out = tmp_path / "o"
-    for step, kind in UNREADABLE.items():
+    for step, (kind, _) in UNREADABLE.items():
         _plant(out / "claims" / f"step{step}.json", kind)
         old = time.time() - 86400
         os.utime(out / "claims" / f"step{step}.json", (old, old))
@@ -282,13 +283,13 @@ def test_old_unreadable_claims_are_taken_over_by_age_and_kept(tiny, tmp_path, ca
     assert _contents(out / "claims") == before  # every planted byte still there
     kept = [m for m in capfd.readouterr().err.splitlines() if "cannot prove it wrote it" in m]
     assert len(kept) == len(UNREADABLE)
-    for step in UNREADABLE:
+    for step, (_, why) in UNREADABLE.items():
         assert not (out / "claims" / f"step{step}.json").exists()
-        assert any(f"claims/step{step}.json" in m for m in kept)
+        assert any(f"claims/step{step}.json, untouched for over 120 s ({why})" in m
+                   for m in kept)
 
 
-@pytest.mark.parametrize("kind,why", [("\x00garbage", "not JSON"), ("", "empty"),
-                                      ("[1]", "a JSON list, not a claim of this tool"),
+@pytest.mark.parametrize("kind,why", [("[1]", "a JSON list, not a claim of this tool"),
                                       ("folder", "a folder")])
 def test_a_fresh_unreadable_claim_is_named_as_such_and_left(tiny, tmp_path, kind, why, capfd):
     """A claim file that cannot be read, touched just now: named as such (it used to read
@@ -360,8 +361,8 @@ def _tree(root) -> dict:
     return out
 
 
-@pytest.mark.parametrize("links,plots", [(("claims", "failed"), False), (("shards",), False),
-                                         (("plots",), True), (("plots/tiny",), True)])
+@pytest.mark.parametrize("links,plots", [(("claims", "failed"), False),
+                                         (("plots/tiny",), True)])
 def test_a_folder_below_out_that_is_a_link_is_refused_before_anything_is_written(
         tiny, tmp_path, capsys, monkeypatch, links, plots):
     """OUT/claims and OUT/failed linked to a user's folders (the issue's case: a sweep deleted
@@ -406,3 +407,36 @@ def test_only_the_tools_own_failure_record_is_deleted_when_its_step_succeeds(tin
     assert sorted(p.name for p in (out / "failed").iterdir()) == ["step2.json"]
     assert (out / "failed" / "step2.json").read_text() == '{"step": 2, "note": "mine"}'
     pd.testing.assert_frame_equal(_table(read_results(out)), want)
+
+
+def test_the_demo_refuses_a_link_below_its_out_before_training(tmp_path):
+    from pythia_probe.demo import run_demo
+
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "step0").mkdir()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "work").symlink_to(tmp_path / "user", target_is_directory=True)
+    before = _tree(tmp_path)
+    with pytest.raises(UnsafeFileError, match=f"{tmp_path / 'd' / 'work'} is a symbolic link"):
+        run_demo(tmp_path / "d", progress=False)
+    assert _tree(tmp_path) == before
+
+
+def test_toy_checkpoints_are_never_written_or_pruned_through_a_link(tmp_path):
+    """save_checkpoint deletes the older checkpoints beside the new one: a linked
+    OUT/checkpoints would delete a user's step*.safetensors there."""
+    from pythia_probe.toy.resume import save_checkpoint
+
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "step00000001.safetensors").write_bytes(b"mine")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "checkpoints").symlink_to(tmp_path / "user", target_is_directory=True)
+    before = _tree(tmp_path)
+    with pytest.raises(UnsafeFileError, match="checkpoints is a symbolic link"):
+        save_checkpoint(tmp_path / "o", {"w": torch.ones(2)}, 2)
+    assert _tree(tmp_path) == before
+    (tmp_path / "o" / "checkpoints").unlink()
+    save_checkpoint(tmp_path / "o", {"w": torch.ones(2)}, 1)
+    save_checkpoint(tmp_path / "o", {"w": torch.ones(2)}, 2)  # prunes step 1: its own
+    assert [p.name for p in (tmp_path / "o" / "checkpoints").iterdir()] == [
+        "step00000002.safetensors"]
