@@ -20,7 +20,7 @@ from pythia_probe.cli import run_main
 from pythia_probe.errors import BadInputError, FolderLockedError, UnsafeFileError
 from pythia_probe.fileio import FolderLock, create_exclusive
 from pythia_probe.ranks import Ranks, from_env, slurm_array
-from pythia_probe.results import read_results
+from pythia_probe.results import read_manifest, read_results
 from pythia_probe.stats import batch_stats
 from pythia_probe.sweep import claims as claims_mod
 from pythia_probe.sweep.__main__ import main as sweep_main
@@ -270,9 +270,16 @@ def _contents(folder) -> list:
 def test_old_unreadable_claims_are_taken_over_by_age_and_kept(tiny, tmp_path, capfd):
     """Garbage, empty, a JSON list, a folder and a user's JSON where claims go, untouched for a
     day: each taken over like a dead holder's claim (the table equals a clean run's), and
-    none deleted: the tool cannot prove it wrote them, so each is kept beside, named."""
+    none deleted: the tool cannot prove it wrote them, so each is kept beside, named. Below
+    OUT/failed/ likewise: the record the tool wrote for step 4 goes once step 4 is scored, a
+    user's step2.json there stays, byte for byte."""
     repo, stats, want = tiny
     out = tmp_path / "o"
+    (out / "failed").mkdir(parents=True)
+    (out / "failed" / "step4.json").write_text(json.dumps(
+        {"model": want["model"].iloc[0], "step": 4, "error": "HubError: x", "rank": 0,
+         "tries": 1, "traceback": "..."}))
+    (out / "failed" / "step2.json").write_text('{"step": 2, "note": "mine"}')
     for step, (kind, _) in UNREADABLE.items():
         _plant(out / "claims" / f"step{step}.json", kind)
         old = time.time() - 86400
@@ -281,6 +288,9 @@ def test_old_unreadable_claims_are_taken_over_by_age_and_kept(tiny, tmp_path, ca
     assert sweep_main(_argv(repo, stats, out)) == 0
     pd.testing.assert_frame_equal(_table(read_results(out)), want)
     assert _contents(out / "claims") == before  # every planted byte still there
+    assert [p.name for p in (out / "failed").iterdir()] == ["step2.json"]
+    assert (out / "failed" / "step2.json").read_text() == '{"step": 2, "note": "mine"}'
+    assert read_manifest(out)["status"] == "complete"  # the user's file is no failure
     kept = [m for m in capfd.readouterr().err.splitlines() if "cannot prove it wrote it" in m]
     assert len(kept) == len(UNREADABLE)
     for step, (_, why) in UNREADABLE.items():
@@ -391,22 +401,6 @@ def test_a_folder_below_out_that_is_a_link_is_refused_before_anything_is_written
         f"{out / links[0]} is a symbolic link to {user}" in lines[0]
     assert "real folders inside" in lines[0]
     assert _tree(tmp_path) == before  # nothing written, moved or deleted anywhere
-
-
-def test_only_the_tools_own_failure_record_is_deleted_when_its_step_succeeds(tiny, tmp_path):
-    """Below a real OUT/failed/: the failure record the tool wrote for step 4 goes once step 4
-    is scored; a user's step2.json there stays, byte for byte."""
-    repo, stats, want = tiny
-    out, model = tmp_path / "o", want["model"].iloc[0]
-    (out / "failed").mkdir(parents=True)
-    (out / "failed" / "step4.json").write_text(json.dumps(
-        {"model": model, "step": 4, "error": "HubError: x", "rank": 0, "tries": 1,
-         "traceback": "..."}))
-    (out / "failed" / "step2.json").write_text('{"step": 2, "note": "mine"}')
-    assert sweep_main(_argv(repo, stats, out)) == 0
-    assert sorted(p.name for p in (out / "failed").iterdir()) == ["step2.json"]
-    assert (out / "failed" / "step2.json").read_text() == '{"step": 2, "note": "mine"}'
-    pd.testing.assert_frame_equal(_table(read_results(out)), want)
 
 
 def test_the_demo_refuses_a_link_below_its_out_before_training(tmp_path):

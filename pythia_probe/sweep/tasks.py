@@ -20,7 +20,6 @@ downloaded twice, split into shares, claimed, scored (or copied) and written one
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +32,7 @@ from pythia_probe.checkpoints import Group, Task
 from pythia_probe.errors import DiskFullError, ResourceError, user_message
 from pythia_probe.fileio import remove, write_json
 from pythia_probe.results import read_shard, write_shard
-from pythia_probe.sweep.layout import Layout
+from pythia_probe.sweep.layout import Layout, failure_proof
 
 log = logging.getLogger(__name__)
 
@@ -203,21 +202,9 @@ def _copy(src: Path, t: Task, work: Work) -> None:
 
 def _finished(t: Task, work: Work, result: Outcome) -> None:
     info = work.infos[t.model]
-    remove(info.failure(t.step), [info.out], _failure_of(info.model, t.step))
+    remove(info.failure(t.step), [info.out], failure_proof(info.model, t.step))
     work.claims.release(work.claim_path(t))
     result.done.append(t)
-
-
-def _failure_of(model: str, step: int) -> Callable[[bytes], bool]:
-    """Whether some bytes are the failure record the tool wrote for (model, step)."""
-    def ours(data: bytes) -> bool:
-        try:
-            seen = json.loads(data)
-        except ValueError:
-            return False
-        return (isinstance(seen, dict) and seen.get("model") == model
-                and seen.get("step") == step and "traceback" in seen)
-    return ours
 
 
 def _failed(t: Task, err: BaseException, tries: int, work: Work, result: Outcome) -> None:
