@@ -145,6 +145,8 @@ class Claims:
         seen = read_claim(Path(path))
         if isinstance(seen, dict):
             return f"pid {seen.get('pid', '?')} on {seen.get('host', '?')}"
+        if seen is None:
+            return "a holder that released it just now"
         return (f"a claim file that cannot be read, {path} ({seen}); taken over once untouched "
                 f"for {STALE_AFTER:.0f} s")
 
