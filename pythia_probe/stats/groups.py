@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
+from pythia_probe.fileio import remove
 from pythia_probe.stats.checkpoint import load_state, save_state
 from pythia_probe.stats.factors import Factors, SparseQ
 from pythia_probe.stats.tables import CountTable, FixedTable
@@ -153,7 +154,7 @@ class Spill:
             part.context = FixedTable([tuple(t[f"context_{q}.{i}"].numpy()
                                              for q in ("keys", "hi", "lo"))
                                        for i in range(n_chunks)])
-            self._path(g).unlink()
+            remove(self._path(g), [self._tmp.name])
         self.held = {}
 
     def close(self) -> None:
