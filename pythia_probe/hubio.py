@@ -365,6 +365,14 @@ def _write_body(response, part: Path, mode: str, have: int, hasher, limit: int) 
     return have
 
 
+def served_etag(url: str, token: str | bool | None = None) -> str | None:
+    """What the hub says it serves at a resolve ``url``, from a HEAD (no byte of the file is
+    read): ``X-Linked-Etag`` (an LFS file's sha256), else ``ETag`` (a small file's git blob
+    id)."""
+    return get_hf_file_metadata(url, token=token,
+                                timeout=httpx2.Timeout(**hubnet.timeouts())).etag
+
+
 def resolve_url(endpoint: str, repo_id: str, revision: str, path: str,
                 repo_type: str = "model") -> str:
     """The hub's resolve URL of a file (``hf_hub_url`` with an explicit endpoint)."""

@@ -162,14 +162,6 @@ def disk_limit(src: SourceConfig, source) -> tuple[float | None, str]:
                                f"of {source.cache_dir}; --max-disk-gb sets it")
 
 
-def duplicates(source, revs, steps) -> dict[int, int]:
-    """{step: earlier step of this rank with byte-identical weights}, from the hub's LFS
-    hashes (no download); local folders are not hashed (that would read every file)."""
-    if source.local_dir is not None:
-        return {}
-    return {s: same for s, same in source.duplicates(revs).items() if same in steps}
-
-
 def to_weights(loaded, device: str, dtype: torch.dtype) -> NeoXWeights:
     """NeoXWeights on the scoring device and dtype (so residual streams are computed there)."""
     tensors = {k: v.to(device, dtype) for k, v in loaded.tensors.items()}
