@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pythia_probe.__main__ import main as pythia_probe_main
+from pythia_probe.hub.revisions import read_ledger
 from pythia_probe.results import read_results
-from pythia_probe.revisions import read_ledger
 from pythia_probe.stats import batch_stats
 from pythia_probe.testing.repos import build_pythia_like_repo
 

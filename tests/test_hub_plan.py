@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pythia_probe import arch
-from pythia_probe.checkpoints import (
+from pythia_probe.hub.checkpoints import (
     CheckpointSource,
     RetryPolicy,
     Task,

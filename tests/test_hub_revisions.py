@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from pythia_probe import revisions
 from pythia_probe.__main__ import main as pythia_probe_main
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.errors import CorruptFileError
-from pythia_probe.revisions import COLUMNS, Weights, classify, ledger, read_ledger, write_ledger
+from pythia_probe.hub import revisions
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe.hub.revisions import COLUMNS, Weights, classify, ledger, read_ledger, write_ledger
 from pythia_probe.testing.repos import build_pythia_like_repo
 
 SINGLE = "EleutherAI/pythia-ledger"

@@ -26,11 +26,11 @@ import torch
 
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError, StepError, check_device
+from pythia_probe.hub import parse_steps
 from pythia_probe.stats.conventions import check as check_conventions
 from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
 from pythia_probe.stats.recipe import RECIPES
-from pythia_probe.steps import StepError, parse_steps
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 TARGET_MODES = ("streamed", "memory", "factored", "auto")

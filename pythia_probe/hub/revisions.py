@@ -5,11 +5,11 @@ Pythia's hub branches do not always: step0 == step1 (== step2) in every size (py
 the final model's first shard (#206). The ledger finds these from hub metadata alone (refs and
 tree listings: sizes and LFS sha256), before any weight is downloaded::
 
-    from pythia_probe.revisions import ledger, write_ledger
+    from pythia_probe.hub.revisions import ledger, write_ledger
     df = ledger("EleutherAI/pythia-1.4b", "0,1,2,1000-143000")  # nothing downloaded
     write_ledger(df, "out/revisions.parquet")
 
-    python -m pythia_probe.revisions --model EleutherAI/pythia-1.4b --steps all --out r.parquet
+    python -m pythia_probe.hub.revisions --model EleutherAI/pythia-1.4b --steps all --out r.parquet
 
 One row per asked step, columns :data:`COLUMNS`:
 
@@ -46,16 +46,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pythia_probe.checkpoints import CheckpointSource, FileInfo, Revision, confirm_shared
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError, CorruptFileError, HubNotFoundError
 from pythia_probe.fileio import atomic_write
-from pythia_probe.steps import parse_steps
-from pythia_probe.weights_io import WEIGHT_SUFFIXES, weights_digest
+from pythia_probe.hub.checkpoints import CheckpointSource, FileInfo, Revision, confirm_shared
+from pythia_probe.hub.steps import parse_steps
+from pythia_probe.hub.weights import WEIGHT_SUFFIXES, weights_digest
 
 COLUMNS = ("step", "revision", "commit", "weights_sha256", "same_as", "status", "reason")
 STATUSES = ("ok", "duplicate", "suspect")
-PROG = "python -m pythia_probe.revisions"
+PROG = "python -m pythia_probe.hub.revisions"
 log = logging.getLogger(__name__)
 
 
@@ -165,7 +165,7 @@ def classify(table: list[Weights], final_step: int, final: list[Weights]) -> pd.
 def ledger(source: CheckpointSource | str | os.PathLike,
            steps: Iterable[int] | str) -> pd.DataFrame:
     """The revision ledger of ``steps`` (a list, or a ``--steps`` spec) of ``source`` (a
-    :class:`~pythia_probe.checkpoints.CheckpointSource`, a hub id or a local folder), from
+    :class:`~pythia_probe.hub.checkpoints.CheckpointSource`, a hub id or a local folder), from
     metadata alone: no weight file is downloaded."""
     if not isinstance(source, CheckpointSource):
         source = CheckpointSource(source)

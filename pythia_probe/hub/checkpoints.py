@@ -10,7 +10,7 @@ API::
         ...                                    # tensors {hf_name: Tensor}; config.json dict
     src.manifest(revs)                         # commit shas + file hashes for the run manifest
 
-- ``resolve`` (:class:`~pythia_probe.catalog.CheckpointCatalog`) reads every branch's commit
+- ``resolve`` (:class:`~pythia_probe.hub.catalog.CheckpointCatalog`) reads every branch's commit
   and each revision's files with sizes and hashes before anything is downloaded (the hub's
   listings, the cache offline, or local folders); ``resolve_cached`` / ``cached_steps`` read the
   cache alone, with no request, for plans when the hub cannot be reached.
@@ -21,7 +21,7 @@ API::
 - Ownership: by default files go to the tool's own cache (``hubio.tool_cache("checkpoints")``),
   never the Hugging Face cache. In any cache folder (``cache_dir=`` may be the user's HF cache)
   the tool deletes only what it created, recorded in a ledger, and only when no other live
-  source uses it (:mod:`pythia_probe.hubcache`). Snapshots already there are read (verified)
+  source uses it (:mod:`pythia_probe.hub.cache`). Snapshots already there are read (verified)
   and kept.
 - ``stream`` fetches ``prefetch`` revisions ahead in a background thread, resumes weight files
   across processes (``blobs/<sha256>.partial`` + HTTP Range), retries every hub call with
@@ -56,17 +56,17 @@ from typing import NamedTuple
 
 import torch
 
-from pythia_probe import hubio
-from pythia_probe.catalog import CheckpointCatalog
 from pythia_probe.errors import (
     CheckpointNotCachedError,
     ChecksumError,
     CorruptCheckpointError,
     UnsafeCheckpointError,
 )
-from pythia_probe.hubcache import Holdings
-from pythia_probe.hubio import RetryPolicy
-from pythia_probe.weights_io import (
+from pythia_probe.hub import io as hubio
+from pythia_probe.hub.cache import Holdings
+from pythia_probe.hub.catalog import CheckpointCatalog
+from pythia_probe.hub.io import RetryPolicy
+from pythia_probe.hub.weights import (
     FileInfo,
     Names,
     Revision,
@@ -92,12 +92,12 @@ class Loaded(NamedTuple):
 
 class CheckpointSource(CheckpointCatalog):
     """Resolve, download, verify, load and evict checkpoint revisions of one model (resolving:
-    :class:`~pythia_probe.catalog.CheckpointCatalog`)."""
+    :class:`~pythia_probe.hub.catalog.CheckpointCatalog`)."""
 
     def __init__(self, model: str | os.PathLike, **kw):
         """``model``: a hub id, a folder of step*/ sub-folders or a hub-style cache folder;
         ``cache_dir``, ``revision_for``, ``endpoint``, ``retry``, ``token``: see
-        :class:`~pythia_probe.catalog.CheckpointCatalog`."""
+        :class:`~pythia_probe.hub.catalog.CheckpointCatalog`."""
         super().__init__(model, **kw)
         self.holdings = Holdings(self.cache)  # leases and the disk budget of this source
         self._confirmed: set[tuple[str, str]] = set()  # (commit, file) served as listed
@@ -115,7 +115,7 @@ class CheckpointSource(CheckpointCatalog):
 
     def weights_digest(self, rev: Revision) -> str:
         """One digest of the revision's weight files
-        (:func:`~pythia_probe.weights_io.weights_digest`): equal digests, equal bytes."""
+        (:func:`~pythia_probe.hub.weights.weights_digest`): equal digests, equal bytes."""
         return weights_digest({f.path: self.file_identity(rev, f) for f in rev.weight_files})
 
     def confirm(self, rev: Revision, f: FileInfo) -> None:
