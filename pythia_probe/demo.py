@@ -5,7 +5,7 @@ Built-in stories -> word tokenizer (the leading-terms paper's rule) -> [N, T+1] 
 partial rotary, untied embeddings) trained with AdamW, saving checkpoints at steps 0, 1, 2, 4,
 ..., 512 (as far as training goes) and then every ``save_every`` steps.
 
-Layout (what :mod:`pythia_probe.checkpoints` reads as a local model folder)::
+Layout (what :mod:`pythia_probe.hub.checkpoints` reads as a local model folder)::
 
     OUT/tokenizer.json               the word tokenizer
     OUT/tokens.safetensors           the training windows (statistics use the same data)

@@ -162,7 +162,7 @@ def test_two_shards_write_the_same_tables_as_one(setup, clean_run, tmp_path):
 
 
 def _no_download(monkeypatch):
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
 
     def refuse(*a, **k):
         raise AssertionError("weights were fetched before the input was validated")
@@ -172,7 +172,7 @@ def _no_download(monkeypatch):
 
 def test_bad_input_fails_before_any_download(setup, tmp_path, monkeypatch):
     from pythia_probe.errors import MismatchError
-    from pythia_probe.steps import StepError
+    from pythia_probe.hub.steps import StepError
     from pythia_probe.tokenizer import build_word_tokenizer, tokenizer_fingerprint
 
     root, repo, stats = setup
@@ -254,7 +254,7 @@ def test_dry_run_counts_duplicates_and_only_bytes_not_yet_cached(setup, tmp_path
                                                                 capsys):
     """The plan's download excludes step1 (= step0's bytes) and files already in the cache."""
     from pythia_probe.arch import name_filter
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
     from pythia_probe.resources import human_bytes
     from pythia_probe.testing.hub import HubServer
 

@@ -22,10 +22,9 @@ from pythia_probe.analysis.plan import (
     with_groups,
 )
 from pythia_probe.arch import NeoXConfig
-from pythia_probe.checkpoints import DownloadPlan
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
+from pythia_probe.hub import PYTHIA_STEPS, DownloadPlan, is_pythia, parse_steps
 from pythia_probe.resources import human_bytes, memory_budget
-from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
 from pythia_probe.sweep.estimate import Rate, estimate
 from pythia_probe.sweep.layout import Layout

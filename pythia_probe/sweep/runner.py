@@ -27,7 +27,6 @@ from tqdm import tqdm
 
 from pythia_probe.analysis import Analysis, combined_needs, get_analyses
 from pythia_probe.analysis.targets import statistic_of
-from pythia_probe.checkpoints import plan_downloads
 from pythia_probe.errors import FolderLockedError, HubError, MissingFileError, user_message
 from pythia_probe.fileio import (
     FolderLock,
@@ -36,13 +35,12 @@ from pythia_probe.fileio import (
     remove,
     with_subfolders,
 )
+from pythia_probe.hub import PYTHIA_STEPS, is_pythia, parse_steps, plan_downloads, write_ledger
 from pythia_probe.progress import JobProgress, Stage
 from pythia_probe.ranks import Ranks
 from pythia_probe.results import make_rows, write_shard
-from pythia_probe.revisions import write_ledger
 from pythia_probe.stats.recipe import ensure
 from pythia_probe.stats.result import part_counts
-from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.claims import Claims, one_builder
 from pythia_probe.sweep.config import SweepParts
 from pythia_probe.sweep.layout import CLAIMS, FAILED, SHARDS, Layout

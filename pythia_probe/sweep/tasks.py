@@ -1,7 +1,7 @@
 """The work of one sweep: (model, step) tasks, grouped by weights so that no checkpoint is
 downloaded twice, split into shares, claimed, scored (or copied) and written one shard each.
 
-- The plan (:func:`pythia_probe.checkpoints.plan_downloads`, metadata only) groups every task
+- The plan (:func:`pythia_probe.hub.checkpoints.plan_downloads`, metadata only) groups every task
   by its weights digest: step1 = step0 within a model, byte-identical weights across models
   (a branch serving another's weights), each group fetched once through its first task.
 - A share is every N-th group from the i-th (:func:`share`): ``--shard i/N``, a Slurm array
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pythia_probe.checkpoints import Group, Task
 from pythia_probe.errors import DiskFullError, ResourceError, user_message
 from pythia_probe.fileio import remove, write_json
+from pythia_probe.hub import Group, Task
 from pythia_probe.results import read_shard, write_shard
 from pythia_probe.sweep.layout import Layout, failure_proof
 
