@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from pythia_probe.cli import parse_config, run_main
 from pythia_probe.fileio import atomic_write
-from pythia_probe.results import read_results
+from pythia_probe.results import check_cells, read_results
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,9 @@ def _excluded(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple, str]]:
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, settings, analysis, metric, layer, head) of ``df``: peak and exit
-    steps with intervals (see the module docstring)."""
+    steps with intervals (see the module docstring). A cell held twice (two runs' rows in one
+    table) is refused naming the runs."""
+    check_cells(df, "the table")
     df = paper_layers(df)
     kept, gone = _excluded(df)
     rows = []

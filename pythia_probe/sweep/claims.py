@@ -115,6 +115,11 @@ class Claims:
             return not isinstance(pid, int) or not pid_alive(pid)
         return False
 
+    def live(self, path: str | os.PathLike) -> bool:
+        """``path`` is a claim whose holder is alive (not released, not stale)."""
+        seen = self._read(Path(path))
+        return seen is not None and not self.stale(Path(path), seen)
+
     def _discard_stale(self, path: Path, seen: dict) -> None:
         """Move the stale claim away (one process wins the rename); put back a claim that is
         not the one judged stale (a fresh one created in between)."""

@@ -212,9 +212,9 @@ class SweepConfig:
     raw one), statistics of the first 100,000 OpenWebText documents of >= 512 characters (built
     on first use, then cached), results in runs/<model name>/."""
 
-    steps: str = "all"
+    steps: str = field(default="all", metadata={"list": True})
     """Steps: 1000-143000, 1000-143000:5000, 0,1,2,4,512, early, log or all."""
-    model: str = "EleutherAI/pythia-1.4b"
+    model: str = field(default="EleutherAI/pythia-1.4b", metadata={"list": True})
     """Hub id (any Pythia size or -deduped) or a folder with one step*/ folder per checkpoint;
     several, comma-separated, sweep into one table (a model column)."""
     suite: Literal["pythia", "pythia-deduped"] | None = None
@@ -262,7 +262,7 @@ class SweepConfig:
     """auto (cuda when there is one, else cpu), cpu, cuda, cuda:N."""
     dtype: Literal["float32", "float64"] = "float32"
     """Compute dtype of the analyses."""
-    heads: str = "all"
+    heads: str = field(default="all", metadata={"list": True})
     """Per-head rows: all, none, or layers numbered as in the paper and the tables (from 1),
     like 2,13,24."""
     retries: int = 1

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pythia_probe.results import ResultsError, read_shard
+from pythia_probe.results import ResultsError, read_shard, shard_run
 
 SHARDS, FAILED, CLAIMS = "shards", "failed", "claims"
 
@@ -52,11 +52,14 @@ class Layout:
         return self._folder(CLAIMS, model) / f"step{step}.json"
 
     def done(self, model: str | None, step: int, analyses: Iterable[str],
-             stats_id: str | None = None) -> bool:
-        """A valid shard of the task (for ``stats_id``) holding rows of every analysis asked;
-        an empty, truncated or partial shard is recomputed."""
-        return _valid(self.shard(model, step), step, analyses, stats_id,
-                      None if len(self.models) <= 1 else model)
+             stats_id: str | None = None, run_key: str | None = None) -> bool:
+        """A valid shard of the task (for ``stats_id``) holding rows of every analysis asked,
+        written by a run of this ``run_key`` (the same settings: one shape per table) where it
+        says; an empty, truncated, partial or other run's shard is recomputed."""
+        path = self.shard(model, step)
+        if run_key is not None and (shard_run(path) or {}).get("run_key", run_key) != run_key:
+            return False
+        return _valid(path, step, analyses, stats_id, None if len(self.models) <= 1 else model)
 
     def failed(self) -> list[tuple[str | None, int]]:
         """(model, step) of every failure record in ``OUT/failed/``."""
