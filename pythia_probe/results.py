@@ -18,6 +18,7 @@ written before a column existed read with it null.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -159,12 +160,15 @@ def write_shard(df: pd.DataFrame, path: str | os.PathLike, run: Mapping[str, str
                 ) -> Path:
     """Validate ``df`` and write it to ``path`` atomically (temp file + rename); ``run``: the
     identity of the run it belongs to (``run_id`` and ``run_key``, the manifest's content
-    key), kept in the file's metadata so a folder can tell its own shards from another run's."""
+    key), kept in the file's metadata with the digest of its rows, so a folder tells its own
+    shards from another run's and an edited or damaged shard from a written one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(validate(_coerce(df)), schema=ARROW_SCHEMA, preserve_index=False)
+    df = validate(_coerce(df))
+    table = pa.Table.from_pandas(df, schema=ARROW_SCHEMA, preserve_index=False)
     if run is not None:
-        table = table.replace_schema_metadata({RUN_META: json.dumps(dict(run))})
+        table = table.replace_schema_metadata({RUN_META: json.dumps({**run,
+                                                                     "rows": _digest(df)})})
     atomic_write(path, lambda tmp: pq.write_table(table, tmp), table.nbytes)
     return path
 
@@ -195,7 +199,16 @@ def _read(path) -> tuple[pd.DataFrame, dict | None]:
         if col not in df.columns:
             df[col] = None
     _check_columns(df)
-    return validate(_coerce(df)), run if isinstance(run, dict) else None
+    df, run = validate(_coerce(df)), run if isinstance(run, dict) else None
+    if run is not None and run.get("rows") != _digest(df):
+        raise ResultsError(f"results shard {path} was edited or damaged after it was written "
+                           "(its rows do not match their digest); rerun the sweep to rescore it")
+    return df, run
+
+
+def _digest(df: pd.DataFrame) -> str:
+    """sha256 of a shard's rows (their CSV text: every float in full)."""
+    return hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
 
 
 def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
