@@ -500,16 +500,18 @@ def test_run_sweep_waits_for_a_task_another_process_holds_and_returns_the_whole_
     claim.parent.mkdir(parents=True)
     claim.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                                  "run_id": "other", "token": "theirs"}))
-    waits = []
+    waits, real_sleep = [], time.sleep
 
-    def holder_finishes(seconds):
-        waits.append(seconds)
+    def holder_finishes(seconds):  # time.sleep: the wait for step 1 is the first of 1 s
+        if seconds != tasks.WAIT_POLL or not claim.exists():
+            return real_sleep(seconds)
+        waits.append(sorted(p.name for p in (out / "shards").iterdir()))
         shutil.copy(root / "clean" / "shards" / "step1.parquet", out / "shards")
         claim.unlink()
 
-    monkeypatch.setattr(tasks.time, "sleep", holder_finishes)
+    monkeypatch.setattr(time, "sleep", holder_finishes)
     df = pp.run_sweep(**_kwargs(_argv(repo, stats, out)))
-    assert waits == [tasks.WAIT_POLL]
+    assert waits == [["step0.parquet", "step2.parquet"]]  # waited once, its own steps done
     pd.testing.assert_frame_equal(_sorted(df), _sorted(clean))
     assert (out / "shards" / "step1.parquet").read_bytes() == \
         (root / "clean" / "shards" / "step1.parquet").read_bytes()  # theirs, not scored twice
