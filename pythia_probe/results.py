@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pythia_probe import __version__ as CODE_VERSION
-from pythia_probe.errors import ResultsError
+from pythia_probe.errors import MismatchError, ResultsError
 from pythia_probe.fileio import atomic_write, write_text
 
 # column -> (arrow type, nullable)
@@ -246,7 +246,7 @@ def _one_run(root: Path, shards: list[Path], runs: list[dict | None]) -> None:
     if len(by_key) > 1:
         (key, mine), *others = sorted(by_key.items(), key=lambda kv: -len(kv[1]))
         where = "; ".join(f"run {k} ({_named(files)})" for k, files in others)
-        raise ResultsError(f"{root} holds the shards of {len(by_key)} runs with different "
+        raise MismatchError(f"{root} holds the shards of {len(by_key)} runs with different "
                            f"settings: run {key} ({len(mine)} shards) and {where}; a folder is "
                            "one run's table: move the other run's shards out")
 
@@ -261,7 +261,7 @@ def check_cells(df: pd.DataFrame, where: str, files: str | None = None) -> None:
         return
     by = files or "run_id"
     named = sorted(set(df.loc[dup, by].astype(str))) if by in df else []
-    raise ResultsError(f"{where}: {int(dup.sum() - df[dup].duplicated(cell).sum())} cells "
+    raise MismatchError(f"{where}: {int(dup.sum() - df[dup].duplicated(cell).sum())} cells "
                        f"appear more than once, in {'files' if files else 'runs'} "
                        f"{_named(named)}; a table is one run's: remove the copies (or read "
                        "each run's folder on its own)")

@@ -434,11 +434,15 @@ def test_shards_of_another_run_or_a_copy_below_out_are_refused_naming_the_files(
     out = _copy_of_clean(setup, tmp_path)
     other = read_shard(out / "shards" / "step2.parquet").assign(dtype="float32", run_id="r2")
     write_shard(other, out / "step2.parquet", {"run_id": "r2", "run_key": "f32"})
-    with pytest.raises(ResultsError, match=r"shards of 2 runs .*run f32 \(step2.parquet\)"):
+    with pytest.raises(MismatchError, match=r"shards of 2 runs .*run f32 \(step2.parquet\)"):
         read_results(out)
+    before = (out / "manifest.json").read_bytes()
+    line = _one_line(_argv(setup[1], setup[2], out), capsys, monkeypatch)  # refused up front
+    assert f"{out} holds tables that are not this run's shards (step2.parquet)" in line
+    assert (out / "manifest.json").read_bytes() == before
     (out / "step2.parquet").unlink()
     shutil.copytree(out / "shards", out / "backup" / "shards")
-    with pytest.raises(ResultsError, match=r"appear more than once, in files backup/shards/"
+    with pytest.raises(MismatchError, match=r"appear more than once, in files backup/shards/"
                        r"step0.parquet, backup/shards/step1.parquet, backup/shards/step2"):
         read_results(out)
     monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK", raising=False)
@@ -446,7 +450,7 @@ def test_shards_of_another_run_or_a_copy_below_out_are_refused_naming_the_files(
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("plots: error: ") and "backup/shards/step0.parquet" in line
     twice = pd.concat([clean, clean.assign(run_id="r2", dtype="float32")])
-    with pytest.raises(ResultsError, match=f"{len(clean)} cells appear more than once"):
+    with pytest.raises(MismatchError, match=f"{len(clean)} cells appear more than once"):
         summary_table(twice)
     shutil.rmtree(out / "backup")
     pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean))

@@ -20,11 +20,13 @@ analysis.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pythia_probe.results import ResultsError, read_shard, shard_run
+from pythia_probe.errors import MismatchError
+from pythia_probe.results import NOT_SHARDS, ResultsError, read_shard, shard_run
 
 SHARDS, FAILED, CLAIMS = "shards", "failed", "claims"
 
@@ -61,6 +63,20 @@ class Layout:
             return False
         return _valid(path, step, analyses, stats_id, None if len(self.models) <= 1 else model)
 
+    def check_strays(self) -> None:
+        """Refuse up front tables below OUT that are no task's shard here (another run's shard
+        dropped in, a copy of shards/): the folder's table would count them twice or mix
+        runs (:func:`~pythia_probe.results.read_results` refuses it)."""
+        root, folders = Path(self.out), {str(m).replace("/", "--") for m in self.models}
+        strays = [p.relative_to(root) for p in sorted(root.rglob("*.parquet"))
+                  if p.name not in NOT_SHARDS and not _in_place(p.relative_to(root).parts,
+                                                                folders)]
+        if strays:
+            names = ", ".join(map(str, strays[:3])) + (f" and {len(strays) - 3} more"
+                                                       if len(strays) > 3 else "")
+            raise MismatchError(f"{root} holds tables that are not this run's shards ({names}): "
+                                f"the folder's table would mix them in; move them out of {root}")
+
     def failed(self) -> list[tuple[str | None, int]]:
         """(model, step) of every failure record in ``OUT/failed/``."""
         root = Path(self.out) / FAILED
@@ -69,6 +85,13 @@ class Layout:
         by_folder = {m.replace("/", "--"): m for m in self.models}
         return [(by_folder[d.name], s) for d in sorted(root.glob("*")) if d.name in by_folder
                 for s in _steps(d)]
+
+
+def _in_place(parts: tuple[str, ...], folders: set[str]) -> bool:
+    """``shards/step{N}.parquet`` (one model) or ``shards/<model>/step{N}.parquet``."""
+    inner = parts[1:-1]
+    return parts[0] == SHARDS and re.fullmatch(r"step\d+\.parquet", parts[-1]) is not None \
+        and (inner == () if len(folders) <= 1 else len(inner) == 1 and inner[0] in folders)
 
 
 def _steps(folder: Path) -> list[int]:

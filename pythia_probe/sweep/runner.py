@@ -228,6 +228,7 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
     layout = Layout(parts.output.out, tuple(r.name for r in runs))
+    layout.check_strays()
     names = tensor_names(combined_needs(analyses))
     plan = plan_downloads([r.source for r in runs], {r.source.model: r.steps for r in runs})
     dls = {r.name: model_downloads(r, plan, layout, sc.analyses, names,
