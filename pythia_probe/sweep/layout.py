@@ -19,9 +19,8 @@ analysis.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,27 +112,3 @@ def _valid(path: Path, step: int, analyses: Iterable[str], stats_id: str | None,
     if stats_id is not None and not (df["stats_id"] == stats_id).all():
         return False
     return set(analyses) <= set(df["analysis"])
-
-
-# ---- one model's folder, as before (kept for callers of the flat layout) -----------------------
-def shard_path(out: str | os.PathLike, step: int) -> Path:
-    return Layout(str(out)).shard(None, step)
-
-
-def failure_path(out: str | os.PathLike, step: int) -> Path:
-    return Layout(str(out)).failure(None, step)
-
-
-def failed_steps(out: str | os.PathLike) -> list[int]:
-    """Steps with a failure record in ``OUT/failed/`` (a folder of one model)."""
-    return [s for _, s in Layout(str(out)).failed()]
-
-
-def shard_done(out: str | os.PathLike, step: int, analyses: Iterable[str],
-               stats_id: str | None = None) -> bool:
-    return Layout(str(out)).done(None, step, analyses, stats_id)
-
-
-def split_steps(steps: Sequence[int], rank: int, world_size: int) -> list[int]:
-    """The steps process ``rank`` of ``world_size`` handles (round-robin, disjoint, complete)."""
-    return list(steps[rank::world_size])
