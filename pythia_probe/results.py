@@ -232,7 +232,8 @@ def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
     return df.drop(columns=FILE)
 
 
-def _named(files: list) -> str:
+def named_files(files: list) -> str:
+    """The first three of ``files`` and how many more."""
     return ", ".join(map(str, files[:3])) + (f" and {len(files) - 3} more" if len(files) > 3
                                               else "")
 
@@ -245,10 +246,10 @@ def _one_run(root: Path, shards: list[Path], runs: list[dict | None]) -> None:
             by_key.setdefault(run["run_key"], []).append(path.relative_to(root))
     if len(by_key) > 1:
         (key, mine), *others = sorted(by_key.items(), key=lambda kv: -len(kv[1]))
-        where = "; ".join(f"run {k} ({_named(files)})" for k, files in others)
+        where = "; ".join(f"run {k} ({named_files(files)})" for k, files in others)
         raise MismatchError(f"{root} holds the shards of {len(by_key)} runs with different "
-                           f"settings: run {key} ({len(mine)} shards) and {where}; a folder is "
-                           "one run's table: move the other run's shards out")
+                            f"settings: run {key} ({len(mine)} shards) and {where}; a folder "
+                            "is one run's table: move the other run's shards out")
 
 
 def check_cells(df: pd.DataFrame, where: str, files: str | None = None) -> None:
@@ -262,9 +263,9 @@ def check_cells(df: pd.DataFrame, where: str, files: str | None = None) -> None:
     by = files or "run_id"
     named = sorted(set(df.loc[dup, by].astype(str))) if by in df else []
     raise MismatchError(f"{where}: {int(dup.sum() - df[dup].duplicated(cell).sum())} cells "
-                       f"appear more than once, in {'files' if files else 'runs'} "
-                       f"{_named(named)}; a table is one run's: remove the copies (or read "
-                       "each run's folder on its own)")
+                        f"appear more than once, in {'files' if files else 'runs'} "
+                        f"{named_files(named)}; a table is one run's: remove the copies (or "
+                        "read each run's folder on its own)")
 
 
 def _git_sha() -> str | None:

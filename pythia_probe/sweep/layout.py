@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pythia_probe.errors import MismatchError
-from pythia_probe.results import NOT_SHARDS, ResultsError, read_shard, shard_run
+from pythia_probe.results import NOT_SHARDS, ResultsError, named_files, read_shard, shard_run
 
 SHARDS, FAILED, CLAIMS = "shards", "failed", "claims"
 
@@ -71,9 +71,8 @@ class Layout:
                   if p.name not in NOT_SHARDS and not _in_place(p.relative_to(root).parts,
                                                                 folders)]
         if strays:
-            names = ", ".join(map(str, strays[:3])) + (f" and {len(strays) - 3} more"
-                                                       if len(strays) > 3 else "")
-            raise MismatchError(f"{root} holds tables that are not this run's shards ({names}): "
+            raise MismatchError(f"{root} holds tables that are not this run's shards "
+                                f"({named_files(strays)}): "
                                 f"the folder's table would mix them in; move them out of {root}")
 
     def failed(self) -> list[tuple[str | None, int]]:
