@@ -454,6 +454,10 @@ def test_shards_of_another_run_or_a_copy_below_out_are_refused_naming_the_files(
         summary_table(twice)
     shutil.rmtree(out / "backup")
     pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean))
+    (out / "shards" / "step1.parquet").unlink()
+    (out / "shards" / "step1.parquet").mkdir()  # a folder where a shard goes
+    line = _one_line(_argv(setup[1], setup[2], out), capsys, monkeypatch)
+    assert "not this run's shards (shards/step1.parquet)" in line
 
 
 @pytest.mark.parametrize("garbage", ["bytes", "rows"])

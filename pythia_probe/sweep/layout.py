@@ -64,12 +64,12 @@ class Layout:
 
     def check_strays(self) -> None:
         """Refuse up front tables below OUT that are no task's shard here (another run's shard
-        dropped in, a copy of shards/): the folder's table would count them twice or mix
-        runs (:func:`~pythia_probe.results.read_results` refuses it)."""
+        dropped in, a copy of shards/, a folder where a shard goes): the folder's table would
+        count them twice or mix runs (:func:`~pythia_probe.results.read_results` refuses it)."""
         root, folders = Path(self.out), {str(m).replace("/", "--") for m in self.models}
         strays = [p.relative_to(root) for p in sorted(root.rglob("*.parquet"))
-                  if p.name not in NOT_SHARDS and not _in_place(p.relative_to(root).parts,
-                                                                folders)]
+                  if p.name not in NOT_SHARDS and not (p.is_file() and _in_place(
+                      p.relative_to(root).parts, folders))]
         if strays:
             raise MismatchError(f"{root} holds tables that are not this run's shards "
                                 f"({named_files(strays)}): "
