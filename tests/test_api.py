@@ -26,6 +26,7 @@ from pythia_probe.sweep.config import SweepConfig
     ({"top_k": "many"}, r"--top-k 'many': valid: full, or an integer K >= 1"),
     ({"retries": -1}, r"--retries, --prefetch and --max-rank must be >= 0"),
     ({"stepz": "0"}, r"unknown flags \['stepz'\]"),
+    ({"out": __file__}, r"--out .*test_api.py is a file: give a results folder"),
 ])
 def test_wrong_keywords_are_the_commands_one_line_errors(keywords, says):
     with pytest.raises(BadInputError, match=says):

@@ -349,6 +349,9 @@ class SweepConfig:
         if self.out is None:
             name = self.suite or "_".join(Path(m.rstrip("/")).name for m in self.models)
             object.__setattr__(self, "out", str(Path(RUNS) / name))
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise BadInputError(f"--out {self.out} is a file: give a results folder (new, or "
+                                "one of an earlier run to resume)")
 
     @property
     def models(self) -> tuple[str, ...]:
