@@ -15,14 +15,14 @@ step) tasks as written in ``out``. Bad input raises the one-line error the comma
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from pathlib import Path
 
 import pandas as pd
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.cli import keywords_argv, parse_configs
+from pythia_probe.errors import BadInputError, MissingFileError, ResultsError
 from pythia_probe.ranks import from_env
 from pythia_probe.results import MANIFEST, read_manifest, read_results
 from pythia_probe.stats import CorpusStats
@@ -34,32 +34,14 @@ from pythia_probe.sweep.runner import run as run_parts
 __all__ = ["read_results", "run_sweep", "statistics", "summary_table"]
 
 log = logging.getLogger(__name__)
-_TUPLES = {f.name for f in dataclasses.fields(SweepConfig) if "tuple" in str(f.type)}
 
 
-def _config(flags: dict) -> SweepConfig:
-    """The command's config from keywords (a comma-separated string or a list where the flag
-    takes a list)."""
-    unknown = sorted(set(flags) - {f.name for f in dataclasses.fields(SweepConfig)})
-    if unknown:
-        raise BadInputError(f"run_sweep got unknown flags {unknown}; valid: the fields of "
-                            "`python -m pythia_probe.sweep --help` with _ for -")
-    for name in _TUPLES & set(flags):
-        if isinstance(flags[name], str):
-            flags[name] = tuple(p.strip() for p in flags[name].split(",") if p.strip())
-    return SweepConfig(**flags)
-
-
-def _argv(flags: dict) -> list[str]:
-    """The command line a run_sweep call stands for (recorded in the manifest)."""
-    argv = []
-    for name, value in flags.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + name.replace("_", "-"))
-        elif value is not None:
-            argv += [flag, ",".join(value) if isinstance(value, (list, tuple)) else str(value)]
-    return argv
+def sweep_config(flags: dict, who: str = "run_sweep") -> tuple[SweepConfig, list[str]]:
+    """The command's config from keywords, built as the command builds it (the same parser
+    and checks, so the same one-line errors), and the command line they stand for."""
+    argv = keywords_argv(SweepConfig, flags, who)
+    [fields] = parse_configs([SweepConfig], argv, f"pp.{who}", keywords=True)
+    return SweepConfig(**fields), argv
 
 
 def run_sweep(model: str = "EleutherAI/pythia-1.4b", steps: str = "all",
@@ -68,10 +50,10 @@ def run_sweep(model: str = "EleutherAI/pythia-1.4b", steps: str = "all",
     ``stats`` (a statistics file; default: the paper's recipe, built once and cached) into
     ``out`` (default ``runs/<model>``) and return the table of those tasks. Failed tasks are
     listed in ``out/failed/`` and named in a warning; the rest of the table is returned."""
-    flags = {"model": model, "steps": steps, "stats": stats, "out": out, **flags}
-    cfg = _config(dict(flags))
+    cfg, argv = sweep_config({"model": model, "steps": steps, "stats": stats, "out": out,
+                              **flags})
     ranks = from_env(cfg.device)
-    rc = run_parts(cfg.split(ranks.device), ranks, _argv(flags))
+    rc = run_parts(cfg.split(ranks.device), ranks, argv)
     if cfg.dry_run:
         return pd.DataFrame()
     if rc != 0:
@@ -100,20 +82,31 @@ def statistics(source: str | os.PathLike | None = None, *, model: str | None = N
     ``seq_len``, ``top_k``, ``tokenizer``, ``device``)."""
     if source is not None:
         return CorpusStats.load(_statistics_file(Path(source), model))
-    cfg = _config({"model": model or SweepConfig.model, "out": "unused", **flags})
+    cfg, _ = sweep_config({"model": model or SweepConfig.model, "out": "unused", **flags},
+                          "statistics")
     ranks = from_env(cfg.device)
     [path] = build_statistics(cfg.split(ranks.device), ranks)
     return CorpusStats.load(path)
 
 
 def _statistics_file(source: Path, model: str | None) -> Path:
-    if not (source / MANIFEST).is_file():
+    """``source`` itself (a statistics file), or the file a results folder's run used."""
+    if not source.exists():
+        raise MissingFileError(f"{source}: no such statistics file or results folder")
+    if source.is_dir() and not (source / MANIFEST).is_file():
+        raise BadInputError(f"{source} is a folder without {MANIFEST}: give a statistics file "
+                            "or a sweep's results folder")
+    if not source.is_dir():
         return source
     m = read_manifest(source)
     by_model = m.get("statistics_by_model")
-    if by_model is None:
-        return Path(m["statistics"]["file"])
-    if model not in by_model:
+    if isinstance(by_model, dict) and model not in by_model:
         raise BadInputError(f"{source}: the models' statistics differ; give model= one of "
                             f"{sorted(by_model)}")
-    return Path(by_model[model]["statistics"]["file"])
+    entry = by_model[model] if isinstance(by_model, dict) else m
+    rec = entry.get("statistics") if isinstance(entry, dict) else None
+    file = rec.get("file") if isinstance(rec, dict) else None
+    if not isinstance(file, str):
+        raise ResultsError(f"{source / MANIFEST} names no statistics file (statistics.file): "
+                           "not a sweep's results folder; give the statistics file itself")
+    return Path(file)

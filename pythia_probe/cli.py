@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from pythia_probe import __version__, logs
-from pythia_probe.errors import Interrupted, user_message
+from pythia_probe.errors import BadInputError, Interrupted, user_message
 
 _PROG: contextvars.ContextVar[str | None] = contextvars.ContextVar("pythia_probe_prog",
                                                                    default=None)
@@ -161,10 +161,21 @@ def _with_log_level(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+class _Refusing(argparse.ArgumentParser):
+    """The parser of keyword values (the Python API): a problem raises the line the command
+    prints, as a :class:`~pythia_probe.errors.BadInputError`, instead of exiting."""
+
+    def error(self, message: str):
+        raise BadInputError(message)
+
+
 def _parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> dict[str, Any]:
-    """Parse ``argv`` (``sys.argv[1:]`` when None) and set up logging from --log-level."""
+    """Parse ``argv`` (``sys.argv[1:]`` when None) and set up logging from --log-level (the
+    command's; keyword values leave the caller's logging alone)."""
     ns = vars(_with_log_level(p).parse_args(sys.argv[1:] if argv is None else list(argv)))
-    logs.setup(ns.pop("log_level"))
+    level = ns.pop("log_level")
+    if not isinstance(p, _Refusing):
+        logs.setup(level)
     return ns
 
 
@@ -175,17 +186,67 @@ def parse_config(cls: type, argv: Sequence[str] | None, prog: str, **fixed: Any)
 
 
 def parse_configs(classes: Sequence[type], argv: Sequence[str] | None, prog: str,
-                  description: str | None = None) -> list[dict[str, Any]]:
+                  description: str | None = None, *, keywords: bool = False
+                  ) -> list[dict[str, Any]]:
     """The flags of several dataclasses on one command line; one dict of field values per class
-    (the caller builds each, e.g. after resolving ranks)."""
-    p = argparse.ArgumentParser(prog=prog_name(prog),
-                                description=description or inspect.getdoc(classes[0]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    (the caller builds each, e.g. after resolving ranks). ``keywords``: ``argv`` is
+    :func:`keywords_argv`'s, and a problem raises its line instead of exiting."""
+    kind = _Refusing if keywords else argparse.ArgumentParser
+    p = kind(prog=prog_name(prog), description=description or inspect.getdoc(classes[0]),
+             formatter_class=argparse.RawDescriptionHelpFormatter)
     for cls in classes:
         config_parser(cls, prog, parser=p, group=len(classes) > 2)
     ns = _parse(p, argv)
     return [{f.name: ns[dest(f)] for f in dataclasses.fields(cls) if dest(f) in ns}
             for cls in classes]
+
+
+def keywords_argv(cls: type, values: dict[str, Any], who: str) -> list[str]:
+    """The command line keyword ``values`` stand for (the Python API), each checked against
+    its field's type: a switch takes True or False (a string such as "false" is refused), a
+    number a number, a list flag (a tuple field, or ``metadata={"list": True}`` such as
+    --model) a comma-separated string or a list of items; None leaves an optional flag at its
+    default. A keyword that is no field, or of another type, is one BadInputError naming it."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise BadInputError(f"{who} got unknown flags {unknown}; valid: the fields of "
+                            f"`{prog_name(who)} --help` with _ for -")
+    hints, argv = typing.get_type_hints(cls), []
+    for name, value in values.items():
+        argv += _tokens(fields[name], hints[name], value, who)
+    return argv
+
+
+def _tokens(f: dataclasses.Field, hint: Any, value: Any, who: str) -> list[str]:
+    optional = type(None) in typing.get_args(hint)
+    hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint) \
+        if optional else hint
+    listed = typing.get_origin(hint) is tuple or f.metadata.get("list", False)
+    kind = {bool: "True or False", int: "an integer", float: "a number"}.get(
+        hint, "a comma-separated string or a list" if listed else "a string")
+    bad = BadInputError(f"{who}({f.name}={value!r}): {flag(dest(f))} takes {kind}, not "
+                        f"{type(value).__name__}" + (" (None keeps the default)" * optional))
+    if value is None:
+        if not optional:
+            raise bad
+        return []
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad
+        default = f.default if f.default is not dataclasses.MISSING else False
+        return [] if value == default else [flag(dest(f)) if value else
+                                            "--no-" + flag(dest(f))[2:]]
+    if isinstance(value, bool) or (hint is int and not isinstance(value, int)) or (
+            hint is float and not isinstance(value, (int, float))):
+        raise bad
+    if listed and isinstance(value, (list, tuple)):
+        if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+            raise bad
+        value = ",".join(map(str, value))
+    elif hint not in (int, float) and not isinstance(value, (str, int)):
+        raise bad
+    return [f"{flag(dest(f))}={value}"]  # one token: a value may start with "-"
 
 
 def parse_subcommand(commands: dict[str, type], argv: Sequence[str] | None, prog: str,

@@ -18,6 +18,7 @@ written before a column existed read with it null.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pythia_probe import __version__ as CODE_VERSION
-from pythia_probe.errors import ResultsError
+from pythia_probe.errors import MismatchError, ResultsError
 from pythia_probe.fileio import atomic_write, write_text
 
 # column -> (arrow type, nullable)
@@ -73,6 +74,10 @@ LATER_COLUMNS = ("settings", "chance", "ceiling", "ci_low", "ci_high", "revision
 MANIFEST = "manifest.json"
 #: tables beside the shards in a run folder: the summary (pythia_probe.summary), the ledger
 NOT_SHARDS = ("summary.parquet", "revisions.parquet")
+#: what identifies one cell of a table (one number per cell in one run)
+CELL = ["model", "settings", "step", "analysis", "metric", "layer", "head"]
+RUN_META = "pythia_probe.run"  # a shard's metadata key: its run's run_id and run_key
+FILE = "_file"
 LAYERS = "1-based: layer l is the l-th transformer block, as the papers number them"
 
 
@@ -151,36 +156,116 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def write_shard(df: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Validate ``df`` and write it to ``path`` atomically (temp file + rename)."""
+def write_shard(df: pd.DataFrame, path: str | os.PathLike, run: Mapping[str, str] | None = None
+                ) -> Path:
+    """Validate ``df`` and write it to ``path`` atomically (temp file + rename); ``run``: the
+    identity of the run it belongs to (``run_id`` and ``run_key``, the manifest's content
+    key), kept in the file's metadata with the digest of its rows, so a folder tells its own
+    shards from another run's and an edited or damaged shard from a written one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(validate(_coerce(df)), schema=ARROW_SCHEMA, preserve_index=False)
+    df = validate(_coerce(df))
+    table = pa.Table.from_pandas(df, schema=ARROW_SCHEMA, preserve_index=False)
+    if run is not None:
+        table = table.replace_schema_metadata({RUN_META: json.dumps({**run,
+                                                                     "rows": _digest(df)})})
     atomic_write(path, lambda tmp: pq.write_table(table, tmp), table.nbytes)
     return path
 
 
 def read_shard(path: str | os.PathLike) -> pd.DataFrame:
     """Read one shard written by :func:`write_shard`, with a clear error if unreadable."""
+    return _read(path)[0]
+
+
+def shard_run(path: str | os.PathLike) -> dict | None:
+    """The run identity a shard was written with (None: written without one, or unreadable)."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        run = json.loads(meta[RUN_META.encode()])
+    except (OSError, pa.ArrowInvalid, KeyError, ValueError):
+        return None
+    return run if isinstance(run, dict) else None
+
+
+def _read(path) -> tuple[pd.DataFrame, dict | None]:
     try:
         table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as e:
+        run = json.loads((table.schema.metadata or {}).get(RUN_META.encode(), b"null"))
+    except (OSError, pa.ArrowInvalid, ValueError) as e:
         raise ResultsError(f"cannot read results shard {path}: {e}") from e
     df = table.to_pandas()
     for col in LATER_COLUMNS:  # shards written before the column existed
         if col not in df.columns:
             df[col] = None
     _check_columns(df)
-    return validate(_coerce(df))
+    df, run = validate(_coerce(df)), run if isinstance(run, dict) else None
+    if run is not None and run.get("rows") != _digest(df):
+        raise ResultsError(f"results shard {path} was edited or damaged after it was written "
+                           "(its rows do not match their digest); rerun the sweep to rescore it")
+    return df, run
+
+
+def _digest(df: pd.DataFrame) -> str:
+    """sha256 of a shard's rows (their CSV text: every float in full)."""
+    return hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
 
 
 def read_results(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """Concatenate every ``*.parquet`` shard under ``run_dir`` (recursively), validated; the
-    tables a run folder holds beside its shards (:data:`NOT_SHARDS`) are not rows."""
-    shards = sorted(p for p in Path(run_dir).rglob("*.parquet") if p.name not in NOT_SHARDS)
+    """Concatenate every ``*.parquet`` shard under ``run_dir`` (recursively; a shard file: that
+    one), validated; the
+    tables a run folder holds beside its shards (:data:`NOT_SHARDS`) are not rows. A folder is
+    one run's table: shards of runs with other settings (another ``run_key``) or cells held
+    twice (a copy of a shard) are refused in one line naming the files."""
+    root = Path(run_dir)
+    if root.is_file():
+        return read_shard(root)
+    shards = sorted(p for p in root.rglob("*.parquet") if p.name not in NOT_SHARDS)
     if not shards:
-        raise ResultsError(f"no *.parquet result shards under {run_dir}")
-    return pd.concat([read_shard(p) for p in shards], ignore_index=True)
+        raise ResultsError(f"no *.parquet result shards under {run_dir}"
+                           + ("" if root.is_dir() else ": no such folder"))
+    read = [_read(p) for p in shards]
+    _one_run(root, shards, [run for _, run in read])
+    df = pd.concat([d.assign(**{FILE: str(p.relative_to(root))}) for p, (d, _) in
+                    zip(shards, read, strict=True)], ignore_index=True)
+    check_cells(df, f"{run_dir}", FILE)
+    return df.drop(columns=FILE)
+
+
+def named_files(files: list) -> str:
+    """The first three of ``files`` and how many more."""
+    return ", ".join(map(str, files[:3])) + (f" and {len(files) - 3} more" if len(files) > 3
+                                              else "")
+
+
+def _one_run(root: Path, shards: list[Path], runs: list[dict | None]) -> None:
+    """Refuse shards of more than one run_key (the settings and statistics of a run)."""
+    by_key: dict[str, list[Path]] = {}
+    for path, run in zip(shards, runs, strict=True):
+        if run is not None and run.get("run_key"):
+            by_key.setdefault(run["run_key"], []).append(path.relative_to(root))
+    if len(by_key) > 1:
+        (key, mine), *others = sorted(by_key.items(), key=lambda kv: -len(kv[1]))
+        where = "; ".join(f"run {k} ({named_files(files)})" for k, files in others)
+        raise MismatchError(f"{root} holds the shards of {len(by_key)} runs with different "
+                            f"settings: run {key} ({len(mine)} shards) and {where}; a folder "
+                            "is one run's table: move the other run's shards out")
+
+
+def check_cells(df: pd.DataFrame, where: str, files: str | None = None) -> None:
+    """Refuse a table holding one cell (model, settings, step, analysis, metric, layer, head)
+    more than once: two runs' rows, or a shard and its copy; ``files``: the column naming
+    each row's file."""
+    cell = [c for c in CELL if c in df]
+    dup = df.duplicated(cell, keep=False)
+    if not dup.any():
+        return
+    by = files or "run_id"
+    named = sorted(set(df.loc[dup, by].astype(str))) if by in df else []
+    raise MismatchError(f"{where}: {int(dup.sum() - df[dup].duplicated(cell).sum())} cells "
+                        f"appear more than once, in {'files' if files else 'runs'} "
+                        f"{named_files(named)}; a table is one run's: remove the copies (or "
+                        "read each run's folder on its own)")
 
 
 def _git_sha() -> str | None:

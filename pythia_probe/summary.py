@@ -46,8 +46,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pythia_probe.cli import parse_config, run_main
+from pythia_probe.errors import ResultsError
 from pythia_probe.fileio import atomic_write
-from pythia_probe.results import read_results
+from pythia_probe.results import check_cells, read_results
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,13 @@ def _excluded(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[tuple, str]]:
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, settings, analysis, metric, layer, head) of ``df``: peak and exit
-    steps with intervals (see the module docstring)."""
+    steps with intervals (see the module docstring). A cell held twice (two runs' rows in one
+    table) is refused naming the runs."""
+    missing = [c for c in [*KEYS, "step", "value"] if c not in df]
+    if missing:
+        raise ResultsError(f"the table lacks the columns {missing}: summary_table takes a "
+                           "results table (pp.read_results of a results folder)")
+    check_cells(df, "the table")
     df = paper_layers(df)
     kept, gone = _excluded(df)
     rows = []

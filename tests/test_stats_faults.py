@@ -99,6 +99,24 @@ def test_engine_dense_past_its_plan_is_refused_before_allocating(tmp_path, monke
     assert allocated == []
 
 
+def test_engine_dense_on_a_gpu_that_offloads_to_a_small_host_is_refused_up_front(monkeypatch):
+    """A CUDA device that holds the dense peak but not six V x V matrices keeps its V x V
+    results in host memory: the plan checks the host too (it was an allocator traceback after
+    pass 1), and auto goes sparse."""
+    V = 20_000
+    VV = 8 * V * V
+    device = (16e9, "16 GB free on cuda:0 x 0.9")  # > dense peak 4 VV + 1 GiB, < 6 VV
+    monkeypatch.setattr(plan, "memory_budget", lambda dev: (2e9, "a 2 GB test host"))
+    host = plan.dense_peak(V, None, "cpu")
+    assert plan.dense_peak(V, None, "cuda:0") < device[0] < 6 * VV and host > 2e9
+    with pytest.raises(ResourceError, match=rf"needs {host / 1e9:.1f} GB .* more than the budget "
+                                            r"2\.0 GB \(host memory of a CUDA run: a 2 GB"):
+        plan.choose_engine("dense", V, 128, None, "cuda:0", device)
+    assert plan.choose_engine("auto", V, 128, None, "cuda:0", device).resolved == "sparse"
+    monkeypatch.setattr(plan, "memory_budget", lambda dev: (1e12, "a 1 TB test host"))
+    assert plan.choose_engine("dense", V, 128, None, "cuda:0", device).resolved == "dense"
+
+
 def test_engine_auto_follows_the_plan():
     """word:20000 on a 24 GB machine: the sparse engine (its fixed need is below the dense
     engine's 17 GB); a small vocabulary stays dense."""

@@ -4,26 +4,36 @@ signals, statistics the model cannot index, layers the model lacks, progress and
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
+import pythia_probe as pp
 from pythia_probe.cli import run_main
 from pythia_probe.errors import (
     FolderLockedError,
     MismatchError,
     OutOfRangeError,
     ResourceError,
+    ResultsError,
 )
 from pythia_probe.fileio import FolderLock
-from pythia_probe.results import read_manifest, read_results
+from pythia_probe.plots.run import main as plots_main
+from pythia_probe.results import read_manifest, read_results, read_shard, write_shard
 from pythia_probe.stats import batch_stats
+from pythia_probe.summary import summary_table
+from pythia_probe.sweep import tasks
 from pythia_probe.sweep.__main__ import main as sweep_main
 from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
@@ -396,3 +406,146 @@ def test_default_results_folder_is_git_ignored_and_apart_from_committed_results(
         pytest.skip("not a git checkout")
     probe = subprocess.run(["git", "check-ignore", "-q", f"{cfg.out}/manifest.json"], cwd=root)
     assert probe.returncode == 0
+
+
+# ---- one run per folder (issue 28.1, 28.5, 28.7) -------------------------------------------
+def _kwargs(argv):
+    """run_sweep keywords for a command line of _argv's (--x v, --no-x)."""
+    out, it = {}, iter(argv)
+    for token in it:
+        name = token[2:].replace("-", "_")
+        if name.startswith("no_"):
+            out[name[3:]] = False
+        else:
+            out[name] = next(it)
+    return out
+
+
+def _copy_of_clean(setup, tmp_path):
+    out = tmp_path / "o"
+    shutil.copytree(setup[0] / "clean", out)
+    return out
+
+
+def test_shards_of_another_run_or_a_copy_below_out_are_refused_naming_the_files(
+        setup, clean, tmp_path, capsys, monkeypatch):
+    """A float32 run's step2.parquet beside the shards, or a copy of shards/ below OUT:
+    read_results, summary_table and the plots refuse in one line naming the files."""
+    out = _copy_of_clean(setup, tmp_path)
+    other = read_shard(out / "shards" / "step2.parquet").assign(dtype="float32", run_id="r2")
+    write_shard(other, out / "step2.parquet", {"run_id": "r2", "run_key": "f32"})
+    with pytest.raises(MismatchError, match=r"shards of 2 runs .*run f32 \(step2.parquet\)"):
+        read_results(out)
+    before = (out / "manifest.json").read_bytes()
+    line = _one_line(_argv(setup[1], setup[2], out), capsys, monkeypatch)  # refused up front
+    assert f"{out} holds tables that are not this run's shards (step2.parquet)" in line
+    assert (out / "manifest.json").read_bytes() == before
+    (out / "step2.parquet").unlink()
+    shutil.copytree(out / "shards", out / "backup" / "shards")
+    with pytest.raises(MismatchError, match=r"appear more than once, in files backup/shards/"
+                       r"step0.parquet, backup/shards/step1.parquet, backup/shards/step2"):
+        read_results(out)
+    monkeypatch.delenv("PYTHIA_PROBE_TRACEBACK", raising=False)
+    assert run_main(lambda: plots_main(["--results", str(out)]), "plots") == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("plots: error: ") and "backup/shards/step0.parquet" in line
+    twice = pd.concat([clean, clean.assign(run_id="r2", dtype="float32")])
+    with pytest.raises(MismatchError, match=f"{len(clean)} cells appear more than once"):
+        summary_table(twice)
+    shutil.rmtree(out / "backup")
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean))
+    (out / "shards" / "step1.parquet").unlink()
+    (out / "shards" / "step1.parquet").mkdir()  # a folder where a shard goes
+    line = _one_line(_argv(setup[1], setup[2], out), capsys, monkeypatch)
+    assert "not this run's shards (shards/step1.parquet)" in line
+
+
+@pytest.mark.parametrize("garbage", ["bytes", "rows"])
+def test_a_shard_replaced_by_garbage_is_rescored_exactly(setup, clean, tmp_path, garbage):
+    """Random bytes, or a valid table whose numbers were edited: the rerun rescores that step
+    alone and the table equals the clean run's; read_results names the damaged file."""
+    root, repo, stats = setup
+    out = _copy_of_clean(setup, tmp_path)
+    shard = out / "shards" / "step1.parquet"
+    if garbage == "bytes":
+        shard.write_bytes(os.urandom(3000))
+    else:
+        table = pq.read_table(shard)
+        edited = table.to_pandas().assign(value=0.5)
+        pq.write_table(pa.Table.from_pandas(edited, schema=table.schema, preserve_index=False),
+                       shard)
+        with pytest.raises(ResultsError, match=f"{shard} was edited or damaged"):
+            read_results(out)
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
+    assert sweep_main(_argv(repo, stats, out)) == 0
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean))
+    now = {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
+    assert [n for n in now if now[n] != kept[n]] == ["step1.parquet"]
+
+
+def test_a_resume_whose_shards_lack_the_intervals_rescores_them(setup, clean, tmp_path):
+    """--no-intervals, manifest deleted, rerun with intervals: the old shard (another run_key)
+    is rescored, so the table has one shape: the clean run's."""
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    assert sweep_main(_argv(repo, stats, out, "--steps", "0", "--no-intervals")) == 0
+    assert read_results(out)["ci_low"].isna().all()
+    (out / "manifest.json").unlink()
+    for step in (1, 2):  # the clean run's own shards (its settings): kept as they are
+        shutil.copy(root / "clean" / "shards" / f"step{step}.parquet", out / "shards")
+    assert sweep_main(_argv(repo, stats, out)) == 0
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean))
+
+
+def test_run_sweep_waits_for_a_task_another_process_holds_and_returns_the_whole_table(
+        setup, clean, tmp_path, monkeypatch):
+    """Step 1 claimed by a live process: run_sweep waits for it (here the holder writes its
+    shard and lets go while it waits), then returns all three steps, not two."""
+
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    claim = out / "claims" / "step1.json"
+    claim.parent.mkdir(parents=True)
+    claim.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                 "run_id": "other", "token": "theirs"}))
+    waits, real_sleep = [], time.sleep
+
+    def holder_finishes(seconds):  # time.sleep: the wait for step 1 is the first of 1 s
+        if seconds != tasks.WAIT_POLL or not claim.exists():
+            return real_sleep(seconds)
+        waits.append(sorted(p.name for p in (out / "shards").iterdir()))
+        shutil.copy(root / "clean" / "shards" / "step1.parquet", out / "shards")
+        claim.unlink()
+
+    monkeypatch.setattr(time, "sleep", holder_finishes)
+    df = pp.run_sweep(**_kwargs(_argv(repo, stats, out)))
+    assert waits == [["step0.parquet", "step2.parquet"]]  # waited once, its own steps done
+    pd.testing.assert_frame_equal(_sorted(df), _sorted(clean))
+    assert (out / "shards" / "step1.parquet").read_bytes() == \
+        (root / "clean" / "shards" / "step1.parquet").read_bytes()  # theirs, not scored twice
+
+
+def test_two_sweeps_at_once_into_one_out_end_as_one_run(setup, clean, tmp_path, capsys):
+    """The same command twice at once (two threads: their claims look like another live
+    process's to each other): both exit 0, and the folder, manifest and table are one run's."""
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    start, codes = threading.Barrier(2), []
+
+    def launch():
+        start.wait()
+        codes.append(sweep_main(_argv(repo, stats, out)))
+
+    threads = [threading.Thread(target=launch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert codes == [0, 0]
+    pd.testing.assert_frame_equal(_sorted(read_results(out)), _sorted(clean))
+    m = read_manifest(out)
+    assert m["status"] == "complete" and m["steps"] == list(STEPS)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "revisions.parquet",
+                                                   "shards", "summary.parquet"]
+    printed = capsys.readouterr().out
+    assert printed.count(" 0 failed") == 2 and printed.count("wrote ") == 2

@@ -84,6 +84,17 @@ def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int
     return max(5 * VV, pass2, 6 * VV if groups else 0) + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
 
 
+def host_need(d_vocab: int, top_k: int | None, device: str, groups: int,
+              limit: float | None) -> int:
+    """Host bytes a CUDA run of the dense engine needs besides the device: where the device
+    (``limit``) cannot hold six V x V float64 matrices, its V x V results live in host memory
+    (``dense.first.needs_offload``), as much as a CPU run's peak; else none."""
+    VV = 8 * d_vocab * d_vocab
+    if not device.startswith("cuda") or (limit is not None and 6 * VV <= limit):
+        return 0
+    return dense_peak(d_vocab, top_k, "cpu", groups)
+
+
 def check_kept(k: int, groups: int = 0, budget: tuple[float | None, str] | None = None) -> None:
     """Refuse up front a composition over k kept ids (``stats/kept.py``: dense K x K
     matrices, and the dense engine's per-group pass-2 sums) that cannot fit."""
@@ -175,7 +186,12 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
     splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs, groups)
     need = dense_peak(d_vocab, top_k, device, groups)
     limit, how = budget if budget is not None else memory_budget(device)
-    plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan}
+    host = host_need(d_vocab, top_k, device, groups, limit)
+    host_limit, host_how = memory_budget("cpu") if host else (None, "")
+    plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan,
+            "dense_host_bytes": host}
+    if host_limit is not None and host > host_limit:  # the device fits, the host does not
+        need, limit, how = host, host_limit, f"host memory of a CUDA run: {host_how}"
     if requested == "dense" and checkpoint_kind == SPARSE_KIND:
         raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
                             "--engine sparse (or auto), or use another --work-dir")

@@ -32,9 +32,7 @@ rejected before any weight is downloaded.
 """
 
 from pythia_probe.sweep.config import SweepConfig, SweepParts
-from pythia_probe.sweep.layout import shard_path, split_steps
 from pythia_probe.sweep.runner import run, run_step
 from pythia_probe.sweep.scoring import Scorer
 
-__all__ = ["Scorer", "SweepConfig", "SweepParts", "run", "run_step", "shard_path",
-           "split_steps"]
+__all__ = ["Scorer", "SweepConfig", "SweepParts", "run", "run_step"]

@@ -165,6 +165,11 @@ class Claims:
             return not isinstance(pid, int) or not pid_alive(pid)
         return False
 
+    def live(self, path: str | os.PathLike) -> bool:
+        """``path`` is a claim whose holder is alive (not released, not stale)."""
+        seen = read_claim(Path(path))
+        return seen is not None and not self.stale(Path(path), seen)
+
     def _discard_stale(self, path: Path, seen: dict | str) -> None:
         """Move the stale claim away (one process wins the rename); put back a claim that is
         not the one judged stale (a fresh one created in between). A claim of this run is then

@@ -213,9 +213,9 @@ class SweepConfig:
     raw one), statistics of the first 100,000 OpenWebText documents of >= 512 characters (built
     on first use, then cached), results in runs/<model name>/."""
 
-    steps: str = "all"
+    steps: str = field(default="all", metadata={"list": True})
     """Steps: 1000-143000, 1000-143000:5000, 0,1,2,4,512, early, log or all."""
-    model: str = "EleutherAI/pythia-1.4b"
+    model: str = field(default="EleutherAI/pythia-1.4b", metadata={"list": True})
     """Hub id (any Pythia size or -deduped) or a folder with one step*/ folder per checkpoint;
     several, comma-separated, sweep into one table (a model column)."""
     suite: Literal["pythia", "pythia-deduped"] | None = None
@@ -263,7 +263,7 @@ class SweepConfig:
     """auto (cuda when there is one, else cpu), cpu, cuda, cuda:N."""
     dtype: Literal["float32", "float64"] = "float32"
     """Compute dtype of the analyses."""
-    heads: str = "all"
+    heads: str = field(default="all", metadata={"list": True})
     """Per-head rows: all, none, or layers numbered as in the paper and the tables (from 1),
     like 2,13,24."""
     retries: int = 1
@@ -350,6 +350,9 @@ class SweepConfig:
         if self.out is None:
             name = self.suite or "_".join(Path(m.rstrip("/")).name for m in self.models)
             object.__setattr__(self, "out", str(Path(RUNS) / name))
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise BadInputError(f"--out {self.out} is a file: give a results folder (new, or "
+                                "one of an earlier run to resume)")
 
     @property
     def models(self) -> tuple[str, ...]:

@@ -20,12 +20,13 @@ analysis.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pythia_probe.results import ResultsError, read_shard
+from pythia_probe.errors import MismatchError
+from pythia_probe.results import NOT_SHARDS, ResultsError, named_files, read_shard, shard_run
 
 SHARDS, FAILED, CLAIMS = "shards", "failed", "claims"
 
@@ -58,11 +59,27 @@ class Layout:
         return self._folder(CLAIMS, model) / f"step{step}.json"
 
     def done(self, model: str | None, step: int, analyses: Iterable[str],
-             stats_id: str | None = None) -> bool:
-        """A valid shard of the task (for ``stats_id``) holding rows of every analysis asked;
-        an empty, truncated or partial shard is recomputed."""
-        return _valid(self.shard(model, step), step, analyses, stats_id,
-                      None if len(self.models) <= 1 else model)
+             stats_id: str | None = None, run_key: str | None = None) -> bool:
+        """A valid shard of the task (for ``stats_id``) holding rows of every analysis asked,
+        written by a run of this ``run_key`` (the same settings: one shape per table) where it
+        says; an empty, truncated, partial or other run's shard is recomputed."""
+        path = self.shard(model, step)
+        if run_key is not None and (shard_run(path) or {}).get("run_key", run_key) != run_key:
+            return False
+        return _valid(path, step, analyses, stats_id, None if len(self.models) <= 1 else model)
+
+    def check_strays(self) -> None:
+        """Refuse up front tables below OUT that are no task's shard here (another run's shard
+        dropped in, a copy of shards/, a folder where a shard goes): the folder's table would
+        count them twice or mix runs (:func:`~pythia_probe.results.read_results` refuses it)."""
+        root, folders = Path(self.out), {str(m).replace("/", "--") for m in self.models}
+        strays = [p.relative_to(root) for p in sorted(root.rglob("*.parquet"))
+                  if p.name not in NOT_SHARDS and not (p.is_file() and _in_place(
+                      p.relative_to(root).parts, folders))]
+        if strays:
+            raise MismatchError(f"{root} holds tables that are not this run's shards "
+                                f"({named_files(strays)}): "
+                                f"the folder's table would mix them in; move them out of {root}")
 
     def failed(self) -> list[tuple[str | None, int]]:
         """(model, step) of every failure record in ``OUT/failed/`` (files there that are not
@@ -74,6 +91,13 @@ class Layout:
         by_folder = {m.replace("/", "--"): m for m in self.models}
         return [(by_folder[d.name], s) for d in sorted(root.glob("*")) if d.name in by_folder
                 for s in _steps(d, by_folder[d.name])]
+
+
+def _in_place(parts: tuple[str, ...], folders: set[str]) -> bool:
+    """``shards/step{N}.parquet`` (one model) or ``shards/<model>/step{N}.parquet``."""
+    inner = parts[1:-1]
+    return parts[0] == SHARDS and re.fullmatch(r"step\d+\.parquet", parts[-1]) is not None \
+        and (inner == () if len(folders) <= 1 else len(inner) == 1 and inner[0] in folders)
 
 
 def _steps(folder: Path, model: str | None) -> list[int]:
@@ -109,27 +133,3 @@ def _valid(path: Path, step: int, analyses: Iterable[str], stats_id: str | None,
     if stats_id is not None and not (df["stats_id"] == stats_id).all():
         return False
     return set(analyses) <= set(df["analysis"])
-
-
-# ---- one model's folder, as before (kept for callers of the flat layout) -----------------------
-def shard_path(out: str | os.PathLike, step: int) -> Path:
-    return Layout(str(out)).shard(None, step)
-
-
-def failure_path(out: str | os.PathLike, step: int) -> Path:
-    return Layout(str(out)).failure(None, step)
-
-
-def failed_steps(out: str | os.PathLike) -> list[int]:
-    """Steps with a failure record in ``OUT/failed/`` (a folder of one model)."""
-    return [s for _, s in Layout(str(out)).failed()]
-
-
-def shard_done(out: str | os.PathLike, step: int, analyses: Iterable[str],
-               stats_id: str | None = None) -> bool:
-    return Layout(str(out)).done(None, step, analyses, stats_id)
-
-
-def split_steps(steps: Sequence[int], rank: int, world_size: int) -> list[int]:
-    """The steps process ``rank`` of ``world_size`` handles (round-robin, disjoint, complete)."""
-    return list(steps[rank::world_size])

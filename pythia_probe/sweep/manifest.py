@@ -11,6 +11,8 @@ folder holds then, so the last one to finish says ``complete``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,6 +52,13 @@ def previous_run_id(out: str, identity: dict) -> str:
     return new_run_id()
 
 
+def run_key(identity: dict, stats_id) -> str:
+    """The run's content key: what a resume must match (:func:`check_resume`), hashed. Every
+    shard carries it, so a folder tells its own shards from another run's."""
+    text = json.dumps({**identity, "stats_id": stats_id}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def check_resume(out: str, identity: dict, stats_id: str) -> str | None:
     """Run id of a compatible earlier run in ``out`` (None if fresh); refuse a different one."""
     if not (Path(out) / MANIFEST).exists():
@@ -78,16 +87,19 @@ class RunRecord:
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     checkpoints: dict | None = None
     models: dict | None = None  # several models: each one's steps, lacking steps, stats_id
+    run_key: str | None = None  # the content key (:func:`run_key`), set by start
 
     def _extra(self, **more) -> dict:
         models = {} if self.models is None else {"models": self.models}
-        return {"steps": self.steps, "checkpoints": self.checkpoints, "layers": LAYERS,
+        return {"run_key": self.run_key, "steps": self.steps, "checkpoints": self.checkpoints,
+                "layers": LAYERS,
                 "world": self.ranks.world, **models, **self.choices, **more}
 
     def start(self, identity: dict, stats_id, checkpoints, run_id: str | None = None) -> str:
         """Rank 0 checks the folder holds no other run, takes the run id (``run_id``: the one
         the shards share; else a compatible earlier run's, else new) and writes the manifest
         with status running; every rank returns the id."""
+        self.run_key = run_key(identity, stats_id)
         if self.ranks.is_main:
             earlier = check_resume(self.out, identity, stats_id)
             self.run_id = run_id or earlier or new_run_id()

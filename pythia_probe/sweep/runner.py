@@ -84,7 +84,7 @@ from pythia_probe.sweep.source import (
 )
 from pythia_probe.sweep.statistics import LazyStats, choose_for_models, read_stats_meta
 from pythia_probe.sweep.targets import prepare_scale, prepare_targets
-from pythia_probe.sweep.tasks import ShardInfo, Work, share, sweep_tasks
+from pythia_probe.sweep.tasks import ShardInfo, Work, share, sweep_share
 from pythia_probe.tokenizer import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
     rows = scorer.rows(loaded.config, weights)
     df = make_rows(rows, model=where.model, step=step, stats_id=scorer.stats_id,
                    dtype=sc.dtype, run_id=where.run_id, revision_status=where.status.get(step))
-    return write_shard(df, where.shard(step))
+    return write_shard(df, where.shard(step), where.run)
 
 
 def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats, mode: str,
@@ -232,6 +232,7 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
     layout = Layout(parts.output.out, tuple(r.name for r in runs))
+    layout.check_strays()
     names = tensor_names(combined_needs(analyses))
     plan = plan_downloads([r.source for r in runs], {r.source.model: r.steps for r in runs})
     dls = {r.name: model_downloads(r, plan, layout, sc.analyses, names,
@@ -383,7 +384,8 @@ def _sweep(parts, runs, plan, layout, analyses, lazies, targets, record: RunReco
                           run_id)  # refuses a folder of another run before anything is written
     if ranks.is_main:
         write_ledger(pd.concat([r.ledger for r in runs], ignore_index=True), Path(out) / REVISIONS)
-    infos = {r.source.model: ShardInfo(out, r.name, run_id, r.status, layout) for r in runs}
+    infos = {r.source.model: ShardInfo(out, r.name, run_id, r.status, layout, record.run_key)
+             for r in runs}
     try:
         scorers = _scorers(parts, runs, analyses, lazies, targets, ranks)
         mine = share(plan.groups, *shard)
@@ -393,7 +395,7 @@ def _sweep(parts, runs, plan, layout, analyses, lazies, targets, record: RunReco
                         parts.plan.retries, parts.source.prefetch,
                         min((d.limit for d in dls.values() if d.limit is not None),
                             default=None), claims, ranks.rank)
-            outcome = sweep_tasks(mine, work, run_step, stream, load_weights,
+            outcome = sweep_share(mine, work, run_step, stream, load_weights,
                                   _bar(parts, mine, work, ranks, progress))
     except KeyboardInterrupt:
         record.end("interrupted", "stopped by a signal (SIGINT/SIGTERM); rerun to resume")
@@ -440,7 +442,7 @@ def _finish_record(parts, runs, layout: Layout, scorers, record: RunRecord) -> s
     with record.locked():
         failed = layout.failed()
         complete = all(layout.done(r.name, s, parts.scoring.analyses,
-                                   scorers[r.source.model].stats_id)
+                                   scorers[r.source.model].stats_id, record.run_key)
                        for r in runs for s in r.steps)
         status = "failed" if failed else "complete" if complete else "incomplete"
         reason = (f"{len(failed)} steps failed (see failed/)" if failed else None if complete

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from pythia_probe.results import read_shard, write_shard
 from pythia_probe.sweep.layout import Layout, failure_proof
 
 log = logging.getLogger(__name__)
+WAIT_POLL = 1.0  # seconds between looks at tasks of this share another process is scoring
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class ShardInfo:
     run_id: str
     status: Mapping[int, str] = field(default_factory=dict)  # step -> the ledger's status
     layout: Layout | None = None
+    run_key: str | None = None  # the run's content key (sweep.manifest.run_key)
+
+    @property
+    def run(self) -> dict:
+        """The identity every shard of the run carries."""
+        return {"run_id": self.run_id, "run_key": self.run_key}
 
     def shard(self, step: int) -> Path:
         return (self.layout or Layout(self.out)).shard(self.model, step)
@@ -86,7 +94,8 @@ class Work:
 
     def done(self, t: Task) -> bool:
         info = self.infos[t.model]
-        return info.layout.done(info.model, t.step, self.analyses, self.scorers[t.model].stats_id)
+        return info.layout.done(info.model, t.step, self.analyses, self.scorers[t.model].stats_id,
+                                info.run_key)
 
     def claim_path(self, t: Task) -> Path:
         info = self.infos[t.model]
@@ -124,6 +133,28 @@ def sweep_tasks(groups: Sequence[Group], work: Work, run_step: Callable, stream:
             bar.update(n)
     bar.close()
     return result
+
+
+def sweep_share(groups: Sequence[Group], work: Work, run_step: Callable, stream: Callable,
+                load_weights: Callable, bar=None) -> Outcome:
+    """:func:`sweep_tasks` over the share, then, for tasks of it that another live process
+    had claimed (two launches of one share: the same command twice, two ``pp.run_sweep``
+    calls), wait until each is done or its claim is gone and take up those still not done: a
+    launch returns when every task of its share is in the folder (or failed)."""
+    outcome = sweep_tasks(groups, work, run_step, stream, load_weights, bar)
+    while outcome.elsewhere:
+        waiting = set(outcome.elsewhere)
+        log.info("waiting for %d tasks another process is scoring (%s)", len(waiting),
+                 work.claims.holder(work.claim_path(outcome.elsewhere[0])))
+        while any(work.claims.live(work.claim_path(t)) and not work.done(t) for t in waiting):
+            time.sleep(WAIT_POLL)
+        again = sweep_tasks([g for g in groups if waiting & set(g.tasks)], work, run_step,
+                            stream, load_weights)
+        outcome.done += again.done
+        outcome.skipped += [t for t in again.skipped if t in waiting]
+        outcome.failed.update(again.failed)
+        outcome.elsewhere = again.elsewhere
+    return outcome
 
 
 def _claim_and_copy(g: Group, todo: list[Task], work: Work, result: Outcome) -> list[Task]:
@@ -197,7 +228,7 @@ def _copy(src: Path, t: Task, work: Work) -> None:
     info = work.infos[t.model]
     df = read_shard(src).assign(model=info.model, step=t.step, run_id=info.run_id,
                                 revision_status=info.status.get(t.step))
-    write_shard(df, info.shard(t.step))
+    write_shard(df, info.shard(t.step), info.run)
 
 
 def _finished(t: Task, work: Work, result: Outcome) -> None:
