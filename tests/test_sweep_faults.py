@@ -33,7 +33,7 @@ from pythia_probe.plots.run import main as plots_main
 from pythia_probe.results import read_manifest, read_results, read_shard, write_shard
 from pythia_probe.stats import batch_stats
 from pythia_probe.summary import summary_table
-from pythia_probe.sweep import tasks
+from pythia_probe.sweep import claims, tasks
 from pythia_probe.sweep.__main__ import main as sweep_main
 from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
@@ -506,7 +506,8 @@ def test_run_sweep_waits_for_a_task_another_process_holds_and_returns_the_whole_
     out = tmp_path / "o"
     claim = out / "claims" / "step1.json"
     claim.parent.mkdir(parents=True)
-    claim.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+    claim.write_text(json.dumps({"tool": claims.TOOL, "claim": "step1.json",
+                                 "host": socket.gethostname(), "pid": os.getpid(),
                                  "run_id": "other", "token": "theirs"}))
     waits, real_sleep = [], time.sleep
 

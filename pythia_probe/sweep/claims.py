@@ -166,9 +166,11 @@ class Claims:
         return False
 
     def live(self, path: str | os.PathLike) -> bool:
-        """``path`` is a claim whose holder is alive (not released, not stale)."""
+        """``path`` is a claim of this tool whose holder is alive (not released, not stale); a
+        file that cannot be read as a claim is no live holder to wait for (claims are written
+        whole), only left to its age."""
         seen = read_claim(Path(path))
-        return seen is not None and not self.stale(Path(path), seen)
+        return isinstance(seen, dict) and not self.stale(Path(path), seen)
 
     def _discard_stale(self, path: Path, seen: dict | str) -> None:
         """Move the stale claim away (one process wins the rename); put back a claim that is

@@ -140,9 +140,10 @@ def sweep_share(groups: Sequence[Group], work: Work, run_step: Callable, stream:
     """:func:`sweep_tasks` over the share, then, for tasks of it that another live process
     had claimed (two launches of one share: the same command twice, two ``pp.run_sweep``
     calls), wait until each is done or its claim is gone and take up those still not done: a
-    launch returns when every task of its share is in the folder (or failed)."""
+    launch returns when every task of its share is in the folder (or failed), or is held by a
+    claim file that cannot be read and is not yet stale (no live holder to wait for)."""
     outcome = sweep_tasks(groups, work, run_step, stream, load_weights, bar)
-    while outcome.elsewhere:
+    while any(work.claims.live(work.claim_path(t)) for t in outcome.elsewhere):
         waiting = set(outcome.elsewhere)
         log.info("waiting for %d tasks another process is scoring (%s)", len(waiting),
                  work.claims.holder(work.claim_path(outcome.elsewhere[0])))
