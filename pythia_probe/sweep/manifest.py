@@ -156,7 +156,7 @@ def run_choices(parts, runs, lazies, targets) -> dict:
         mode, why = targets[r.stats.path]
         meta = lazies[r.stats.path].meta
         by_file.setdefault(r.stats.path, {
-            "targets_choice": {"requested": parts.targets.mode, "resolved": mode, "reason": why},
+            "targets_choice": {"held": mode, "reason": why},
             "vocabulary": {"rows": r.stats.rows, "reason": r.stats.vocab_reason},
             "statistics": {**r.stats.record(), "stats_id": meta["stats_id"]}})
     choices = list(by_file.values())

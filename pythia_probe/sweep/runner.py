@@ -57,7 +57,7 @@ from pythia_probe.sweep.plan import (
     measure_rates,
     model_downloads,
     plan_lines,
-    resolve_targets,
+    targets_held,
     total_lines,
 )
 from pythia_probe.sweep.report import finish, pending_line
@@ -97,18 +97,16 @@ def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
     return write_shard(df, where.shard(step))
 
 
-def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats, mode: str,
+def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats,
                    ranks: Ranks) -> Scorer:
-    """Targets prepared once (cached on disk unless memory mode) and shared by every step;
+    """Targets prepared once (their norms cached by stats_id) and shared by every step;
     rank 0 builds a missing cache, the others then reuse it."""
     needs = combined_needs(analyses)
     names, progress = held_targets(needs, lazy), parts.output.progress and ranks.is_main
     for turn in (True, False):  # rank 0 first (it builds missing caches), then the others
         if ranks.is_main == turn:
-            targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring,
-                                      progress and turn)
-            scale = prepare_scale(lazy, names, parts.targets, mode, parts.scoring,
-                                  progress and turn, needs.raw)
+            targets = prepare_targets(lazy, names, parts.scoring, progress and turn)
+            scale = prepare_scale(lazy, names, parts.scoring, progress and turn, needs.raw)
         if turn:
             ranks.barrier()
     return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)
@@ -218,9 +216,7 @@ def build_statistics(parts: SweepParts, ranks: Ranks | None = None) -> list[Path
 def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int:
     sc = parts.scoring
     runs = _prepare(parts, sources)
-    targets = {r.stats.path: resolve_targets(parts.targets, sc, _largest(runs, r.stats).config,
-                                             r.stats.rows, r.stats.file_bytes(),
-                                             r.stats.factored) for r in runs}
+    targets = {r.stats.path: targets_held(r.stats.factored) for r in runs}
     shapes = {path: _shape(runs, path, mode) for path, (mode, _) in targets.items()}
     parts = _check_fits(parts, runs, targets, shapes, [r for r in runs if r.stats.exact_nnz
                                                        or targets[r.stats.path][0] != "factored"])
@@ -257,12 +253,6 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
                 progress.close()
 
 
-def _largest(runs: list[ModelRun], stats) -> ModelRun:
-    """The model of the biggest checkpoint among those sharing ``stats`` (its plan decides)."""
-    mine = [r for r in runs if r.stats.path == stats.path]
-    return max(mine, key=lambda r: (r.config.d_model * r.config.n_layers, r.config.d_vocab))
-
-
 def _check_fits(parts: SweepParts, runs, targets, shapes, which) -> SweepParts:
     """Refuse, with the numbers, a model whose one step cannot fit the device's budget: up
     front where the statistics' non-zeros are known, else right after their build, before any
@@ -296,7 +286,7 @@ def _plan(parts, runs, dls, targets, shapes, rates, shard) -> list[str]:
                       for line in r.stats.lines()]
     for r in runs:
         lines += plan_lines(parts.source, sc, r, dls[r.name], targets[r.stats.path],
-                            parts.targets.mode, *shapes[r.stats.path], rates=rates,
+                            *shapes[r.stats.path], rates=rates,
                             memory=len(runs) == 1)
         lines += ledger_lines(r.ledger, r.model)
     lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets, shapes,
@@ -414,8 +404,7 @@ def _scorers(parts, runs, analyses, lazies, targets, ranks) -> dict:
     built = {}
     for r in runs:
         if r.stats.path not in built:
-            built[r.stats.path] = prepare_scorer(parts, analyses, lazies[r.stats.path],
-                                                 targets[r.stats.path][0], ranks)
+            built[r.stats.path] = prepare_scorer(parts, analyses, lazies[r.stats.path], ranks)
     return {r.source.model: built[r.stats.path] for r in runs}
 
 
