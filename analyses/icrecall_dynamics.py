@@ -31,7 +31,7 @@ import torch
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import make_rows, read_shard, write_manifest
-from pythia_probe.toy.icrecall.curvature import LABELS, classify_state, perturb_escapes
+from pythia_probe.toy.icrecall.curvature import LABELS, Escapes, classify_state, perturb_escapes
 from pythia_probe.toy.icrecall.escape import ARMS, arm_config
 from pythia_probe.toy.icrecall.evaluate import evaluate
 from pythia_probe.toy.icrecall.experiment import (
@@ -143,8 +143,8 @@ def run(cfg: Config, progress: bool = True):
             if not summ["escaped"]:
                 summ.update(state_metrics(out.model, p, "stall", TrainConfig().rho_p))
                 summ["stall_perturb_escapes"] = float(perturb_escapes(
-                    out.model, p, score, TrainConfig().rho_p, cfg.draws, cfg.stall_steps,
-                    level=cfg.escape_at, seed=seed))
+                    out.model, p, score, Escapes(TrainConfig().rho_p, cfg.draws, cfg.stall_steps,
+                                                 level=cfg.escape_at, seed=seed)))
                 summ["stall_perturb_draws"] = float(cfg.draws)
             k = key(arm=arm, seed=seed)
             frames.append(history_rows(out.result, "icrecall_dynamics", settings=k))

@@ -25,7 +25,7 @@ from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_shard, write_manifest
 from pythia_probe.toy.icrecall import report
-from pythia_probe.toy.icrecall.curvature import LABELS, label_from_row, perturb_escapes
+from pythia_probe.toy.icrecall.curvature import LABELS, Escapes, label_from_row, perturb_escapes
 from pythia_probe.toy.icrecall.evaluate import evaluate
 from pythia_probe.toy.icrecall.experiment import (
     EvalConfig,
@@ -101,8 +101,8 @@ def run_design(name: str, cfg: Config) -> list:
             if method == "gd" and not m["escaped"]:
                 m.update(state_metrics(out.model, p, "stall", tr.rho_p))
                 m["stall_perturb_escapes"] = float(perturb_escapes(
-                    out.model, p, score, tr.rho_p, cfg.draws, cfg.stall_steps,
-                    level=cfg.escape_at, seed=seed))
+                    out.model, p, score, Escapes(tr.rho_p, cfg.draws, cfg.stall_steps,
+                                                 level=cfg.escape_at, seed=seed)))
                 m["stall_perturb_draws"] = float(cfg.draws)
             frames.append(metric_rows(m, "icrecall_saddle", cfg.steps,
                                       settings=key(design=name, method=method, seed=seed)))

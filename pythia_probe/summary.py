@@ -170,13 +170,15 @@ def curve_summary(steps: np.ndarray, score: np.ndarray, lo: np.ndarray | None = 
 
 
 def cell_summary(steps: np.ndarray, value: np.ndarray, chance: np.ndarray,
-                 ci_low: np.ndarray | None = None, ci_high: np.ndarray | None = None,
+                 ci: tuple[np.ndarray, np.ndarray] | None = None,
                  ceiling: np.ndarray | None = None, above: np.ndarray | None = None,
                  effect: np.ndarray | None = None) -> dict:
     """Peak, exit and their intervals of one cell's curve (arrays sorted by step; chance
-    already 0 where unknown; ci arrays None when there are none). On the effect scale when
+    already 0 where unknown; ``ci`` (ci_low, ci_high), None when there are none). On the effect
+    scale when
     ``ceiling`` puts every step's effect in reach (``effect``: the table's, else computed),
     else on value - chance; ``above`` as :func:`curve_summary`."""
+    ci_low, ci_high = (None, None) if ci is None else ci
     if effect is None and ceiling is not None:
         effect = to_effect(value, chance, ceiling)
     on_effect = effect is not None and bool(np.isfinite(effect).all())
@@ -210,8 +212,8 @@ def _group_summary(g: pd.DataFrame) -> dict:
     intervals = low is not None and high is not None
     rule = above_chance_rule(g)
     row = cell_summary(g["step"].to_numpy(np.int64), g["value"].to_numpy(float),
-                       chance.fillna(0.0).to_numpy(float), low if intervals else None,
-                       high if intervals else None, _floats(g, "ceiling"),
+                       chance.fillna(0.0).to_numpy(float), (low, high) if intervals else None,
+                       _floats(g, "ceiling"),
                        above_chance_column(g).to_numpy(object, na_value=None)
                        if rule == "table" else None,
                        _floats(g, "effect") if chance.notna().all() else None)

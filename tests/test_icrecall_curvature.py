@@ -7,6 +7,7 @@ import torch
 from pythia_probe.toy.icrecall.curvature import (
     LABELS,
     Curvature,
+    Escapes,
     classify_state,
     effective_basis,
     label,
@@ -118,7 +119,7 @@ def test_classify_state_and_perturbation_escapes_restore_W():
         calls.append(m.W_PP.detach().clone())
         return 1.0
 
-    assert perturb_escapes(model, p, score, radius=0.5, draws=3, steps=2) == 3
+    assert perturb_escapes(model, p, score, Escapes(radius=0.5, draws=3, steps=2)) == 3
     assert len(calls) == 3 and not torch.equal(calls[0], calls[1])
     assert torch.equal(model.W_PP.detach(), W0)
-    assert perturb_escapes(model, p, lambda m: 0.0, draws=2, steps=1) == 0
+    assert perturb_escapes(model, p, lambda m: 0.0, Escapes(draws=2, steps=1)) == 0

@@ -117,7 +117,7 @@ def test_definitions_hold_on_random_curves(seed):
     steps = np.sort(rng.choice(1000, n, replace=False))
     value, chance = rng.random(n), rng.random(n) * 0.3
     half = rng.random(n) * 0.1
-    r = summary.cell_summary(steps, value, chance, value - half, value + half)
+    r = summary.cell_summary(steps, value, chance, (value - half, value + half))
     above = value - chance
     i = list(steps).index(r["peak_step"])
     assert above[i] == above.max() and np.all(above[:i] < above[i])  # earliest maximum
@@ -268,7 +268,7 @@ def test_effect_summary_equals_the_reference_on_random_curves(seed):
     top = 1.2 if seed % 4 else 0.08  # every fourth curve barely above chance
     value = chance + (ceiling - chance) * rng.uniform(-0.3, top, n)
     half = rng.random(n) * 0.05
-    got = summary.cell_summary(steps, value, chance, value - half, value + half, ceiling)
+    got = summary.cell_summary(steps, value, chance, (value - half, value + half), ceiling)
     want = reference(list(steps), value, chance, ceiling, value - half, value + half)
     assert got["scale"] == "effect"
     for key, v in want.items():

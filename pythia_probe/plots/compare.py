@@ -128,17 +128,19 @@ class Colours(NamedTuple):
     label: str
 
 
-def _panel(ax, df, model, analysis, metric, steps, marks, scale: Colours, bottom):
-    part = df[df["model"] == model]
+def _panel(ax, part: pd.DataFrame, steps, marks: pd.DataFrame, scale: Colours, bottom: bool):
+    """One model's panel: ``part`` its rows of one (analysis, metric), ``marks`` its peak and
+    exit rows."""
+    model, analysis, metric = part[["model", "analysis", "metric"]].iloc[0]
     values = pivot(part, analysis, metric, values=scale.column).reindex(columns=steps)
     n_layers = int(values.index.max())
     values = values.reindex(range(1, n_layers + 1))
     edges = depth_edges(n_layers)
-    mesh = heatmap.draw(ax, values, vmin=scale.vmin, vmax=scale.vmax, cmap=scale.cmap,
-                        ylabel="layer / n_layers", y_edges=edges, label_steps=bottom)
+    mesh = heatmap.draw(ax, values, scale[:3], ylabel="layer / n_layers", y_edges=edges,
+                        label_steps=bottom)
     ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0], ["0", ".25", ".5", ".75", "1"], fontsize=7)
     heatmap.mark_steps(ax, steps, step_status(part))
-    _mark(ax, marks[marks["model"] == model], steps, edges)
+    _mark(ax, marks, steps, edges)
     ax.set_title(f"{short_model(model)} ({n_layers} layers)", fontsize=8.5, pad=8)
     return mesh, values
 
@@ -171,7 +173,7 @@ def compare_figure(df: pd.DataFrame, analysis: str, metric: str, path: str | os.
                  layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     scale = _scale(sel, metric)
-    drawn = [_panel(ax, sel, m, analysis, metric, steps, marks, scale,
+    drawn = [_panel(ax, sel[sel["model"] == m], steps, marks[marks["model"] == m], scale,
                     bottom=i + ncols >= len(models))
              for i, (ax, m) in enumerate(zip(axes, models, strict=False))]
     for ax in axes[len(models):]:

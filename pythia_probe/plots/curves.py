@@ -34,12 +34,16 @@ def _split(x: np.ndarray, steps: list[int]):
     return zero, [i for i, s in enumerate(steps) if s > 0]
 
 
-def _line(ax, x, y, lo, hi, steps, colour, label):
+def _line(ax, x, y, bounds, steps, style):
+    """One row's line; ``bounds`` (lo, hi) its interval band or None; ``style`` (colour,
+    legend label)."""
+    colour, label = style
     zero, pos = _split(x, steps)
     ax.plot(x[pos], y[pos], color=colour, marker=".", ms=3, lw=1.2, label=label)
     if zero:
         ax.plot(x[zero], y[zero], color=colour, marker="o", ms=3, ls="none")
-    if lo is not None and np.isfinite(lo).any():
+    if bounds is not None and np.isfinite(bounds[0]).any():
+        lo, hi = bounds
         ax.fill_between(x[pos], lo[pos], hi[pos], color=colour, alpha=0.18, lw=0)
         if zero:
             ax.vlines(x[zero], lo[zero], hi[zero], color=colour, lw=1)
@@ -77,26 +81,27 @@ def _scale(ax, x, steps, chance: pd.DataFrame | None, ceiling: pd.DataFrame | No
         ax.plot(x[pos], mid[pos], color="black", ls=":", lw=1.3, label="ceiling")
 
 
-def draw(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
-         high: pd.DataFrame | None = None, chance: pd.DataFrame | None = None,
-         ceiling: pd.DataFrame | None = None, status: Mapping[int, str] | None = None,
-         row_label: str = "layer", ylim: tuple[float, float] | None = None,
-         band: pd.DataFrame | None = None):
-    """Draw one line per row of ``values`` (rows x steps). Returns a ScalarMappable when the
-    rows are too many for a legend (the caller draws it as a colour bar), else None.
-    ``band``: above_chance's threshold above chance per cell (1.96 chance_sd)."""
+def draw(ax, c: Mapping[str, pd.DataFrame], *, status: Mapping[int, str] | None = None,
+         row_label: str = "layer", ylim: tuple[float, float] | None = None):
+    """Draw one line per row of ``c["value"]`` (rows x steps), with the optional tables of
+    ``c`` (same shape): ``ci_low``/``ci_high`` (the band around each line), ``chance``,
+    ``ceiling`` and ``band`` (above_chance's threshold above chance per cell, 1.96
+    chance_sd). Returns a ScalarMappable when the rows are too many for a legend (the caller
+    draws it as a colour bar), else None."""
+    values = c["value"]
     steps = [int(s) for s in values.columns]
     x = stepaxis.positions(steps)
     shade_steps(ax, steps, status or {})
-    _scale(ax, x, steps, chance, ceiling, band)
+    _scale(ax, x, steps, c.get("chance"), c.get("ceiling"), c.get("band"))
     n = len(values)
     cmap = colormaps["viridis"]
+    low, high = c.get("ci_low"), c.get("ci_high")
     for i, (row, y) in enumerate(values.iterrows()):
         colour = "tab:blue" if n == 1 else cmap(i / max(n - 1, 1))
-        lo = None if low is None else low.loc[row].to_numpy(float)
-        hi = None if high is None else high.loc[row].to_numpy(float)
+        bounds = None if low is None else (low.loc[row].to_numpy(float),
+                                           high.loc[row].to_numpy(float))
         label = None if n == 1 or n > MAX_LEGEND else f"{row_label} {row}"
-        _line(ax, x, y.to_numpy(float), lo, hi, steps, colour, label)
+        _line(ax, x, y.to_numpy(float), bounds, steps, (colour, label))
     stepaxis.setup(ax, steps)
     if ylim is not None:
         ax.set_ylim(*ylim)
@@ -132,13 +137,13 @@ def second_ylim(values: pd.DataFrame, low: pd.DataFrame | None, high: pd.DataFra
     return lo, hi
 
 
-def draw_second(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
-                high: pd.DataFrame | None = None, band: pd.DataFrame | None = None,
-                effect: bool = True, status: Mapping[int, str] | None = None,
-                row_label: str = "layer"):
-    """Lines of the effect (``effect``) or of value - chance per row, with chance at 0 (a
-    line, and +-``band`` around it: the null's 1.96 SD on this scale, its widest over the
-    rows) and, for the effect, the ceiling at 1; returns as :func:`draw`."""
+def draw_second(ax, c: Mapping[str, pd.DataFrame], *, effect: bool = True,
+                status: Mapping[int, str] | None = None, row_label: str = "layer"):
+    """Lines of the effect (``effect``) or of value - chance per row (``c["value"]``, with
+    ``ci_low``/``ci_high`` on the same scale where present), chance at 0 (a line, and
+    +-``c["band"]`` around it: the null's 1.96 SD on this scale, its widest over the rows)
+    and, for the effect, the ceiling at 1; returns as :func:`draw`."""
+    values, low, high, band = c["value"], c.get("ci_low"), c.get("ci_high"), c.get("band")
     steps = [int(s) for s in values.columns]
     x = stepaxis.positions(steps)
     zero, pos = _split(x, steps)
@@ -149,6 +154,6 @@ def draw_second(ax, values: pd.DataFrame, *, low: pd.DataFrame | None = None,
     ax.axhline(0.0, color="0.2", lw=1.0, label="chance")
     if effect:
         ax.axhline(1.0, color="black", ls=":", lw=1.3, label="ceiling")
-    sm = draw(ax, values, low=low, high=high, status=status, row_label=row_label,
-              ylim=second_ylim(values, low, high, effect))
-    return sm
+    lines = {"value": values} | ({} if low is None else {"ci_low": low, "ci_high": high})
+    return draw(ax, lines, status=status, row_label=row_label,
+                ylim=second_ylim(values, low, high, effect))

@@ -18,7 +18,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -111,18 +111,20 @@ def _values(panels, key="value") -> np.ndarray:
     return np.concatenate([c[key].to_numpy(float).ravel() for c in panels])
 
 
-def heat(fig, raw_axes, second_axes, panels: list[dict[str, pd.DataFrame]], df: pd.DataFrame,
-         metric: str, *, second: scale.Second | None, per_head: bool = False,
-         ylabel: str = "layer", measure: str = "cosine") -> Drawn:
-    """Draw ``panels`` (cell tables) on ``raw_axes`` in the authors' colours and range, one
-    colour bar for them, and, with ``second``, the effect (or value - chance) on
-    ``second_axes``; dots on cells not above chance and S/D on flagged steps on both."""
+def heat(axes, panels: list[dict[str, pd.DataFrame]], df: pd.DataFrame, metric: str, *,
+         second: scale.Second | None, per_head: bool = False, measure: str = "cosine") -> Drawn:
+    """Draw ``panels`` (cell tables, rows layers, or heads with ``per_head``) on ``axes`` =
+    (raw axes, second axes): the value in the authors' colours and range, one colour bar for
+    them, and, with ``second``, the effect (or value - chance) on the second axes; dots on
+    cells not above chance and S/D on flagged steps on both."""
+    raw_axes, second_axes = axes
+    fig, ylabel = raw_axes[0].figure, "head" if per_head else "layer"
     status = step_status(df)
     vmin, vmax, cmap = color_range(metric, per_head, _values(panels))
     drawn = Drawn(second=second, rule=above_chance_rule(df),
                   colours=range_words(metric, per_head))
     for ax, c in zip(raw_axes, panels, strict=True):
-        mesh = heatmap.draw(ax, c["value"], vmin=vmin, vmax=vmax, cmap=cmap, ylabel=ylabel)
+        mesh = heatmap.draw(ax, c["value"], (vmin, vmax, cmap), ylabel=ylabel)
         drawn.dots += heatmap.mark_not_above_chance(ax, c["value"], c["above_chance"])
         drawn.marked += heatmap.mark_steps(ax, list(c["value"].columns), status)
     cbar = heatmap.colorbar(fig, mesh, list(raw_axes), measure, _values(panels), vmin, vmax)
@@ -133,8 +135,7 @@ def heat(fig, raw_axes, second_axes, panels: list[dict[str, pd.DataFrame]], df: 
         return drawn
     shown = [scale.second_values(c, second) for c in panels]
     for ax, c, v in zip(second_axes, panels, shown, strict=True):
-        mesh = heatmap.draw(ax, v, vmin=second.vmin, vmax=second.vmax, cmap=second.cmap,
-                            ylabel=ylabel)
+        mesh = heatmap.draw(ax, v, (second.vmin, second.vmax, second.cmap), ylabel=ylabel)
         heatmap.mark_not_above_chance(ax, v, c["above_chance"])
         heatmap.mark_steps(ax, list(v.columns), status)
     values = np.concatenate([v.to_numpy(float).ravel() for v in shown])
@@ -155,7 +156,7 @@ def layer_figure(df: pd.DataFrame, analysis: str, metric: str, path: str | os.Pa
     fig = Figure(figsize=((1.8 + stepaxis.width(c["value"].columns)) * (2 if second else 1),
                           2.4 + 0.2 * len(c["value"])), layout="constrained")
     axes = fig.subplots(1, 2 if second else 1, squeeze=False)[0]
-    drawn = heat(fig, axes[:1], axes[1:], [c], select(df, analysis, metric), metric,
+    drawn = heat((axes[:1], axes[1:]), [c], select(df, analysis, metric), metric,
                  second=second, measure=what(analysis, metric).measure)
     axes[0].set_title(what(analysis, metric).measure + ", as the authors draw it", fontsize=8)
     if second:
@@ -166,14 +167,22 @@ def layer_figure(df: pd.DataFrame, analysis: str, metric: str, path: str | os.Pa
     return save(fig, path)
 
 
+class Texts(NamedTuple):
+    """A figure's words: ``heading`` its title (None: what is compared with what and the
+    statistics of ``manifest``), ``extra`` lines added to its caption."""
+
+    manifest: dict[str, Any] | None = None
+    heading: str | None = None
+    extra: Sequence[str] = ()
+
+
 def head_figure(df: pd.DataFrame, analysis: str, metric: str, layers: Sequence[int],
-                path: str | os.PathLike, *, manifest: dict[str, Any] | None = None,
-                steps: Sequence[int] | None = None, extra: Sequence[str] = (),
-                heading: str | None = None) -> Path:
+                path: str | os.PathLike, *, steps: Sequence[int] | None = None,
+                texts: Texts | None = None) -> Path:
     """Save head x step maps for each of ``layers`` side by side, the raw value as the authors'
     per-head figure draws it (RdBu_r on the cells' range, :func:`.describe.color_range`) and
-    the effect beneath where the table has one. ``heading``: the figure's title (default: what
-    is compared with what and the statistics)."""
+    the effect beneath where the table has one."""
+    manifest, heading, extra = texts or Texts()
     panels = [cells(df, analysis, metric, rows="head", layer=layer, steps=steps)
               for layer in layers]
     second = scale.second_scale(panels)
@@ -182,9 +191,8 @@ def head_figure(df: pd.DataFrame, analysis: str, metric: str, layers: Sequence[i
     fig = Figure(figsize=(0.8 + width * len(layers), 1.4 + height * (2 if second else 1)),
                  layout="constrained")
     axes = fig.subplots(2 if second else 1, len(layers), squeeze=False)
-    drawn = heat(fig, axes[0], axes[1] if second else [], panels,
-                 select(df, analysis, metric), metric, second=second, per_head=True,
-                 ylabel="head", measure=what(analysis, metric).measure)
+    drawn = heat((axes[0], axes[1] if second else []), panels, select(df, analysis, metric),
+                 metric, second=second, per_head=True, measure=what(analysis, metric).measure)
     for i, layer in enumerate(layers):
         axes[0, i].set_title(f"layer {layer}", fontsize=9, pad=9)
         if second:
@@ -195,18 +203,18 @@ def head_figure(df: pd.DataFrame, analysis: str, metric: str, layers: Sequence[i
 
 
 def _curves_on(fig, ax, c, metric, status, row_label="layer"):
-    sm = curves.draw(ax, c["value"], low=c["ci_low"], high=c["ci_high"], chance=c["chance"],
-                     ceiling=c["ceiling"], status=status, row_label=row_label,
-                     ylim=curves.ylim_for(metric), band=scale.null_band(c))
+    sm = curves.draw(ax, {**c, "band": scale.null_band(c)}, status=status,
+                     row_label=row_label, ylim=curves.ylim_for(metric))
     if sm is not None:
         fig.colorbar(sm, ax=ax, label=row_label, pad=0.02)
 
 
 def _second_on(fig, ax, c, second: scale.Second, status, row_label="layer"):
     low, high = scale.second_bounds(c, second)
-    sm = curves.draw_second(ax, scale.second_values(c, second), low=low, high=high,
-                            band=scale.null_band(c, second),
-                            effect=second.kind == scale.EFFECT, status=status,
+    lines = {"value": scale.second_values(c, second), "band": scale.null_band(c, second)}
+    if low is not None:
+        lines |= {"ci_low": low, "ci_high": high}
+    sm = curves.draw_second(ax, lines, effect=second.kind == scale.EFFECT, status=status,
                             row_label=row_label)
     if sm is not None:
         fig.colorbar(sm, ax=ax, label=row_label, pad=0.02)

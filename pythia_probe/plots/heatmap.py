@@ -30,10 +30,12 @@ def row_edges(n: int) -> np.ndarray:
     return np.arange(n + 1) - 0.5
 
 
-def draw(ax, values: pd.DataFrame, *, vmin=None, vmax=None, cmap: str = "viridis",
+def draw(ax, values: pd.DataFrame, colours: tuple = (None, None, "viridis"), *,
          ylabel: str = "layer", y_edges: np.ndarray | None = None, label_steps: bool = True):
-    """Draw ``values`` (rows x steps) with pcolormesh at the log step positions; returns the
-    mesh (for a colour bar). Rows are evenly spaced unless ``y_edges`` are given."""
+    """Draw ``values`` (rows x steps) with pcolormesh at the log step positions in
+    ``colours`` (vmin, vmax, cmap); returns the mesh (for a colour bar). Rows are evenly
+    spaced unless ``y_edges`` are given."""
+    vmin, vmax, cmap = colours
     steps = [int(s) for s in values.columns]
     data = np.ma.masked_invalid(values.to_numpy(dtype=float))
     ys = row_edges(len(values)) if y_edges is None else np.asarray(y_edges, dtype=float)

@@ -98,7 +98,7 @@ def figure6(df: pd.DataFrame, path: str | os.PathLike, *, manifest: dict[str, An
     axes = fig.subplots(rows, len(panels), squeeze=False)
     sel = df[pd.Series(list(zip(df["analysis"], df["metric"], strict=True)),
                        index=df.index).isin(panels)]
-    drawn = figures.heat(fig, axes[0], axes[1] if second else [], cells, sel, "cos_mean",
+    drawn = figures.heat((axes[0], axes[1] if second else []), cells, sel, "cos_mean",
                          second=second)
     for i, (analysis, metric) in enumerate(panels):
         axes[0, i].set_title(_panel_title(analysis, metric), fontsize=8, pad=9)
@@ -127,8 +127,8 @@ def figure7(df: pd.DataFrame, path: str | os.PathLike, *, manifest: dict[str, An
     heading = (f"Figure 7 of the leading-terms paper, as the authors' "
                f"plot-per-head-similarity.py draws it{' ' + note if note else ''}\n"
                + title(df, analysis, metric, manifest, width=140))
-    return figures.head_figure(df, analysis, metric, chosen, path, manifest=manifest,
-                               steps=steps, extra=_later(df, steps), heading=heading)
+    return figures.head_figure(df, analysis, metric, chosen, path, steps=steps,
+                               texts=figures.Texts(manifest, heading, _later(df, steps)))
 
 
 def paper_figures(df: pd.DataFrame, out_dir: str | os.PathLike, *,

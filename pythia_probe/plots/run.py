@@ -44,7 +44,8 @@ def metric_figures(df: pd.DataFrame, out_dir: str | os.PathLike, *,
         if sel["head"].notna().any():
             layers = clip_layers(head_layers, sel.loc[sel["head"].notna(), "layer"])
             paths.append(figures.head_figure(df, analysis, metric, layers,
-                                             out / f"{name}_heads.png", manifest=manifest))
+                                             out / f"{name}_heads.png",
+                                             texts=figures.Texts(manifest)))
     flat = df[df["layer"].isna() & df["head"].isna()]
     for analysis, sel in flat.groupby("analysis", sort=True):
         metrics = sorted(sel["metric"].unique())

@@ -160,22 +160,37 @@ def label(s: dict[str, object], reach: float = 0.5) -> str:
     return "degenerate plateau"
 
 
-def perturb_escapes(model: ICRecallModel, prompts: Prompts, score, radius: float = 0.5,
-                    draws: int = 5, steps: int = 1500, eta: float = 0.1, level: float = 0.95,
-                    answer_weight: float = 1.0, seed: int = 0) -> int:
-    """From the model's current W_PP: ``draws`` times, add a PGD perturbation (uniform in the
-    ball of ``radius`` on the causal entries) and run ``steps`` small GD steps; count the draws
-    whose ``score(model)`` (e.g. P(correct | confusing) on fresh prompts) ends >= ``level``.
-    W_PP is restored afterwards."""
-    g = torch.Generator().manual_seed(seed + 7)
+@dataclass(frozen=True)
+class Escapes:
+    """:func:`perturb_escapes`' settings: ``draws`` perturbations uniform in the ball of
+    ``radius``, each followed by ``steps`` GD steps of size ``eta`` (answer loss weighted
+    ``answer_weight``); a draw escapes when the score ends >= ``level``."""
+
+    radius: float = 0.5
+    draws: int = 5
+    steps: int = 1500
+    eta: float = 0.1
+    level: float = 0.95
+    answer_weight: float = 1.0
+    seed: int = 0
+
+
+def perturb_escapes(model: ICRecallModel, prompts: Prompts, score,
+                    how: Escapes | None = None) -> int:
+    """From the model's current W_PP: ``how.draws`` times, add a PGD perturbation (uniform in
+    the ball of ``how.radius`` on the causal entries) and run ``how.steps`` small GD steps;
+    count the draws whose ``score(model)`` (e.g. P(correct | confusing) on fresh prompts) ends
+    >= ``how.level``. W_PP is restored afterwards."""
+    how = how or Escapes()
+    g = torch.Generator().manual_seed(how.seed + 7)
     W0 = model.W_PP.detach().clone()
     hits = 0
-    for _ in range(draws):
+    for _ in range(how.draws):
         with torch.no_grad():
-            model.W_PP.copy_(W0 + perturbation(model.L, radius, "ball", g, W0.dtype))
-        for _ in range(steps):
-            gd_step(model, prompts, eta, answer_weight)
-        hits += int(score(model) >= level)
+            model.W_PP.copy_(W0 + perturbation(model.L, how.radius, "ball", g, W0.dtype))
+        for _ in range(how.steps):
+            gd_step(model, prompts, how.eta, how.answer_weight)
+        hits += int(score(model) >= how.level)
     with torch.no_grad():
         model.W_PP.copy_(W0)
     return hits

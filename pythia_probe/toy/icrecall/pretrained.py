@@ -125,9 +125,10 @@ def relation_targets(kb: KnowledgeBase, p: Prompts, w: torch.Tensor,
 
 
 def relation_examples(kb: KnowledgeBase, n: int, mix: float, seed: int, rows: float = 0.0,
-                      threshold: float = 0.0, law: str = "softmax", sigma: float = 3.0):
+                      threshold: float = 0.0, row_law: tuple[str, float] = ("softmax", 3.0)):
     """Fresh relation examples: tokens (n, 6) = s1 a1 s2 a2 s3 ?, weights (n, 6), soft targets
-    (n, R) from :func:`relation_targets` (module doc)."""
+    (n, R) from :func:`relation_targets` (module doc); ``row_law`` (law, sigma) of the random
+    rows (:func:`random_rows`)."""
     n_one, n_mix, n_rows = _counts(n, rows, mix)
     p = sample_prompts(kb, n, seed=seed + 1, k=2)
     tok = p.tokens(kb)[:, :6]
@@ -135,7 +136,7 @@ def relation_examples(kb: KnowledgeBase, n: int, mix: float, seed: int, rows: fl
     w[:n_one, :2] = 0.5
     w[n_one:n_one + n_mix, :4] = 0.25
     if n_rows:
-        w[n - n_rows:] = random_rows(n_rows, 6, torch.Generator().manual_seed(seed), law, sigma)
+        w[n - n_rows:] = random_rows(n_rows, 6, torch.Generator().manual_seed(seed), *row_law)
     return tok, w, relation_targets(kb, p, w, threshold)
 
 
@@ -170,7 +171,7 @@ def pretrain(mem: PretrainedMemory, batch: int = 128, progress: bool = False) ->
         law, sigma = cfg.pretrain_row_law, cfg.pretrain_row_sigma
         rel_tok, rel_w, rel_y = relation_examples(kb, n, cfg.pretrain_mix, seed,
                                                   cfg.pretrain_rows, cfg.pretrain_threshold,
-                                                  law, sigma)
+                                                  (law, sigma))
         ans_tok, ans_w, ans_y = answer_examples(kb, n, seed + 1, cfg.pretrain_rows, law, sigma)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         running = 0.0
