@@ -45,7 +45,8 @@ from pythia_probe.analysis.chance import Primitives, vector_terms
 NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT", "QbarT", "QbarHeadT")
 DENSE = "T"
 """The parts key of a target given as one [V, V] matrix (a top-k or first-format statistics
-file's, a hand-built one): the matrix is its own single factor, T^T Y one product."""
+file's, a hand-built one): the matrix is its own single factor, C_T^T Y one product
+(:attr:`FactoredTarget.dense_ct`)."""
 #: the sparse statistic behind each target read as a matrix of its own (T = Q or Q^T)
 SPARSE = {"Qbar": ("Qbar", False), "QbarT": ("Qbar", True), "QbarHeadT": ("QbarHead", True)}
 CPU_TILE = 128  # columns of a dense factor per sparse product on the CPU (Parts.tiled)
@@ -72,8 +73,7 @@ class Parts:
         self.dtype, self.device = dtype, torch.device(device)
         self.raw = parts  # the host's scipy parts (column blocks of a target, once per stats)
         self.m = {}
-        if DENSE in parts:
-            self.m[DENSE] = parts[DENSE].to(device, dtype).T
+        if DENSE in parts:  # scored through FactoredTarget.dense_ct
             return
         vec = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
         self.n, self.w = vec(parts["n"]), vec(parts["w"])
@@ -128,8 +128,6 @@ class Parts:
 
     def t_mul_tile(self, name: str, Y: Tensor) -> Tensor:
         """T^T Y for one (contiguous) tile of columns."""
-        if DENSE in self.m:
-            return self.m[DENSE] @ Y
         if name == "PhiBT":
             return self.bbar(self.phibar(Y))
         if name in SPARSE:
@@ -183,9 +181,20 @@ class FactoredTarget:
     def null_terms(self) -> Primitives:
         return self.vectors.null
 
+    @cached_property
+    def dense_ct(self) -> Tensor:
+        """C_T^T = (D T - m 1^T)^T of a dense target, formed once in float64 and held in the
+        compute dtype on the device: the centred columns themselves, so a low-precision
+        product cancels no shared row mean."""
+        v, d = self.vectors, self.parts
+        C = d.raw[DENSE] * v.scale[:, None] - v.mean[:, None]
+        return C.T.to(d.device, d.dtype)
+
     def ct_t(self, X: Tensor) -> Tensor:
-        """C_T^T X = T^T (D X) - 1 (m^T X)."""
+        """C_T^T X = T^T (D X) - 1 (m^T X) (a dense target: :attr:`dense_ct` X)."""
         d = self.parts
+        if DENSE in d.raw:
+            return self.dense_ct @ X
         scale = self.vectors.scale.to(d.device, d.dtype)[:, None]
         mean = self.vectors.mean.to(d.device, d.dtype)
 
