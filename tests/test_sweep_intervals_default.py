@@ -117,7 +117,8 @@ def test_a_sweep_holding_one_replicate_set_at_a_time_writes_the_same_table(tmp_p
     monkeypatch.setattr(runner, "check_step_fits", lambda plan, sc: real(
         plan, sc, ((plan.total + one_set_at_a_time(plan).total) / 2, "between the plans")))
     assert sweep_main([*argv, "--out", str(tmp_path / "alone")]) == 0
-    assert read_manifest(tmp_path / "alone")["config"]["scoring"]["together"] is False
+    assert read_manifest(tmp_path / "alone")["targets_choice"]["together"] is False
+    assert "together" not in read_manifest(tmp_path / "alone")["config"]["scoring"]
     a, b = (read_results(tmp_path / d).drop(columns=["run_id"]) for d in ("together", "alone"))
     assert a["ceiling"].notna().all() and a["ci_low"].notna().all()
     # issue 26's scale: every row its null's SD, a bool test, the corrected ceiling

@@ -111,10 +111,6 @@ class ScoringConfig:
     text: str | None = None
     text_rows: int = 32
     intervals: bool = True  # ceiling and ci columns where the statistics have groups
-    together: bool = True
-    """The interval replicates' target sets held at once (one forward pass per step) or, where
-    they do not fit the device (the plan's choice, :func:`~pythia_probe.sweep.plan.fit_plan`),
-    prepared one at a time (a forward pass per set); the same numbers either way."""
 
     @property
     def per_head(self) -> bool | list[int]:

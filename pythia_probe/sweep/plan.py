@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -26,10 +27,22 @@ from pythia_probe.sweep.layout import Layout
 from pythia_probe.sweep.targets import uncached
 
 
-def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
+class Held(NamedTuple):
+    """How one statistics file's targets are held, the plan's choice: ``mode`` (factored or
+    dense, :func:`targets_held`) and why; ``together``: the interval replicates' target sets
+    held at once (one forward pass per step) or, where they do not fit the device
+    (:func:`check_step_fits`), prepared one at a time (a forward pass per set); the same
+    numbers either way."""
+
+    mode: str
+    why: str
+    together: bool = True
+
+
+def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, held: Held,
                     nnz: dict[str, int] | None = None, groups: int = 0) -> Plan:
-    """The memory and compute plan of one checkpoint of model config ``c``, targets held as
-    ``mode`` (:func:`targets_held`; ``nnz``: the factored statistics' non-zeros by part;
+    """The memory and compute plan of one checkpoint of model config ``c``, targets ``held``
+    as the plan chose (``nnz``: the factored statistics' non-zeros by part;
     ``groups``: G document groups of the statistics, scored for the ceiling and intervals unless
     those are off)."""
     n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
@@ -39,19 +52,20 @@ def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
         sc.per_head)
     plan = memory_plan(shape, sc.analyses,
                        dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
-                       mode=mode, max_rank=sc.max_rank, nnz=nnz,
+                       mode=held.mode, max_rank=sc.max_rank, nnz=nnz,
                        per_head_layers=heads, batch_size=sc.batch_size)
     plan = with_groups(plan, groups if sc.intervals else 0)
-    return plan if sc.together else one_set_at_a_time(plan)
+    return plan if held.together else one_set_at_a_time(plan)
 
 
-def targets_held(factored: bool) -> tuple[str, str]:
+def targets_held(factored: bool) -> Held:
     """(how the targets are held, why): ``factored``, the statistics' sparse parts, for
     full-vocabulary factored statistics; else ``dense``, each target matrix its own single
     factor."""
     if factored:
-        return "factored", "full-vocabulary factored statistics: their sparse parts, no V x V"
-    return "dense", "top-k or first-format statistics: each target matrix its own factor"
+        return Held("factored", "full-vocabulary factored statistics: their sparse parts, no "
+                    "V x V")
+    return Held("dense", "top-k or first-format statistics: each target matrix its own factor")
 
 
 def check_step_fits(plan: Plan, sc: ScoringConfig,
@@ -154,14 +168,13 @@ def model_downloads(run, plan: DownloadPlan, layout: Layout, analyses, names,
 
 
 def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
-               targets: tuple[str, str], nnz: dict[str, int] | None = None,
+               targets: Held, nnz: dict[str, int] | None = None,
                groups: int = 0, rates: dict | None = None, memory: bool = True) -> list[str]:
     """One model's plan: steps (done, copied), bytes still to download, disk, targets, memory
     (``memory``: every line of the memory plan, else its peak) and, with measured ``rates``,
     the expected seconds per step (``nnz``, ``groups``: as :func:`checkpoint_plan`)."""
-    mode, why = targets
     steps, rows = run.steps, run.stats.rows
-    plan = checkpoint_plan(sc, run.config, rows, mode, nnz, groups)
+    plan = checkpoint_plan(sc, run.config, rows, targets, nnz, groups)
     limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
                                          f"({dl.limit_why})")
     lines = [f"model {run.model}: {len(steps)} steps: {len(steps) - len(dl.todo)} already done, "
@@ -169,7 +182,7 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
              f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
              f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
              f"<= {human_bytes(dl.held(src.prefetch))} ({src.prefetch + 1} checkpoints){limit}",
-             f"targets: {mode} ({why})", intervals_line(sc, groups)]
+             f"targets: {targets.mode} ({targets.why})", intervals_line(sc, groups)]
     lines.append(norms_line(plan, run.stats.stats_id, rates))
     if not memory:
         return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}): peak total "
@@ -211,7 +224,7 @@ def total_lines(src: SourceConfig, sc: ScoringConfig, runs, dls: dict,
     """The whole run: tasks, downloads and disk over every model, and how long it should take
     (:mod:`.estimate`: each step's plan at the dense and sparse ``rates`` measured now, the
     ones the per-step lines use; ``shapes``: each statistics file's (nnz, groups))."""
-    plans = [(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
+    plans = [(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path],
                               *shapes[r.stats.path]), len(dls[r.name].fetch)) for r in runs]
     seconds = sum(p.seconds(rates) * n for p, n in plans)
     flops = sum(p.flops_per_step * n for p, n in plans)

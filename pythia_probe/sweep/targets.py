@@ -105,10 +105,11 @@ class Scale:
 
 
 def prepare_scale(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig,
-                  progress: bool = True, raw: Sequence[str] = ()) -> Scale | None:
+                  together: bool = True, progress: bool = True,
+                  raw: Sequence[str] = ()) -> Scale | None:
     """The run's :class:`Scale` from statistics built with groups (meta ``groups.G`` > 1:
     ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
-    the run's targets, cached under that id; ``scoring.together`` False: the
+    the run's targets, cached under that id; ``together`` False (the plan's choice): the
     left-out sets are prepared one at a time, when scored); None without groups or with
     intervals off (``scoring.intervals``). ``raw``: the raw statistics the analyses read
     (``Needs.raw``), taken from each left-out statistics too."""
@@ -121,7 +122,7 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig
     ceilings = {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names}
     del A, B
     prepare = [partial(_left_out, st, g, names, scoring, raw) for g in range(G)]
-    if not scoring.together:
+    if not together:
         return Scale(prepare, ceilings)
     return Scale([p() for p in tqdm(prepare, desc="left-out targets", disable=not progress)],
                  ceilings)
