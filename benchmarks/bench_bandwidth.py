@@ -80,7 +80,7 @@ def plain_download(endpoint: str, steps: list[int], names: list[str]) -> tuple[f
 
 def loader(cache: Path, steps: list[int], prefetch: int, work=None) -> float:
     """Seconds to resolve and stream every checkpoint (scoring each with ``work``)."""
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
 
     t0 = time.perf_counter()
     src = CheckpointSource(REPO, cache_dir=cache)

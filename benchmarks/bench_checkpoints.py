@@ -71,7 +71,7 @@ class PeakDisk:
     """Samples the bytes under a folder in a thread; ``.peak`` after ``stop()``."""
 
     def __init__(self, root: Path, reserved=None):
-        from pythia_probe.checkpoints import dir_bytes
+        from pythia_probe.hub.checkpoints import dir_bytes
 
         self.root, self.peak, self._stop = root, 0, threading.Event()
         self.reserved, self.peak_reserved = reserved, 0
@@ -152,7 +152,7 @@ def pure_download(steps: list[int], cache: Path) -> float:
 
 
 def run_ours(steps: list[int], cache: Path, work, prefetch: int, max_disk: float):
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
 
     t0 = time.perf_counter()
     src = CheckpointSource(REPO, cache_dir=cache)

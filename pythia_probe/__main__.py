@@ -17,7 +17,7 @@ COMMANDS = {
     "toy": "pythia_probe.toy.train",
     "icrecall": "pythia_probe.toy.icrecall.__main__",
     "plots": "pythia_probe.plots",
-    "revisions": "pythia_probe.revisions",
+    "revisions": "pythia_probe.hub.revisions",
 }
 USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] [--version] ...\n"
          "  sweep     score every checkpoint of a model against corpus statistics (the main job)\n"

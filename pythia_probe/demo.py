@@ -5,7 +5,7 @@ Built-in stories -> word tokenizer (the leading-terms paper's rule) -> [N, T+1] 
 partial rotary, untied embeddings) trained with AdamW, saving checkpoints at steps 0, 1, 2, 4,
 ..., 512 (as far as training goes) and then every ``save_every`` steps.
 
-Layout (what :mod:`pythia_probe.checkpoints` reads as a local model folder)::
+Layout (what :mod:`pythia_probe.hub.checkpoints` reads as a local model folder)::
 
     OUT/tokenizer.json               the word tokenizer
     OUT/tokens.safetensors           the training windows (statistics use the same data)
@@ -33,7 +33,13 @@ from tqdm import tqdm
 from pythia_probe import sweep
 from pythia_probe.builtin_corpus import generate_stories
 from pythia_probe.errors import BadInputError, check_device
-from pythia_probe.fileio import atomic_write, write_bytes, write_text
+from pythia_probe.fileio import (
+    atomic_write,
+    check_folders,
+    with_subfolders,
+    write_bytes,
+    write_text,
+)
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats.groups import DEFAULT_GROUPS
@@ -225,6 +231,7 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
     ranks = ranks or Ranks(device=device)
     work = Path(work) if work is not None else out / "work"
     model = work / "demo-neox"
+    check_folders(out, [*with_subfolders(model), out / "run", *with_subfolders(out / "plots")])
     torch.set_num_threads(1)  # tiny matrices: extra OpenMP threads only add contention
     if ranks.is_main:
         info = build_demo_model(cfg, model, progress)

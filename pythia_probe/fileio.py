@@ -6,7 +6,10 @@
   :class:`~pythia_probe.errors.DiskFullError` naming the file, the free bytes and (when known)
   the bytes needed, and leaves no temp file behind.
 - :func:`remove`: every delete of the tool goes through here and is refused for any path outside
-  the folders the caller owns (a name from the hub that is really a path cannot escape them).
+  the folders the caller owns (a name from the hub that is really a path cannot escape them);
+  below a results folder only files whose content proves the tool wrote them.
+- :func:`check_folders`: the folders a run writes below its results folder are real folders
+  there (no symlink, no other filesystem), checked before anything is written.
 - :class:`FolderLock`: one writer per output folder (an exclusive ``flock`` on ``FOLDER/.lock``,
   released by the kernel when its process dies, so a dead holder's lock is simply taken over;
   shared by the cooperating holders of one key, e.g. the shards of one sweep).
@@ -21,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -145,19 +149,85 @@ def _inside(path: Path, roots: Iterable[Path]) -> bool:
     return any(real != r and real.is_relative_to(r) for r in roots)
 
 
-def remove(path: str | os.PathLike, owned: Iterable[str | os.PathLike]) -> None:
-    """Delete a file, symlink or folder, only if it lies strictly inside one of ``owned``.
+def empty_only(data: bytes) -> bool:
+    """The proof of :func:`remove` that accepts no file: only empty folders go."""
+    return False
 
-    Symlinks are removed, never followed. Missing paths are fine."""
+
+def remove(path: str | os.PathLike, owned: Iterable[str | os.PathLike],
+           proof: Callable[[bytes], bool] | None = None) -> bool:
+    """Delete a file, symlink or folder, only if it lies strictly inside one of ``owned``;
+    True if it is gone. Symlinks are removed, never followed. Missing paths are fine.
+
+    ``proof`` (for folders a user can reach, e.g. below a sweep's ``--out``): a file goes only
+    when ``proof(its bytes)`` shows the tool wrote it (a claim it can parse, of its run), a
+    folder only when empty, a symlink or anything else never; what is left returns False.
+    Without it (caches whose ownership is recorded apart) files and whole folders go."""
     path = Path(path)
     roots = [Path(os.path.realpath(r)) for r in owned]
     if not _inside(path, roots):
         raise UnsafeFileError(f"refused to delete {path}: outside the folders this tool owns "
                               f"({', '.join(map(str, roots))})")
+    if proof is not None:
+        return _remove_proven(path, proof)
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def _remove_proven(path: Path, proof: Callable[[bytes], bool]) -> bool:
+    try:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)  # only an empty one
+            return True
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            if not proof(fh.read()):
+                return False
+        path.unlink()
+    except FileNotFoundError:
+        return True
+    except OSError:  # a folder not empty, a file replaced in between: left as it is
+        return False
+    return True
+
+
+def with_subfolders(folder: str | os.PathLike) -> list[Path]:
+    """``folder`` and the folders (or links to one) already in it."""
+    folder = Path(folder)
+    return [folder, *sorted(p for p in folder.iterdir() if p.is_dir())] if folder.is_dir() \
+        else [folder]
+
+
+def check_folders(root: str | os.PathLike, folders: Iterable[str | os.PathLike]) -> None:
+    """Refuse, before anything is written, a folder below ``root`` the tool will write into or
+    delete from when any existing part of it below ``root`` is a symlink, not a folder, or on
+    another filesystem (a mount): one line naming the path. ``root`` itself may be a link;
+    folders elsewhere are the user's choice and not checked."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    dev = os.stat(root).st_dev
+    for folder in (Path(f) for f in folders if Path(f).is_relative_to(root)):
+        path = root
+        for part in folder.relative_to(root).parts:
+            path = path / part
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                break
+            why = (f"a symbolic link to {os.readlink(path)}" if stat.S_ISLNK(st.st_mode) else
+                   "not a folder" if not stat.S_ISDIR(st.st_mode) else
+                   "on another filesystem (a mount)" if st.st_dev != dev else None)
+            if why:
+                raise UnsafeFileError(f"{path} is {why}: the tool writes and deletes only in "
+                                      f"real folders inside {root}; make it a plain folder or "
+                                      "choose another --out")
 
 
 class FolderLock:

@@ -97,8 +97,9 @@ def single_process_launch() -> str | None:
 
 def slurm_array() -> tuple[int, int]:
     """(index, count) of this Slurm array task among its array (0, 1 outside one): the task id's
-    place from SLURM_ARRAY_TASK_MIN in steps of SLURM_ARRAY_TASK_STEP; an array whose ids are
-    not one evenly spaced range (``--array=1,4,5``) is refused (give ``--shard`` instead)."""
+    place from SLURM_ARRAY_TASK_MIN in steps of SLURM_ARRAY_TASK_STEP. Checked like ``--shard``:
+    an id outside MIN..MAX, a MAX or COUNT that disagree, or ids that are not one evenly spaced
+    range (``--array=1,4,5``) are refused in one line naming the variable and the range."""
     env = os.environ
     if "SLURM_ARRAY_TASK_ID" not in env:
         return 0, 1
@@ -110,17 +111,26 @@ def slurm_array() -> tuple[int, int]:
     except (KeyError, ValueError) as err:
         raise BadInputError(f"a Slurm array task without a readable SLURM_ARRAY_TASK_* ({err}); "
                             "give --shard INDEX/COUNT instead") from None
-    if step < 1 or count < 1 or (high - low) != (count - 1) * step or (task - low) % step:
+    seen = ", ".join(f"{v}={env[v]}" for v in (f"SLURM_ARRAY_TASK_{k}" for k in
+                                                ("ID", "MIN", "MAX", "STEP", "COUNT"))
+                     if v in env)
+    if low < 0 or step < 1 or count < 1 or (high - low) != (count - 1) * step:
         raise BadInputError(f"Slurm array ids {low}..{high} step {step} ({count} tasks) are not "
-                            "one evenly spaced range; give --shard INDEX/COUNT instead")
+                            f"one evenly spaced range ({seen}); give --shard INDEX/COUNT "
+                            "instead")
+    if not low <= task <= high or (task - low) % step:
+        raise BadInputError(f"SLURM_ARRAY_TASK_ID={task} is not an id of its array "
+                            f"{low}..{high} step {step} ({count} tasks; {seen}); give "
+                            "--shard INDEX/COUNT instead")
     return (task - low) // step, count
 
 
-def from_env(device: str = "cpu") -> Ranks:
+def from_env(device: str = "cpu", array: bool = True) -> Ranks:
     """This process's :class:`Ranks`; several processes join one group through accelerate's
     ``PartialState``, and ``cuda`` becomes this rank's own GPU; a Slurm array task knows its
-    place in the array."""
-    array, arrays = slurm_array()
+    place in the array (``array=False``: the array is not read, an explicit ``--shard``
+    decides)."""
+    array, arrays = slurm_array() if array else (0, 1)
     if world_size() <= 1:
         note = single_process_launch()
         if note:

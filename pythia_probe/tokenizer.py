@@ -35,9 +35,9 @@ from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from pythia_probe import hubio
 from pythia_probe.errors import BadInputError, HubError, MissingFileError
 from pythia_probe.fileio import atomic_write
+from pythia_probe.hub import io as hubio
 
 UNK = "[UNK]"
 WORD_PATTERN = r"\p{L}+|."

@@ -132,12 +132,15 @@ def test_top_k_statistics_are_dense_single_factors_equal_to_the_oracle(step, dty
                                            rel=tol)
 
 
-@pytest.mark.parametrize("asked,k", [("full", None), ("auto", None), ("300", 300)])
+@pytest.mark.parametrize("asked,k", [("full", None), ("300", 300)])
 def test_the_vocabulary_is_the_users_choice_alone(asked, k):
     top_k, why = choose_vocab(StatisticsConfig(top_k=asked), 50277)
     assert top_k == k
-    assert ("old alias of full" in why) == (asked == "auto")
+    assert why == ("full vocabulary (50,277 ids), the default" if k is None else
+                   "the 300 most frequent tokens, --top-k 300 given")
     assert StatisticsConfig().top_k == "full"  # the default, on every machine
+    with pytest.raises(BadInputError, match="--top-k auto is retired .*: use --top-k full"):
+        choose_vocab(StatisticsConfig(top_k="auto"), 50277)
 
 
 def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
@@ -189,8 +192,9 @@ def test_rows_with_scale_join_replicates_and_hold_their_values(step, tmp_path):
 
 
 class Grouped:
-    """The groups interface (st.groups, st.leave_out(g), st.halves()) with each part's
-    statistics built separately from its documents (the stand-in for one grouped build)."""
+    """The groups interface (st.groups, st.filled_groups(), st.leave_out(g), st.halves())
+    with each part's statistics built separately from its documents (the stand-in for one
+    grouped build; every group holds documents)."""
 
     def __init__(self, tokens, G, build):
         self.groups, self._g = G, [tokens[i::G] for i in range(G)]
@@ -198,6 +202,9 @@ class Grouped:
 
     def _of(self, keep):
         return self._build(torch.cat([self._g[i] for i in keep]))
+
+    def filled_groups(self):
+        return list(range(self.groups))
 
     def leave_out(self, g):
         return self._of([i for i in range(self.groups) if i != g])

@@ -53,6 +53,10 @@ CASES = [
      "nearest"),
     ("sweep", ["--heads", "x"], "--heads 'x'"),
     ("sweep", ["--top-k", "0"], "--top-k '0': valid: full, or an integer"),
+    ("stats", ["compute", "--top-k", "0"], "--top-k '0': valid: full, or an integer K >= 1"),
+    ("sweep", ["--top-k", "auto"], "--top-k auto is retired (it meant the full vocabulary): "
+                                   "use --top-k full"),
+    ("stats", ["compute", "--top-k", "auto"], "--top-k auto is retired"),
     ("sweep", ["--analyses", "embeding"], "unknown analysis"),
     ("toy", ["--layers", "0", "--out", "{d}/toy"], "--layers must be >= 1"),
     ("toy", ["--tokenizer", "word", "--out", "{d}/toy"], "word:K or bpe:K"),

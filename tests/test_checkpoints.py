@@ -1,4 +1,4 @@
-"""checkpoints.py end to end against the loopback hub: resolve, verify, dedupe, evict, faults."""
+"""hub/checkpoints.py end to end on the loopback hub: resolve, verify, dedupe, evict, faults."""
 
 import threading
 
@@ -7,7 +7,6 @@ import torch
 from huggingface_hub import constants
 
 from pythia_probe import arch
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.errors import (
     CheckpointError,
     CheckpointNotCachedError,
@@ -16,6 +15,7 @@ from pythia_probe.errors import (
     StepError,
     UnsafeCheckpointError,
 )
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.testing.dist import free_port
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import (

@@ -317,7 +317,7 @@ def test_missing_file_and_unknown_source(tmp_path):
 def test_unreachable_hub_id(monkeypatch):
     from huggingface_hub import HfApi
 
-    from pythia_probe import hubio
+    from pythia_probe.hub import io as hubio
 
     calls = []
 

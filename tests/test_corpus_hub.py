@@ -14,9 +14,9 @@ import httpx2
 import pytest
 from huggingface_hub import HfApi, HfFileSystem, constants
 
-from pythia_probe import hubio
 from pythia_probe.corpus import corpus_shards, iter_documents
 from pythia_probe.errors import BadInputError
+from pythia_probe.hub import io as hubio
 from pythia_probe.testing.endpoint import use_endpoint
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import build_dataset_repo

@@ -115,7 +115,7 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "r" / "plots" / "embedding_cos_post.png").stat().st_size > 1000
     text = capsys.readouterr().out
     # the printed summary is the table's: per layer the peak step and value, the exit step
-    from pythia_probe.revisions import read_ledger
+    from pythia_probe.hub.revisions import read_ledger
     from pythia_probe.summary import summary_table
     want = summary_table(df)
     got = pd.read_parquet(tmp_path / "r" / "run" / "summary.parquet")

@@ -74,3 +74,50 @@ def test_two_processes_writing_one_manifest(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
     assert json.loads((tmp_path / "manifest.json").read_text())["config"] == m["config"]
     assert isinstance(pd.Timestamp(m["ended"]), pd.Timestamp)
+
+
+def test_remove_with_a_proof_deletes_only_what_the_tool_wrote(tmp_path):
+    """Below a results folder: a file goes only when its bytes prove it is the tool's, a folder
+    only when empty, a symlink never (its target untouched)."""
+    owned, victim = tmp_path / "out", tmp_path / "user.txt"
+    (owned / "full").mkdir(parents=True)
+    (owned / "full" / "x").write_text("x")
+    (owned / "empty").mkdir()
+    victim.write_text("mine")
+    (owned / "link.json").symlink_to(victim)
+    (owned / "ours.json").write_text("ours")
+    (owned / "theirs.json").write_text("theirs")
+
+    def proof(data: bytes) -> bool:
+        return data == b"ours"
+
+    gone = {n: fileio.remove(owned / n, [owned], proof) for n in
+            ("ours.json", "theirs.json", "link.json", "full", "empty", "missing.json")}
+    assert gone == {"ours.json": True, "theirs.json": False, "link.json": False,
+                    "full": False, "empty": True, "missing.json": True}
+    assert sorted(p.name for p in owned.iterdir()) == ["full", "link.json", "theirs.json"]
+    assert victim.read_text() == "mine" and (owned / "full" / "x").read_text() == "x"
+
+
+def test_check_folders_refuses_a_link_or_a_file_below_the_root_naming_it(tmp_path):
+    root, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    (root / "shards").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / "claims").symlink_to(elsewhere)
+    (root / "failed").write_text("")
+    fileio.check_folders(root, [root / "shards" / "model", root / "plots", tmp_path / "x"])
+    for bad, why in (("claims", f"a symbolic link to {elsewhere}"), ("failed", "not a folder")):
+        with pytest.raises(UnsafeFileError, match=f"{root / bad} is {why}: the tool writes"):
+            fileio.check_folders(root, [root / "shards", root / bad / "model"])
+    real = os.lstat
+
+    def mounted(path, *a, **k):  # shards on another filesystem
+        st = real(path, *a, **k)
+        if str(path).endswith("shards"):
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev + 1, *tuple(st)[3:]))
+        return st
+
+    import unittest.mock
+    with unittest.mock.patch.object(os, "lstat", mounted), \
+            pytest.raises(UnsafeFileError, match="on another filesystem"):
+        fileio.check_folders(root, [root / "shards"])

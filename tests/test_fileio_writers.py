@@ -108,3 +108,29 @@ def test_every_write_goes_through_fileio():
 def test_the_scan_sees_a_bypass(src, n):
     """The scan itself: each kind of write is caught unless it targets ``tmp``."""
     assert len(bypasses(ast.parse(src))) == n
+
+
+DELETERS = {"unlink", "rmdir", "rmtree", "removedirs"}  # and os.remove
+
+
+def deletes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, call) for each delete of a file or folder (``TemporaryDirectory.cleanup`` of a
+    scratch folder the tool made is not one of these)."""
+    found = []
+    for node in ast.walk(tree):
+        fn = node.func if isinstance(node, ast.Call) else None
+        if isinstance(fn, ast.Attribute) and (fn.attr in DELETERS or (
+                fn.attr == "remove" and isinstance(fn.value, ast.Name) and fn.value.id == "os")):
+            found.append((node.lineno, fn.attr))
+    return found
+
+
+def test_every_delete_goes_through_fileio_remove():
+    """The one deleting function (issue 29): :func:`pythia_probe.fileio.remove`, which refuses
+    paths outside the caller's folders and, given a proof, files the tool did not write."""
+    bad = [f"{p.relative_to(PKG.parent)}:{line}: {call}"
+           for p in _modules() for line, call in deletes(ast.parse(p.read_text()))]
+    assert not bad, "deletes that bypass pythia_probe.fileio.remove:\n" + "\n".join(bad)
+    assert deletes(ast.parse("p.unlink(); os.remove(x); shutil.rmtree(d); d.rmdir(); "
+                             "x.remove(1); fileio.remove(p, [o])")) == [
+        (1, "unlink"), (1, "remove"), (1, "rmtree"), (1, "rmdir")]

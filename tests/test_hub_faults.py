@@ -9,8 +9,6 @@ import time
 import pytest
 from huggingface_hub import HfApi, constants
 
-from pythia_probe import hubnet
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.cli import run_main
 from pythia_probe.errors import (
     ChecksumError,
@@ -18,6 +16,8 @@ from pythia_probe.errors import (
     HubUnreachableError,
     UserError,
 )
+from pythia_probe.hub import net as hubnet
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.testing.dist import free_port
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pythia_probe import arch
-from pythia_probe.checkpoints import (
+from pythia_probe.hub.checkpoints import (
     CheckpointSource,
     RetryPolicy,
     Task,
@@ -60,7 +60,11 @@ def seed(task: Task) -> int:
 
 def test_the_plan_groups_identical_weights_within_and_across_models(hub, tmp_path):
     plan = plan_downloads(sources(hub, tmp_path), STEPS)
-    assert not [r for r in hub.log if not r["path"].startswith("/api/")]  # metadata only
+    assert not [r for r in hub.log if not r["path"].startswith("/api/")  # metadata only:
+                and r["method"] != "HEAD"]  # listings, and HEADs confirming shared sha256
+    heads = [r["path"].split("/resolve/")[0] for r in hub.requests("HEAD")]
+    assert sorted(heads) == [f"/{A}"] * 3 + [f"/{B}"] * 3  # A 0, 1, 1000; B 0, 1, 2000
+    assert len({r["path"] for r in hub.requests("HEAD")}) == 6  # each file once
     assert [g.tasks for g in plan.groups] == [
         (Task(A, 0), Task(A, 1), Task(B, 0), Task(B, 1)),
         (Task(A, 1000), Task(B, 2000)),

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from pythia_probe import revisions
 from pythia_probe.__main__ import main as pythia_probe_main
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.errors import CorruptFileError
-from pythia_probe.revisions import COLUMNS, Weights, classify, ledger, read_ledger, write_ledger
+from pythia_probe.hub import revisions
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe.hub.revisions import COLUMNS, Weights, classify, ledger, read_ledger, write_ledger
 from pythia_probe.testing.repos import build_pythia_like_repo
 
 SINGLE = "EleutherAI/pythia-ledger"
@@ -39,7 +39,13 @@ def source(hub, tmp_path, model=SINGLE) -> CheckpointSource:
 
 
 def no_file_fetched(hub) -> bool:
-    return not [r for r in hub.log if not r["path"].startswith("/api/")]
+    """Refs, tree listings and HEADs only: no byte of a file downloaded."""
+    return not [r for r in hub.log if not r["path"].startswith("/api/") and r["method"] != "HEAD"]
+
+
+def headed(hub) -> list[str]:
+    """The commits whose files were asked about with a HEAD, in order."""
+    return [r["path"].split("/resolve/")[1].split("/")[0] for r in hub.requests("HEAD")]
 
 
 def digest_of(folder, names) -> str:
@@ -50,7 +56,7 @@ def digest_of(folder, names) -> str:
 
 def test_step1_is_a_duplicate_and_a_step_serving_main_is_suspect(hub, hub_root, tmp_path):
     df = ledger(source(hub, tmp_path), list(STEPS))
-    assert no_file_fetched(hub)  # refs and tree listings only: no HEAD, no GET of a file
+    assert no_file_fetched(hub)  # refs and tree listings, HEADs: no GET of a file
     assert list(df.columns) == list(COLUMNS) and list(df["step"]) == list(STEPS)
     rows = df.set_index("step")
     assert dict(rows["status"]) == {0: "ok", 1: "duplicate", 1000: "ok", 2000: "suspect",
@@ -68,6 +74,10 @@ def test_step1_is_a_duplicate_and_a_step_serving_main_is_suspect(hub, hub_root, 
         assert rows.loc[step, "commit"] == refs[f"step{step}"]
         assert rows.loc[step, "weights_sha256"] == digest_of(repo / f"step{step}",
                                                             ["pytorch_model.bin"])
+    # the listing's verdicts confirmed by one HEAD of each file whose sha256 another shares:
+    # step0 = step1, step2000 = step3000 = main; step1000 (unlike every other) is not asked
+    want = {refs[f"step{s}"] for s in (0, 1, 2000, 3000)} | {refs["main"]}
+    assert sorted(headed(hub)) == sorted(want)
 
 
 def test_the_final_model_is_listed_even_when_not_asked(hub, tmp_path):

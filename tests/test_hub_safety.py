@@ -8,10 +8,11 @@ import pytest
 import torch
 from huggingface_hub import constants, scan_cache_dir
 
-from pythia_probe import arch, hubio
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe import arch
 from pythia_probe.errors import UnsafeFileError, UserError
 from pythia_probe.fileio import remove
+from pythia_probe.hub import io as hubio
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.testing.caches import hf_populate, tree_snapshot
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 

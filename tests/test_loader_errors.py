@@ -6,7 +6,6 @@ import json
 import pytest
 
 from pythia_probe import arch, errors
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.errors import (
     CheckpointError,
     CheckpointNotCachedError,
@@ -23,6 +22,7 @@ from pythia_probe.errors import (
     UnsafeFileError,
     UserError,
 )
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.sweep import source as sources
 from pythia_probe.testing.hub import Fault
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
@@ -169,7 +169,7 @@ def test_missing_tensors_and_disk_budget_are_user_errors(local):
 
 def test_one_error_family_inside_the_user_error_hierarchy():
     """Every hub and checkpoint error lives in pythia_probe.errors, one class per kind."""
-    from pythia_probe import checkpoints, hubcache, hubio, steps, weights_io
+    from pythia_probe.hub import cache, checkpoints, io, steps, weights
 
     assert issubclass(CheckpointError, UserError) and not issubclass(CheckpointError,
                                                                      RuntimeError)
@@ -186,7 +186,7 @@ def test_one_error_family_inside_the_user_error_hierarchy():
                  errors.IncompleteDownloadError: HubError, errors.StepError: ValueError}
     for cls, kind in hub_kinds.items():
         assert issubclass(cls, kind) and issubclass(cls, UserError), cls
-    for module in (checkpoints, hubcache, hubio, steps, weights_io):
+    for module in (checkpoints, cache, io, steps, weights):
         own = [n for n, v in vars(module).items() if isinstance(v, type)
                and issubclass(v, UserError) and v.__module__ == module.__name__]
         assert not own, f"{module.__name__} defines {own}: they belong in pythia_probe.errors"

@@ -10,9 +10,9 @@ import pytest
 from matplotlib.collections import QuadMesh
 
 from pythia_probe import plots
+from pythia_probe.hub.steps import PYTHIA_STEPS
 from pythia_probe.plots import figures, stepaxis
 from pythia_probe.results import make_rows, write_manifest, write_shard
-from pythia_probe.steps import PYTHIA_STEPS
 
 STEPS = [0, 1, 2, 4, 512, 1000]
 MANIFEST = {"vocabulary": {"rows": 5000, "reason": "r", "recipe": {

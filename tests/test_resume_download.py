@@ -10,10 +10,10 @@ import torch
 from huggingface_hub import constants
 
 from pythia_probe import arch
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe.hub.weights import partial_path, sha256_file
 from pythia_probe.testing.hub import Fault, HubServer
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
-from pythia_probe.weights_io import partial_path, sha256_file
 
 REPO = "EleutherAI/pythia-tiny"
 FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
@@ -24,7 +24,7 @@ import sys
 from huggingface_hub import constants
 constants.DOWNLOAD_CHUNK_SIZE = 4096
 constants.HF_HUB_DISABLE_PROGRESS_BARS = True
-from pythia_probe.checkpoints import CheckpointSource
+from pythia_probe.hub.checkpoints import CheckpointSource
 src = CheckpointSource(sys.argv[1], cache_dir=sys.argv[2], endpoint=sys.argv[3])
 src.fetch(src.resolve([2])[0])
 """
@@ -128,7 +128,7 @@ import sys
 from huggingface_hub import constants
 constants.DOWNLOAD_CHUNK_SIZE = 4096
 constants.HF_HUB_DISABLE_PROGRESS_BARS = True
-from pythia_probe.checkpoints import CheckpointSource
+from pythia_probe.hub.checkpoints import CheckpointSource
 src = CheckpointSource(sys.argv[1], cache_dir=sys.argv[2], endpoint=sys.argv[3])
 for rev, tensors, config in src.stream(src.resolve([0, 2, 4, 64]), prefetch=1):
     print(rev.step, flush=True)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from pythia_probe import builtin_corpus as bc
-from pythia_probe.stats import CorpusStats, StatsMismatchError
+from pythia_probe.errors import MismatchError
+from pythia_probe.stats import CorpusStats
 from pythia_probe.stats.__main__ import main
 from pythia_probe.stats.job import StatsConfig
 from pythia_probe.stats.top import load_names
@@ -60,7 +61,7 @@ def test_cli_file_records_policy_tokenizer_and_ledger(builtin_stats):
     assert [e["index"] for e in m["ledger"]] == [0, 1, 2] and m["counts"]["docs"] == 3000
     assert m["counts"]["positions"] == 128 * m["counts"]["sequences"]
     assert float(stats.Bbar.sum(1).abs().max()) < 1e-15
-    with pytest.raises(StatsMismatchError, match="recompute"):
+    with pytest.raises(MismatchError, match="recompute"):
         CorpusStats.load(builtin_stats, expect={"name": "pythia", "sha256": "0" * 64,
                                                 "d_vocab": 50277})
 
@@ -91,7 +92,7 @@ def test_cli_top_k_and_bad_config(tmp_path):
     assert bool((counts[:-1] >= counts[1:]).all())  # most frequent first
     assert torch.isfinite(s.Gbar).all()
     assert StatsConfig(top_k="full").top_k is None and StatsConfig(top_k="50").top_k == 50
-    with pytest.raises(ValueError, match="--top-k must be 'full' or an integer >= 1"):
+    with pytest.raises(ValueError, match="--top-k 'many': valid: full, or an integer K >= 1"):
         StatsConfig(top_k="many")
     with pytest.raises(ValueError, match="--seq-len must be >= 1"):
         StatsConfig(seq_len=0)

@@ -167,6 +167,25 @@ def test_block_index_outside_the_vocabulary_is_one_line():
         stats.mul("Bbar", torch.zeros(6, 2, dtype=torch.float64))
 
 
+def test_empty_indices_of_any_dtype_are_empty_and_delta_takes_none():
+    stats = batch_stats(torch.randint(0, 6, (3, 5)), 6)
+    cols = torch.tensor([1, 4])
+    want = stats.block("Bbar", torch.zeros(0, dtype=torch.int64), cols)
+    for empty in ([], (), torch.zeros(0), np.zeros(0), torch.zeros(0, dtype=torch.bool)):
+        got = stats.block("Bbar", empty, cols)
+        assert got.shape == (0, 2) and torch.equal(got, want)
+        assert stats.block("Qbar", cols, empty).shape == (2, 0)
+    for rows, cols_ in (([10**6], None), (None, [0]), ([0], [0])):
+        with pytest.raises(BadInputError, match=r"block\('Delta'\) is the whole Delta vector"
+                                                r".*give no row or column indices") as e:
+            stats.block("Delta", rows, cols_)
+        assert "\n" not in str(e.value)
+    assert torch.equal(stats.block("Delta"), stats.Delta)
+    with pytest.raises(BadInputError, match="block row indices must be an integer tensor or a "
+                                            "sequence of integers, got str"):
+        stats.block("Bbar", "ab")
+
+
 # -- the Pythia vocabulary -------------------------------------------------------------------------
 V_PYTHIA = 50277
 

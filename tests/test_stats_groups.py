@@ -9,6 +9,7 @@ import types
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,6 +154,18 @@ def test_leave_out_and_halves_partition_the_documents(engine):
         st.subset([6])
     with pytest.raises(BadInputError, match=r"need one or more of 0\.\.5"):
         st.subset([])
+    for bad in ([1.5], [torch.tensor(2.0)], [True], ["1"]):
+        with pytest.raises(BadInputError, match=r"group id .* is not an integer: group ids are "
+                                                r"0\.\.5"):
+            st.subset(bad)
+    for bad in (1.7, 1.0, torch.tensor(1.0)):
+        with pytest.raises(BadInputError, match=r"group id .* is not an integer"):
+            st.leave_out(bad)
+    with pytest.raises(BadInputError, match=r"groups 3: need a sequence of group ids 0\.\.5"):
+        st.subset(3)
+    same = st.subset([np.int64(1), torch.tensor(2)])
+    assert same.stats_id == st.subset([1, 2]).stats_id
+    assert torch.equal(same["Bbar"], st.subset([1, 2])["Bbar"])
 
 
 def test_statistics_without_groups_are_refused_in_one_line(tmp_path):
@@ -204,3 +217,37 @@ def test_two_processes_assign_the_same_groups(tmp_path):
             assert torch.equal(a[n], b[n]), n
         for n in ("Qbar", "Delta"):
             torch.testing.assert_close(a[n], b[n], rtol=1e-12, atol=1e-18)
+
+
+def test_more_groups_than_documents_names_the_empty_groups(tmp_path, capsys):
+    """--groups 50 on a 30-document corpus (issue 28 item 5): one warning naming the 20 empty
+    groups at build time; the file keeps them, and the jackknife (``filled_groups``) and the
+    halves use the 30 that hold documents."""
+    from pythia_probe.cli import run_main
+    from pythia_probe.stats.__main__ import main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(documents(30)))
+    out = tmp_path / "s.safetensors"
+    args = ["compute", "--dataset", str(corpus), "--tokenizer", "word:3000", "--seq-len", "4",
+            "--keep-short", "--no-progress", "--out", str(out), "--groups", "50"]
+    assert run_main(lambda: main(args), "stats") == 0
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "WARNING" in ln]
+    assert len(warned) == 1 and warned[0].endswith(
+        "--groups 50: 20 of the 50 groups hold no counted window (groups 30..49): the "
+        "intervals use the other 30; a smaller --groups gives every group documents"), warned
+    st = CorpusStats.load(out)
+    assert st.groups == 50 and st.filled_groups() == list(range(30))
+    assert [c["docs"] for c in st.meta["groups"]["counts"]] == [1] * 30 + [0] * 20
+    a, b = st.halves()
+    assert a.meta["subset"]["groups"] == list(range(15))
+    assert b.meta["subset"]["groups"] == list(range(15, 30))
+    assert torch.equal(st.leave_out(45)["Bbar"], st["Bbar"])  # why empty ones are skipped
+
+
+def test_halves_need_two_filled_groups():
+    st = batch_stats(torch.randint(0, V, (1, T + 1)), V, groups=4)
+    assert st.filled_groups() == [0] and "groups 1..3" in groups.empty_groups(st.store.groups)
+    with pytest.raises(BadInputError, match="1 of their 4 document groups hold documents; "
+                                            "halves need 2"):
+        st.halves()

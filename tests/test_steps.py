@@ -2,8 +2,8 @@
 
 import pytest
 
-from pythia_probe import steps
-from pythia_probe.steps import PYTHIA_STEPS, StepError, parse_steps
+from pythia_probe.hub import steps
+from pythia_probe.hub.steps import PYTHIA_STEPS, StepError, parse_steps
 
 
 def test_schedule():

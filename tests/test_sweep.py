@@ -158,7 +158,7 @@ def test_two_shards_write_the_same_tables_as_one(setup, clean_run, tmp_path):
 
 
 def _no_download(monkeypatch):
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
 
     def refuse(*a, **k):
         raise AssertionError("weights were fetched before the input was validated")
@@ -167,8 +167,8 @@ def _no_download(monkeypatch):
 
 
 def test_bad_input_fails_before_any_download(setup, tmp_path, monkeypatch):
-    from pythia_probe.stats import StatsMismatchError
-    from pythia_probe.steps import StepError
+    from pythia_probe.errors import MismatchError
+    from pythia_probe.hub.steps import StepError
     from pythia_probe.tokenizer import build_word_tokenizer, tokenizer_fingerprint
 
     root, repo, stats = setup
@@ -184,7 +184,7 @@ def test_bad_input_fails_before_any_download(setup, tmp_path, monkeypatch):
     tok.save_pretrained(str(tmp_path / "tok"))
     wrong = batch_stats(torch.randint(0, 3, (4, 9)), 3, tokenizer=tokenizer_fingerprint(other))
     wrong.save(tmp_path / "wrong.safetensors")
-    with pytest.raises(StatsMismatchError, match="tokenizer"):
+    with pytest.raises(MismatchError, match="tokenizer"):
         sweep_main(_argv(repo, tmp_path / "wrong.safetensors", tmp_path / "c", "--tokenizer",
                          str(tmp_path / "tok")))
     with pytest.raises(FileNotFoundError, match="no such statistics file"):
@@ -250,7 +250,7 @@ def test_dry_run_counts_duplicates_and_only_bytes_not_yet_cached(setup, tmp_path
                                                                 capsys):
     """The plan's download excludes step1 (= step0's bytes) and files already in the cache."""
     from pythia_probe.arch import name_filter
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
     from pythia_probe.resources import human_bytes
     from pythia_probe.testing.hub import HubServer
 
@@ -295,7 +295,7 @@ def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_pat
 
 
 def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monkeypatch):
-    from pythia_probe.stats import StatsMismatchError
+    from pythia_probe.errors import MismatchError
     from pythia_probe.testing.hub import HubServer
     from pythia_probe.tokenizer import build_word_tokenizer, tokenizer_fingerprint
 
@@ -310,7 +310,7 @@ def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monk
     _no_download(monkeypatch)
     with HubServer(tmp_path / "hub") as server:
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        with pytest.raises(StatsMismatchError, match="computed with tokenizer"):
+        with pytest.raises(MismatchError, match="computed with tokenizer"):
             sweep_main(_argv("org/tok", stats, tmp_path / "o", "--cache-dir",
                              str(tmp_path / "c")))
 

@@ -166,7 +166,7 @@ def test_the_lock_of_a_killed_run_is_taken_over(setup, tmp_path):
 
 # ---- disk limit ---------------------------------------------------------------------------
 def test_the_loader_gets_a_disk_limit_shown_in_the_plan(setup, tmp_path, monkeypatch, capsys):
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
     from pythia_probe.testing.hub import HubServer
 
     root, repo, stats = setup
@@ -254,7 +254,7 @@ def test_offline_with_the_model_in_the_cache_prints_the_whole_plan(setup, tmp_pa
     from huggingface_hub import constants
 
     from pythia_probe.arch import name_filter
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
     from pythia_probe.testing.hub import HubServer
 
     root, repo, stats = setup
@@ -285,7 +285,7 @@ def test_offline_with_the_model_in_the_cache_prints_the_whole_plan(setup, tmp_pa
 
 
 def test_an_unreachable_hub_is_one_line_with_the_offline_advice(tmp_path, capsys, monkeypatch):
-    from pythia_probe import hubio
+    from pythia_probe.hub import io as hubio
     from pythia_probe.testing.dist import free_port
 
     port = free_port()  # nobody listens on it: connection refused at once
@@ -346,7 +346,7 @@ def test_sigterm_records_interrupted_and_the_rerun_resumes_bit_identically(setup
 # ---- statistics and layers the model cannot take -------------------------------------------
 def test_statistics_with_ids_beyond_the_embedding_rows_are_refused_once_up_front(
         setup, tmp_path, monkeypatch):
-    from pythia_probe.checkpoints import CheckpointSource
+    from pythia_probe.hub.checkpoints import CheckpointSource
 
     root, repo, _ = setup
     wide = batch_stats(torch.randint(0, 200, (20, 9)), 200).save(tmp_path / "wide.safetensors")

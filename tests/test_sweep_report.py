@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
+from pythia_probe.hub.revisions import read_ledger
 from pythia_probe.results import read_results
-from pythia_probe.revisions import read_ledger
 from pythia_probe.stats import batch_stats
 from pythia_probe.summary import summary_table
 from pythia_probe.sweep import runner

@@ -20,8 +20,8 @@ import torch
 from pythia_probe.analysis.cosine import materialised_cosine
 from pythia_probe.arch import NeoXConfig, NeoXWeights, single_token_residuals
 from pythia_probe.errors import BadInputError
+from pythia_probe.hub.revisions import read_ledger
 from pythia_probe.results import read_manifest, read_results
-from pythia_probe.revisions import read_ledger
 from pythia_probe.stats import CorpusStats, recipe
 from pythia_probe.stats.__main__ import main as stats_main
 from pythia_probe.sweep import statistics

@@ -78,14 +78,14 @@ def _added_token_not_special_matched(spec):
 @pytest.mark.parametrize("edit", [_drop_a_used_merge, _prefix_space, _swap_two_ids, _lowercase,
                                   _added_token_not_special_matched])
 def test_a_tokenizer_that_maps_text_differently_is_refused(folder, tmp_path, edit):
-    from pythia_probe.stats import StatsMismatchError
+    from pythia_probe.errors import MismatchError
 
     base = load_tokenizer(folder / "tokenizer.json")
     other = _edited(folder, tmp_path, edit)
     assert any(base(t, add_special_tokens=False)["input_ids"] != other(
         t, add_special_tokens=False)["input_ids"] for t in TEXTS)  # really maps text otherwise
     assert _fp(other) != _fp(base)
-    with pytest.raises(StatsMismatchError, match="sha256"):
+    with pytest.raises(MismatchError, match="sha256"):
         check_tokenizer({"tokenizer": tokenizer_fingerprint(base)}, tokenizer_fingerprint(other))
 
 
@@ -107,9 +107,9 @@ def test_settings_that_do_not_change_ids_keep_the_fingerprint(folder, tmp_path, 
 
 
 def test_statistics_from_an_older_fingerprint_scheme_are_refused(folder):
-    from pythia_probe.stats import StatsMismatchError
+    from pythia_probe.errors import MismatchError
 
     fp = tokenizer_fingerprint(load_tokenizer(folder))
     old = {k: v for k, v in fp.items() if k != "scheme"}
-    with pytest.raises(StatsMismatchError, match="older form"):
+    with pytest.raises(MismatchError, match="older form"):
         check_tokenizer({"tokenizer": old}, fp)

@@ -8,8 +8,8 @@ import torch
 from huggingface_hub import constants
 
 from pythia_probe import arch
-from pythia_probe.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.errors import ChecksumError, CorruptFileError, UserError
+from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
 from pythia_probe.sweep import source as sources
 from pythia_probe.testing.caches import hf_populate, plain_copy, tree_snapshot
 from pythia_probe.testing.hub import Fault

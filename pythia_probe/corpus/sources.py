@@ -13,7 +13,7 @@ source:
   run time, pinned to the branch's commit; option data_dir limits them to one folder, revision
   picks a branch), or an "hf://datasets/org/name[@rev]/path/*.parquet" glob. Each file is one
   shard. A shard is downloaded when it is read (resumable, every hub call under the retry
-  policy of :mod:`pythia_probe.hubio`), checked against the hub's sha256 (a mismatch is fetched
+  policy of :mod:`pythia_probe.hub.io`), checked against the hub's sha256 (a mismatch is fetched
   once more, then reported naming the file), read with datasets.load_dataset("parquet",
   streaming=True) like a local file, and deleted: the tool's dataset cache
   (``hubio.tool_cache("datasets")``) holds at most the shards being read.
@@ -38,7 +38,7 @@ from urllib.parse import quote, unquote
 
 from huggingface_hub import HfApi, HfFileSystem
 
-from pythia_probe import builtin_corpus, hubio
+from pythia_probe import builtin_corpus
 from pythia_probe.errors import (
     BadInputError,
     CorruptFileError,
@@ -47,8 +47,9 @@ from pythia_probe.errors import (
     UserError,
 )
 from pythia_probe.fileio import sha256_file
-from pythia_probe.hubcache import HubCache
-from pythia_probe.weights_io import FileInfo, file_matches
+from pythia_probe.hub import io as hubio
+from pythia_probe.hub.cache import HubCache
+from pythia_probe.hub.weights import FileInfo, file_matches
 
 SEPARATOR = "<|endoftext|>"
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")

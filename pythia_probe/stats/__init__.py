@@ -5,15 +5,14 @@ Public API: ``CorpusStats`` (the frozen result, factored at any vocabulary:
 ``batch_stats`` (both passes over one batch), ``compute_stats`` (the shard driver behind
 ``python -m pythia_probe.stats``), ``SequencePolicy``, and the accumulators of both engines
 (``CountAccumulator`` / ``QAccumulator`` of ``stats/dense/``, ``SparseCountAccumulator`` of
-``stats/sparse/``; ``update -> self``). Layout: ``stats/engine.py`` (the interface),
-``driver.py``, ``pass1.py``, ``plan.py``, ``result.py`` + ``stores.py`` + ``factors.py``,
-``dense/``, ``sparse/``, ``native/``.
+``stats/sparse/``; ``update -> self``). Layout: the shared core (``result.py`` + ``stores.py``
++ ``factors.py`` + ``tables.py`` + ``compose.py``, ``groups.py``, ``consistency.py``, ``plan.py``,
+``pass1.py``, ``engine.py``: the interface) imports no engine; ``driver.py`` dispatches to the
+engines ``dense/`` and ``sparse/``; ``native/`` holds the C kernels behind one dispatch (C or
+their torch / numpy twins, chosen inside).
 Memory plans: ``stats/MEMORY.md``.
 """
 
-from pythia_probe.errors import MismatchError as StatsMismatchError  # the old name, still used
-from pythia_probe.stats import result as corpus_stats  # the old module name, still used
-from pythia_probe.stats.dense import compose
 from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.dense.first import first_pass
 from pythia_probe.stats.dense.second import QAccumulator
@@ -24,5 +23,5 @@ from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
 
 __all__ = ["CorpusStats", "CountAccumulator", "Engine", "QAccumulator", "SequencePolicy",
-           "SparseCountAccumulator", "StatsMismatchError", "batch_stats", "compose", "corpus_stats",
-           "compute_stats", "first_pass", "read_meta", "top_k_ids"]
+           "SparseCountAccumulator", "batch_stats", "compute_stats", "first_pass", "read_meta",
+           "top_k_ids"]

@@ -26,7 +26,13 @@ from pythia_probe.ranks import Ranks
 from pythia_probe.stats import doctop, kept, plan
 from pythia_probe.stats.dense.engine import DenseEngine
 from pythia_probe.stats.engine import Engine, top_k_ids
-from pythia_probe.stats.groups import check_groups, count_groups, docs_per_group, spilled
+from pythia_probe.stats.groups import (
+    check_groups,
+    count_groups,
+    docs_per_group,
+    empty_groups,
+    spilled,
+)
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.pass1 import (
     RunSpec,
@@ -67,6 +73,7 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
     windows = Windows.of_shards(spec, ledger, mine)
     with spilled(spec.work_dir) as spill:
         parts = count_groups(engine, windows, spec, d, dev, spill) if spec.groups else None
+        _say_empty(parts or [], d)
         ids = kept_ids(spec, acc, windows, d)
         spec = dataclasses.replace(spec, compose=spec.compose if ids is not None else kept.FULL)
         fp = engine.first_pass(acc, spec, d)
@@ -80,6 +87,13 @@ def compute_stats(shards: list, spec: RunSpec, meta: dict[str, Any],
     stats = engine.assemble(fp, Q, D, meta, ids, spec, parts)
     d.barrier()
     return stats
+
+
+def _say_empty(parts: list, d: Ranks) -> None:
+    """Name, once (rank 0), the groups that hold no counted window."""
+    line = empty_groups(parts)
+    if line and d.is_main:
+        log.warning(line)
 
 
 def kept_ids(spec: RunSpec, acc, windows: Windows, d: Ranks) -> Tensor | None:
@@ -143,6 +157,7 @@ def batch_stats(tokens: Tensor, d_vocab: int, *, lengths: Tensor | None = None,
     windows = Windows.of_batch(tokens, lengths, grp)
     with spilled(None) as spill:
         parts = count_groups(eng, windows, spec, d, dev, spill) if groups else None
+        _say_empty(parts or [], d)
         ids = kept_ids(spec, acc, windows, d) if keep is None else _kept(keep, d_vocab)
         fp = eng.first_pass(acc, spec, d)
         del acc

@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.stats.fixedpoint import FRAC_BITS
+from pythia_probe.stats.fixedpoint import FRAC_BITS, reduce_equal
 from pythia_probe.stats.native import sparsecount
-from pythia_probe.stats.sparse.tables import FixedTable, ranges, reduce_equal
+from pythia_probe.stats.tables import FixedTable, ranges
 
 F = FRAC_BITS
 CHUNK_COLS = 512
@@ -67,16 +67,8 @@ class Csr:
         rank-one term), by the compiled kernel in one pass, else scipy; ``transposed``: the
         result's transpose as a contiguous [w, rows] array; ``x_transposed``: X is given as
         its transpose [w, n_cols]."""
-        if sparsecount.use_c():
-            return sparsecount.spmm(self.indptr, self.col, self.val, X,
-                                    torch.get_num_threads(), transposed, u, v, scale,
-                                    x_transposed)
-        out = np.asarray(self.scipy() @ (X.T if x_transposed else X))
-        if v is not None:
-            out -= np.outer(np.ones(out.shape[0]) if u is None else u, v)
-        if scale != 1.0:
-            out *= scale
-        return np.ascontiguousarray(out.T) if transposed else out
+        return sparsecount.spmm(self.indptr, self.col, self.val, X, torch.get_num_threads(),
+                                transposed, u, v, scale, x_transposed)
 
     def scipy(self) -> scipy.sparse.csr_matrix:
         return scipy.sparse.csr_matrix((self.val, self.col, self.indptr),
@@ -224,14 +216,8 @@ class Factors:
         V = self.d_vocab
         Z = self.C.take_rows(cols)
         u, v = self.n[cols] / V, self.colsum.numpy()
-        if sparsecount.use_c():
-            return sparsecount.spgemm_dense((Z.indptr, Z.col, Z.val), self.w_rows, V,
-                                            torch.get_num_threads(), u, v)
-        wi, wc, wv = self.w_rows
-        W = scipy.sparse.csr_matrix((wv, wc.astype(np.int64), wi), shape=(V, V))
-        H = np.asarray((Z.scipy() @ W).todense())
-        H -= np.outer(u, v)
-        return H
+        return sparsecount.spgemm_dense((Z.indptr, Z.col, Z.val), self.w_rows, V,
+                                        torch.get_num_threads(), u, v)
 
     def gbar_head_tile(self, cols: np.ndarray) -> np.ndarray:
         """GbarHead[:, cols]^T = (Bbar[cols, :] Phibar Bbar), contiguous [len(cols), V]:

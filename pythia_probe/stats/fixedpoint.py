@@ -4,19 +4,21 @@ shard split, merge order, process count or device gives the same bits. The only 
 the per-term 2^-43 (relative error <= T 2^-43 per entry, 1.5e-11 at T = 128).
 
 The dense engine keeps the sums in two int64 limbs hi + lo 2^-F (:class:`FixedPoint`), the
-sparse engine in sorted tables of the same limbs (``stats/sparse/tables.py``).
+sparse engine in sorted tables of the same limbs (``stats/tables.py``).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import torch
 from torch import Tensor
 
 FRAC_BITS = 42
 """Fraction bits of the context weights 1/t."""
 INT_MAX = (1 << 63) - 1
+MASK = (1 << FRAC_BITS) - 1
 
 
 @lru_cache(maxsize=32)
@@ -68,3 +70,16 @@ class FixedPoint:
     def to_float(self, rows: slice) -> Tensor:
         """float64 values of a slice of the flat state."""
         return self.hi[rows].double() + self.lo[rows].double() * 2.0 ** -self.F
+
+
+def reduce_equal(keys: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Sorted keys with repeats -> unique keys and the exact sum of each value per key."""
+    if keys.size == 0:
+        return (keys, *values)
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    return (keys[starts], *(np.add.reduceat(v, starts) for v in values))
+
+
+def carry(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical fixed point: whole units of lo moved into hi, 0 <= lo < 2^F."""
+    return hi + (lo >> FRAC_BITS), lo & MASK

@@ -33,9 +33,10 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
+from pythia_probe.fileio import remove
 from pythia_probe.stats.checkpoint import load_state, save_state
 from pythia_probe.stats.factors import Factors, SparseQ
-from pythia_probe.stats.sparse.tables import CountTable, FixedTable
+from pythia_probe.stats.tables import CountTable, FixedTable
 
 DEFAULT_GROUPS = 10
 
@@ -153,7 +154,7 @@ class Spill:
             part.context = FixedTable([tuple(t[f"context_{q}.{i}"].numpy()
                                              for q in ("keys", "hi", "lo"))
                                        for i in range(n_chunks)])
-            self._path(g).unlink()
+            remove(self._path(g), [self._tmp.name])
         self.held = {}
 
     def close(self) -> None:
@@ -200,6 +201,30 @@ def check_groups(G: int) -> int:
     if not isinstance(G, int) or G < 0 or G == 1:
         raise BadInputError(f"--groups must be 0 (none) or an integer >= 2, got {G!r}")
     return G
+
+
+def empty_groups(parts: list[GroupCounts]) -> str | None:
+    """The line naming the groups that hold no counted window (--groups larger than the
+    documents that give windows), or None: they stay in the file, and the jackknife and the
+    halves use the others (``CorpusStats.filled_groups``)."""
+    empty = [g for g, p in enumerate(parts) if p.n_positions == 0]
+    if not empty:
+        return None
+    G = len(parts)
+    return (f"--groups {G}: {len(empty)} of the {G} groups hold no counted window (groups "
+            f"{_span(empty)}): the intervals use the other {G - len(empty)}; a smaller "
+            "--groups gives every group documents")
+
+
+def _span(gs: list[int]) -> str:
+    """'3, 5, 30..49' for sorted group numbers."""
+    runs: list[list[int]] = []
+    for g in gs:
+        if runs and g == runs[-1][1] + 1:
+            runs[-1][1] = g
+        else:
+            runs.append([g, g])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
 def split_rows(groups: Tensor | np.ndarray | None, G: int) -> list[np.ndarray | None]:

@@ -113,7 +113,7 @@ class StatsConfig:
         if self.doc_split not in corpus.DOC_SPLITS:
             raise BadInputError(f"--doc-split {self.doc_split!r}; valid: "
                                 f"{', '.join(corpus.DOC_SPLITS)}")
-        object.__setattr__(self, "top_k", parse_top_k(self.top_k))
+        object.__setattr__(self, "top_k", kept.parse_top_k(self.top_k))
         conventions.check(self.conventions)
         if self.d_vocab is not None and (not isinstance(self.d_vocab, int) or self.d_vocab < 1):
             raise BadInputError(f"--d-vocab must be an integer >= 1 (the model's embedding "
@@ -129,16 +129,6 @@ class StatsConfig:
             raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(plan.ENGINES)}")
         if not self.out.endswith(".safetensors"):
             raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
-
-
-def parse_top_k(value: str | int | None) -> int | None:
-    """``--top-k``: None or 'full' for the full vocabulary, else an integer K >= 1."""
-    if value is None or value == "full":
-        return None
-    text = str(value).strip()
-    if not text.lstrip("-").isdigit() or int(text) < 1:
-        raise BadInputError(f"--top-k must be 'full' or an integer >= 1, got {value!r}")
-    return int(text)
 
 
 def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,

@@ -28,6 +28,20 @@ from pythia_probe.errors import BadInputError
 FULL = "full_then_slice"
 KEPT = "kept"
 COMPOSE = (FULL, KEPT)
+
+
+def parse_top_k(value: str | int | None) -> int | None:
+    """``--top-k`` of the statistics and the sweep: 'full' (or None) keeps every id, else an
+    integer K >= 1 (the K most frequent tokens); 'auto', an old name of 'full', is refused."""
+    if value is None or value == "full":
+        return None
+    text = str(value).strip()
+    if text == "auto":
+        raise BadInputError("--top-k auto is retired (it meant the full vocabulary): use "
+                            "--top-k full")
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise BadInputError(f"--top-k {value!r}: valid: full, or an integer K >= 1")
+    return int(text)
 COMPOSED = ("SigmaB", "PhiBT", "Gbar", "GbarHead")
 """The statistics a ``kept`` composition makes from the K x K blocks."""
 KEPT_ARRAYS = 10

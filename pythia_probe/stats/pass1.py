@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from pythia_probe.corpus import content_digest
 from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError, MissingFileError
-from pythia_probe.fileio import remove
+from pythia_probe.fileio import empty_only, remove
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import checkpoint
@@ -325,8 +325,7 @@ def remove_work(work_dir: Path) -> None:
     itself if nothing else is left in it."""
     for p in list(work_dir.glob("pass[12]-*.safetensors")) + [work_dir / "cache"]:
         remove(p, [work_dir])
-    if work_dir.is_dir() and not any(work_dir.iterdir()):
-        work_dir.rmdir()
+    remove(work_dir, [work_dir.parent], empty_only)
 
 
 def spec_identity(**parts: Any) -> dict[str, Any]:

@@ -11,9 +11,9 @@ sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^
   36 B per distinct (target, context) pair (the table, and W by target rows for GbarHead's
   tiles), 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
-  padded to T+1 slots), the pair buffer (16 B x max(sparse.BUFFER, one window's pairs)),
+  padded to T+1 slots), the pair buffer (16 B x max(tables.BUFFER, one window's pairs)),
   column tiles (4 arrays of V x width float64, width from the tile budget), one tile's Qbar
-  block (8 B and a bit x width x V), the head block (8 B x sparse.HEAD^2) and Qbar and
+  block (8 B and a bit x width x V), the head block (8 B x tables.HEAD^2) and Qbar and
   QbarHead on the (query, key) pairs that occur (12 B each, twice; GbarHead's tiles need W by
   target rows, 12 B per (target, context) pair). No V x V array at any vocabulary.
 
@@ -33,11 +33,9 @@ from typing import Any
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
 from pythia_probe.resources import memory_budget
-from pythia_probe.stats import kept
-from pythia_probe.stats.dense import compose
+from pythia_probe.stats import compose, kept, tables
+from pythia_probe.stats.engine import SPARSE_KIND
 from pythia_probe.stats.native import fastcount
-from pythia_probe.stats.sparse import count as sparse
-from pythia_probe.stats.sparse import tables as sparse_tables
 
 GB = 1e9
 ENGINES = ("auto", "dense", "sparse")
@@ -117,10 +115,10 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     """
     width = tile_width(d_vocab, budget_bytes)
     side = d_vocab if top_k is None else top_k + 1
-    buffer = max(sparse.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
+    buffer = max(tables.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"tiles": TILE_ARRAYS * 8 * d_vocab * width,
              "qbar_block": QBAR_BLOCK_BYTES * width * side + 8 * -(-width * side // 64),
-             "pair_buffer": (16 * buffer + 48 * sparse_tables.CHUNK + 8 * sparse.HEAD**2)
+             "pair_buffer": (16 * buffer + 48 * tables.CHUNK + 8 * tables.HEAD**2)
              * (2 if groups else 1),
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
@@ -178,7 +176,7 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
     need = dense_peak(d_vocab, top_k, device, groups)
     limit, how = budget if budget is not None else memory_budget(device)
     plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan}
-    if requested == "dense" and checkpoint_kind == sparse.SparseCountAccumulator.kind:
+    if requested == "dense" and checkpoint_kind == SPARSE_KIND:
         raise MismatchError("the work folder holds a sparse pass-1 checkpoint: resume it with "
                             "--engine sparse (or auto), or use another --work-dir")
     if requested == "dense":
@@ -192,7 +190,7 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
         return EngineChoice(requested, "sparse", f"--engine sparse given; "
                             f"{describe_sparse(splan)}", plan)
     if checkpoint_kind is not None:
-        kind = "sparse" if checkpoint_kind == sparse.SparseCountAccumulator.kind else "dense"
+        kind = "sparse" if checkpoint_kind == SPARSE_KIND else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
     sparse_need = (splan["fixed_bytes"] if docs is None
                    else sparse_bound(d_vocab, T, top_k, docs, tile_budget, groups))
@@ -268,7 +266,7 @@ def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: 
                   torch_kernels: bool | None = None) -> str:
     """Refuse, before any document is read, a run whose batches, kernel workspace or token
     cache cannot fit (e.g. --seq-len 100000000); return the plan line."""
-    torch_kernels = (not (device == "cpu" and fastcount.use_c()) if torch_kernels is None
+    torch_kernels = (not fastcount.runs_on(device) if torch_kernels is None
                      else torch_kernels)
     need = batch_needs(T, batch_size, docs, mode, torch_kernels)
     return _check_batches(T, batch_size, docs, need, device, work_dir, budget)

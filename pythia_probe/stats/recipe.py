@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pythia_probe import corpus
 from pythia_probe.corpus import content_digest
-from pythia_probe.hubio import tool_cache
+from pythia_probe.hub.io import tool_cache
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats.conventions import check as check_conventions

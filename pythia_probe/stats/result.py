@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
@@ -35,6 +36,7 @@ from torch import Tensor
 from pythia_probe import __version__ as CODE_VERSION
 from pythia_probe.errors import BadInputError, CorruptFileError, MismatchError, MissingFileError
 from pythia_probe.stats import checkpoint
+from pythia_probe.stats.consistency import check_factored
 from pythia_probe.stats.stores import DenseStore, FactoredStore
 
 FORMAT = "pythia_probe.stats/2"
@@ -81,6 +83,9 @@ class CorpusStats:
             raise BadInputError(f"unknown statistic {name!r}; valid: {', '.join(MATRICES)}")
         self._require(name)
         if name == "Delta":
+            if rows is not None or cols is not None:
+                raise BadInputError("block('Delta') is the whole Delta vector (T entries, one "
+                                    "per offset): give no row or column indices")
             return self.store.delta
         r, c = self.indices(rows, "row"), self.indices(cols, "column")
         (ru, ri), (cu, ci) = _unique(r), _unique(c)
@@ -105,7 +110,13 @@ class CorpusStats:
         """``idx`` as a LongTensor of positions, checked against 0..d_vocab-1 (None: all)."""
         if idx is None:
             return None
-        t = torch.as_tensor(idx)
+        try:
+            t = torch.as_tensor(idx)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise BadInputError(f"block {what} indices must be an integer tensor or a sequence "
+                                f"of integers, got {type(idx).__name__}") from e
+        if t.numel() == 0:
+            return torch.zeros(0, dtype=torch.int64)
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
             raise BadInputError(f"block {what} indices must be integers, got {t.dtype}")
         t = t.reshape(-1).to(torch.int64).cpu()
@@ -178,6 +189,12 @@ class CorpusStats:
         """G: the document groups these statistics keep (0: none)."""
         return int((self.meta.get("groups") or {}).get("G", 0))
 
+    def filled_groups(self) -> list[int]:
+        """The groups holding counted positions: the jackknife's replicates (a file built
+        before empty groups were refused may hold others)."""
+        counts = (self.meta.get("groups") or {}).get("counts", [])
+        return [g for g, c in enumerate(counts) if c.get("positions", 1)]
+
     def subset(self, groups: Sequence[int]) -> CorpusStats:
         """The statistics of the documents in ``groups`` (document ordinal mod G): their
         pass-1 counts summed exactly (Bbar, Phibar, SigmaB, PhiBT, Gbar as a build over those
@@ -203,10 +220,15 @@ class CorpusStats:
         return self.subset([i for i in range(self.groups) if i != g])
 
     def halves(self) -> tuple[CorpusStats, CorpusStats]:
-        """(groups 0 .. G/2 - 1, groups G/2 .. G - 1): two disjoint halves of the documents."""
+        """(groups 0 .. G/2 - 1, groups G/2 .. G - 1) of the :meth:`filled_groups`: two
+        disjoint halves of the documents."""
         self._group_list([0])
-        G = self.groups
-        return self.subset(range(G // 2)), self.subset(range(G // 2, G))
+        filled = self.filled_groups()
+        if len(filled) < 2:
+            raise BadInputError(f"statistics {self.stats_id}: {len(filled)} of their "
+                                f"{self.groups} document groups hold documents; halves need 2")
+        n = len(filled) // 2
+        return self.subset(filled[:n]), self.subset(filled[n:])
 
     def _group_list(self, groups: Sequence[int]) -> list[int]:
         G = self.groups
@@ -214,6 +236,12 @@ class CorpusStats:
             raise BadInputError(
                 f"statistics {self.meta.get('stats_id', '?')} keep no document groups; rebuild "
                 "them with `python -m pythia_probe.stats compute ... --groups 10`")
+        if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
+            raise BadInputError(f"groups {groups!r}: need a sequence of group ids 0..{G - 1}")
+        groups = list(groups)
+        for g in groups:
+            if not _is_int(g):
+                raise BadInputError(f"group id {g!r} is not an integer: group ids are 0..{G - 1}")
         out = sorted({int(g) for g in groups})
         if not out or out[0] < 0 or out[-1] >= G:
             raise BadInputError(f"groups {list(groups)!r}: need one or more of 0..{G - 1}")
@@ -249,11 +277,17 @@ class CorpusStats:
             vocab = meta.get("vocab", {})
             store = FactoredStore.from_tensors(tensors, meta["layout"], vocab.get("ids"),
                                                vocab.get("compose"))
-        except (KeyError, ValueError, IndexError) as e:
-            raise CorruptFileError(f"{path}: the factored statistics are incomplete ({e}); "
-                                   "recompute them with `python -m pythia_probe.stats "
-                                   "compute ...`") from e
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            raise _corrupt(path, e) from e
         return cls(store, meta)
+
+
+def _is_int(g) -> bool:
+    """An integer group id: a Python or numpy integer or a 0-d integer tensor (not a bool)."""
+    if isinstance(g, Tensor):
+        return g.ndim == 0 and not g.dtype.is_floating_point and not g.dtype.is_complex \
+            and g.dtype != torch.bool
+    return isinstance(g, (int, np.integer)) and not isinstance(g, bool)
 
 
 def _unique(idx: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
@@ -349,12 +383,25 @@ def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dic
                     f"{meta.get('format')!r}; reads {FORMAT!r} and {DENSE_FORMAT!r}); rebuild "
                     "it with `python -m pythia_probe.stats compute ...`")
             tensors = {} if header_only else {k: f.get_tensor(k) for k in f.keys()}
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, json.JSONDecodeError, OSError, RuntimeError) as e:
         raise CorruptFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
                                ) from e
+    if meta["format"] == FORMAT:
+        try:
+            check_factored(shapes, meta, None if header_only else tensors)
+        except (KeyError, ValueError, IndexError, TypeError) as e:
+            raise _corrupt(path, e) from e
     if meta["format"] == DENSE_FORMAT and device != "cpu":
         tensors = {k: v.to(device) for k, v in tensors.items()}
     return meta, tensors
+
+
+def _corrupt(path: Any, e: Exception) -> CorruptFileError:
+    """One line: the file, what disagrees, the command that recomputes it."""
+    what = f"tensor or header entry {e} missing" if isinstance(e, KeyError) else e
+    return CorruptFileError(f"{path}: corrupt ({what}); recompute it with `python -m "
+                            "pythia_probe.stats compute ...`")
 
 
 def _verify(tensors: dict[str, Tensor], digests: dict[str, str], path: Any) -> None:

@@ -12,11 +12,10 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import CorruptFileError
-from pythia_probe.stats import kept
-from pythia_probe.stats.dense import compose
+from pythia_probe.stats import compose, kept
 from pythia_probe.stats.factors import Factors, SparseQ
 from pythia_probe.stats.groups import GroupCounts, merged, q_tensors, read_q, sum_q
-from pythia_probe.stats.sparse.tables import FixedTable
+from pythia_probe.stats.tables import FixedTable
 
 QS = ("Qbar", "QbarHead")
 """The pass-2 statistics: held where they are non-zero (``SparseQ``)."""

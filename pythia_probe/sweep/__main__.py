@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                                   else {}))
         return demo.run_demo(fields["out"] or DEMO_OUT, dcfg, device=ranks.device,
                              work=flags.work, ranks=ranks, progress=cfg.progress)
-    ranks = from_env(cfg.device)
+    ranks = from_env(cfg.device, array=cfg.shard is None)  # --shard wins over a Slurm array
     return run(cfg.split(ranks.device), ranks, argv)
 
 

@@ -24,11 +24,12 @@ import torch
 
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError, StepError, check_device
+from pythia_probe.hub import parse_steps
 from pythia_probe.stats.conventions import check as check_conventions
 from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
+from pythia_probe.stats.kept import parse_top_k
 from pythia_probe.stats.recipe import RECIPES
-from pythia_probe.steps import StepError, parse_steps
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 RUNS = "runs"  # default results root: git-ignored, never beside committed results/
@@ -222,8 +223,8 @@ class SweepConfig:
     """Statistics recipe: T, the first T+1 tokens of each document."""
     top_k: str = "full"
     """Statistics vocabulary: full (the authors' default, on every machine) or K (the K most
-    frequent tokens; 5000 was the authors' find_top_tokens setting); auto: an old alias of
-    full (memory never chooses the vocabulary, only how the work is chunked)."""
+    frequent tokens; 5000 was the authors' find_top_tokens setting). Memory never chooses
+    the vocabulary, only how the work is chunked."""
     tokenizer: str | None = None
     """Tokenizer of the statistics (default: the one the model ships)."""
     groups: int = DEFAULT_GROUPS
@@ -361,11 +362,38 @@ def model_list(model: str, suite: str | None) -> list[str]:
             raise BadInputError(f"--suite {suite} names its models; give either --suite or "
                                 "--model, not both")
         return list(SUITES[suite])
-    models = [m.strip() for m in model.split(",")]
+    models = [_spelling(m.strip()) for m in model.split(",")]
     if not all(models) or len(set(models)) < len(models):
         raise BadInputError(f"--model {model!r}: give hub ids or folders, comma-separated, "
                             "each once")
+    check_distinct(models)
     return models
+
+
+def _spelling(model: str) -> str:
+    """A folder without its trailing separators (``A/`` is ``A``); a hub id as typed."""
+    return model.rstrip("/\\") or model if Path(model).expanduser().is_dir() else model
+
+
+def check_distinct(models: list[str]) -> None:
+    """Models are keyed by identity: a folder by its real path, a hub id by itself. The same
+    folder under two spellings, or two folders whose names (the table's model column) agree,
+    are refused in one line naming both."""
+    by_id: dict[str, str] = {}
+    by_name: dict[str, str] = {}
+    for m in models:
+        path = Path(m).expanduser()
+        ident = str(path.resolve()) if path.exists() else m
+        if ident in by_id:
+            raise BadInputError(f"--model: {by_id[ident]} and {m} are the same folder ({ident}); "
+                                "give each model once")
+        name = SourceConfig.name_of(m)
+        if name in by_name:
+            raise BadInputError(
+                f"--model: {by_name[name]} and {m} are two models named {name!r} (a folder's "
+                "name is its model column in the table); give one another name (a symlink, "
+                "e.g. `ln -s PATH NEWNAME`) or sweep them into separate --out folders")
+        by_id[ident], by_name[name] = m, m
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -375,16 +403,6 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise BadInputError(f"--shard {text!r}: give INDEX/COUNT with 0 <= INDEX < COUNT, "
                             "e.g. 0/4 ... 3/4")
     return int(i), int(n)
-
-
-def parse_top_k(text: str) -> str | int | None:
-    """--top-k: None for "full" (and "auto", its old alias), or the integer K >= 1."""
-    if text in ("auto", "full"):
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise BadInputError(f"--top-k {text!r}: valid: full, or an integer K >= 1 (auto is an "
-                            "old alias of full)")
-    return int(text)
 
 
 def check_steps_syntax(spec: str) -> None:

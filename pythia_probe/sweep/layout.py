@@ -19,8 +19,9 @@ analysis.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,11 @@ class Layout:
             return root
         return root / str(model).replace("/", "--")
 
+    def folders(self, kind: str) -> list[Path]:
+        """Every folder of ``kind`` the run writes, each model's before the top one."""
+        top = Path(self.out) / kind
+        return [self._folder(kind, m) for m in self.models if len(self.models) > 1] + [top]
+
     def shard(self, model: str | None, step: int) -> Path:
         return self._folder(SHARDS, model) / f"step{step}.parquet"
 
@@ -59,17 +65,33 @@ class Layout:
                       None if len(self.models) <= 1 else model)
 
     def failed(self) -> list[tuple[str | None, int]]:
-        """(model, step) of every failure record in ``OUT/failed/``."""
+        """(model, step) of every failure record in ``OUT/failed/`` (files there that are not
+        the tool's records are no failures)."""
         root = Path(self.out) / FAILED
         if len(self.models) <= 1:
-            return [(self.models[0] if self.models else None, s) for s in _steps(root)]
+            model = self.models[0] if self.models else None
+            return [(model, s) for s in _steps(root, model)]
         by_folder = {m.replace("/", "--"): m for m in self.models}
         return [(by_folder[d.name], s) for d in sorted(root.glob("*")) if d.name in by_folder
-                for s in _steps(d)]
+                for s in _steps(d, by_folder[d.name])]
 
 
-def _steps(folder: Path) -> list[int]:
-    return sorted(int(p.stem[4:]) for p in folder.glob("step*.json") if p.stem[4:].isdigit())
+def _steps(folder: Path, model: str | None) -> list[int]:
+    return sorted(int(p.stem[4:]) for p in folder.glob("step*.json") if p.stem[4:].isdigit()
+                  and p.is_file() and failure_proof(model, int(p.stem[4:]))(p.read_bytes()))
+
+
+def failure_proof(model: str | None, step: int) -> Callable[[bytes], bool]:
+    """Whether some bytes are the failure record the tool wrote for (model, step) (any model's
+    when ``model`` is None)."""
+    def ours(data: bytes) -> bool:
+        try:
+            seen = json.loads(data)
+        except ValueError:
+            return False
+        return (isinstance(seen, dict) and seen.get("step") == step and "traceback" in seen
+                and model in (None, seen.get("model")))
+    return ours
 
 
 def _valid(path: Path, step: int, analyses: Iterable[str], stats_id: str | None,

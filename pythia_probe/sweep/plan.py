@@ -17,10 +17,9 @@ import torch
 from pythia_probe.analysis import rates as device_rates
 from pythia_probe.analysis.plan import Plan, StepShape, memory_plan, one_set_at_a_time, with_groups
 from pythia_probe.arch import NeoXConfig
-from pythia_probe.checkpoints import DownloadPlan
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
+from pythia_probe.hub import PYTHIA_STEPS, DownloadPlan, is_pythia, parse_steps
 from pythia_probe.resources import human_bytes, memory_budget
-from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig
 from pythia_probe.sweep.estimate import Rate, estimate
 from pythia_probe.sweep.layout import Layout

@@ -26,19 +26,23 @@ from tqdm import tqdm
 
 from pythia_probe.analysis import Analysis, combined_needs, get_analyses
 from pythia_probe.analysis.targets import statistic_of
-from pythia_probe.checkpoints import plan_downloads
 from pythia_probe.errors import FolderLockedError, HubError, MissingFileError, user_message
-from pythia_probe.fileio import FolderLock, remove
+from pythia_probe.fileio import (
+    FolderLock,
+    check_folders,
+    empty_only,
+    remove,
+    with_subfolders,
+)
+from pythia_probe.hub import PYTHIA_STEPS, is_pythia, parse_steps, plan_downloads, write_ledger
 from pythia_probe.progress import JobProgress, Stage
 from pythia_probe.ranks import Ranks
 from pythia_probe.results import make_rows, write_shard
-from pythia_probe.revisions import write_ledger
 from pythia_probe.stats.recipe import ensure
 from pythia_probe.stats.result import part_counts
-from pythia_probe.steps import PYTHIA_STEPS, is_pythia, parse_steps
 from pythia_probe.sweep.claims import Claims, one_builder
 from pythia_probe.sweep.config import SweepParts
-from pythia_probe.sweep.layout import CLAIMS, Layout
+from pythia_probe.sweep.layout import CLAIMS, FAILED, SHARDS, Layout
 from pythia_probe.sweep.manifest import (
     RunRecord,
     models_record,
@@ -233,6 +237,9 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
         print("\n".join(_plan(parts, runs, dls, targets, shapes, rates, shard)), flush=True)
     for dl in dls.values():
         dl.check()
+    check_folders(parts.output.out, [f for kind in (SHARDS, FAILED, CLAIMS) for f in
+                                     layout.folders(kind)]
+                  + (with_subfolders(parts.output.figures) if parts.output.plots else []))
     if parts.plan.dry_run:
         return 0
     with _folder_lock(parts, runs, argv, ranks) as run_id:
@@ -371,7 +378,7 @@ def _sweep(parts, runs, plan, layout, analyses, lazies, targets, record: RunReco
     try:
         scorers = _scorers(parts, runs, analyses, lazies, targets, ranks)
         mine = share(plan.groups, *shard)
-        with Claims(Path(out) / "claims", run_id) as claims:
+        with Claims(Path(out) / CLAIMS, run_id) as claims:
             work = Work(infos, scorers, {r.source.model: r.source for r in runs},
                         tensor_names(combined_needs(analyses)), parts.scoring.analyses,
                         parts.plan.retries, parts.source.prefetch,
@@ -431,7 +438,6 @@ def _finish_record(parts, runs, layout: Layout, scorers, record: RunRecord) -> s
                   else "steps of other shards are not done yet")
         record.end(status, reason, [s for _, s in failed] if len(runs) == 1 else
                    [f"{m} step{s}" for m, s in failed])
-        claims = Path(parts.output.out) / CLAIMS
-        if complete and claims.is_dir() and not any(p.is_file() for p in claims.rglob("*")):
-            remove(claims, [parts.output.out])  # every task done: no claim can come any more
+        for folder in layout.folders(CLAIMS) if complete else []:
+            remove(folder, [parts.output.out], empty_only)  # no claim can come any more
     return status

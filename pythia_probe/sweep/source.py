@@ -1,8 +1,7 @@
-"""Where the weights come from: the model's checkpoints through
-:mod:`pythia_probe.checkpoints` (a hub id, a local folder of ``step*/`` folders, or a Hugging Face
-cache), the steps it has, its config and tokenizer, and the stream of loaded revisions under a
-disk limit. Everything here takes the :class:`~pythia_probe.sweep.config.SourceConfig` part, or
-the source it opened.
+"""Where the weights come from: the model's checkpoints through :mod:`pythia_probe.hub` (a
+hub id, a local folder of ``step*/`` folders, or a Hugging Face cache), the steps it has, its
+config and tokenizer, and the stream of loaded revisions under a disk limit. Everything here
+takes the :class:`~pythia_probe.sweep.config.SourceConfig` part, or the source it opened.
 
 Checks that need no network come first (:func:`check_model_name`, the --steps grammar in
 the config); when the hub cannot be reached, :func:`offline_advice` says in one line what to do.
@@ -22,7 +21,6 @@ import torch
 
 from pythia_probe.analysis import Needs
 from pythia_probe.arch import NeoXConfig, NeoXWeights, name_filter
-from pythia_probe.checkpoints import CheckpointSource
 from pythia_probe.errors import (
     BadInputError,
     CorruptFileError,
@@ -32,14 +30,19 @@ from pythia_probe.errors import (
     UserError,
 )
 from pythia_probe.fileio import free_bytes
-from pythia_probe.hubio import endpoint, offline_hint
+from pythia_probe.hub import (
+    CheckpointSource,
+    endpoint,
+    is_pythia,
+    ledger,
+    offline_hint,
+    parse_steps,
+    read_json,
+)
 from pythia_probe.resources import human_bytes
-from pythia_probe.revisions import ledger
-from pythia_probe.steps import is_pythia, parse_steps
 from pythia_probe.sweep.config import SourceConfig
 from pythia_probe.sweep.estimate import Rate
 from pythia_probe.tokenizer import load_tokenizer
-from pythia_probe.weights_io import read_json
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ def select_steps(spec: str, source) -> list[int]:
 
 def offline_advice(model: str, err: BaseException, offline: bool) -> HubError:
     """The one line for a hub that cannot be reached, or (``offline``: HF_HUB_OFFLINE is set)
-    a cache without the model: what to do offline (hubio's advice, for this model)."""
+    a cache without the model: what to do offline (the hub's offline_hint, for this model)."""
     todo = offline_hint(model, "step1000")
     if offline:
         return HubError(f"cannot list the checkpoints of {model} (HF_HUB_OFFLINE is set): "
@@ -162,14 +165,6 @@ def disk_limit(src: SourceConfig, source) -> tuple[float | None, str]:
                                f"of {source.cache_dir}; --max-disk-gb sets it")
 
 
-def duplicates(source, revs, steps) -> dict[int, int]:
-    """{step: earlier step of this rank with byte-identical weights}, from the hub's LFS
-    hashes (no download); local folders are not hashed (that would read every file)."""
-    if source.local_dir is not None:
-        return {}
-    return {s: same for s, same in source.duplicates(revs).items() if same in steps}
-
-
 def to_weights(loaded, device: str, dtype: torch.dtype) -> NeoXWeights:
     """NeoXWeights on the scoring device and dtype (so residual streams are computed there)."""
     tensors = {k: v.to(device, dtype) for k, v in loaded.tensors.items()}
@@ -205,7 +200,7 @@ def stream(source, revs, names, prefetch: int, max_disk: float | None):
 
 
 def revision_ledger(source, steps: list[int], model: str) -> pd.DataFrame:
-    """The revision ledger of ``steps`` (:func:`pythia_probe.revisions.ledger`: from metadata,
+    """The revision ledger of ``steps`` (:func:`pythia_probe.hub.revisions.ledger`: from metadata,
     no weight downloaded; local folders hashed) with the model's name as its first column."""
     df = ledger(source, steps)
     df.insert(0, "model", model)

@@ -5,9 +5,9 @@ how big it is are the stats package's answers (``stats.plan``, ``read_meta``), n
 here.
 
 The vocabulary is the full vocabulary (the authors' default) unless ``--top-k K`` is given, on
-every machine: no default depends on memory or device (``--top-k auto`` is an old alias of
-full). Memory decides only how the work is chunked, or refuses it up front with the numbers
-(:func:`check_statistics_fit`). The choice and why are printed and stored in the manifest.
+every machine: no default depends on memory or device. Memory decides only how the work is
+chunked, or refuses it up front with the numbers (:func:`check_statistics_fit`). The choice
+and why are printed and stored in the manifest.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from pythia_probe.resources import memory_budget
 from pythia_probe.stats import CorpusStats, read_meta
 from pythia_probe.stats import plan as stats_plan
 from pythia_probe.stats import result as stats_result
+from pythia_probe.stats.kept import parse_top_k
 from pythia_probe.stats.recipe import Recipe, cache_path
 from pythia_probe.stats.result import check_tokenizer, part_counts
-from pythia_probe.sweep.config import StatisticsConfig, parse_top_k
+from pythia_probe.sweep.config import StatisticsConfig
 from pythia_probe.tokenizer import d_vocab as tokenizer_d_vocab
 
 FACTORED_FORMAT = "pythia_probe.stats/2"
@@ -110,9 +111,7 @@ def choose_vocab(st: StatisticsConfig, V: int) -> tuple[int | None, str]:
     never the machine's (memory decides only how the work is chunked, or refuses it)."""
     asked = parse_top_k(st.top_k)
     if asked is None:
-        said = ("--top-k auto (an old alias of full: the vocabulary no longer depends on the "
-                "machine)" if st.top_k == "auto" else "the default" if st.top_k == "full"
-                else f"--top-k {st.top_k}")
+        said = "the default" if st.top_k == "full" else f"--top-k {st.top_k}"
         return None, f"full vocabulary ({V:,} ids), {said}"
     return int(asked), f"the {asked:,} most frequent tokens, --top-k {asked} given"
 

@@ -23,7 +23,7 @@ from pythia_probe.analysis.factored import FactoredTarget, Parts, dense_parts
 from pythia_probe.analysis.factored_cache import cached_vectors, read_vectors, vectors_path
 from pythia_probe.analysis.intervals import ceiling
 from pythia_probe.errors import BadInputError
-from pythia_probe.hubio import tool_cache
+from pythia_probe.hub.io import tool_cache
 from pythia_probe.sweep.config import ScoringConfig
 from pythia_probe.sweep.statistics import LazyStats
 
@@ -121,7 +121,7 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig
     A, B = (held_targets(h, names, scoring, False) for h in st.halves())
     ceilings = {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names}
     del A, B
-    prepare = [partial(_left_out, st, g, names, scoring, raw) for g in range(G)]
+    prepare = [partial(_left_out, st, g, names, scoring, raw) for g in st.filled_groups()]
     if not together:
         return Scale(prepare, ceilings)
     return Scale([p() for p in tqdm(prepare, desc="left-out targets", disable=not progress)],

@@ -1,7 +1,7 @@
 """The work of one sweep: (model, step) tasks, grouped by weights so that no checkpoint is
 downloaded twice, split into shares, claimed, scored (or copied) and written one shard each.
 
-- The plan (:func:`pythia_probe.checkpoints.plan_downloads`, metadata only) groups every task
+- The plan (:func:`pythia_probe.hub.checkpoints.plan_downloads`, metadata only) groups every task
   by its weights digest: step1 = step0 within a model, byte-identical weights across models
   (a branch serving another's weights), each group fetched once through its first task.
 - A share is every N-th group from the i-th (:func:`share`): ``--shard i/N``, a Slurm array
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pythia_probe.checkpoints import Group, Task
 from pythia_probe.errors import DiskFullError, ResourceError, user_message
 from pythia_probe.fileio import remove, write_json
+from pythia_probe.hub import Group, Task
 from pythia_probe.results import read_shard, write_shard
-from pythia_probe.sweep.layout import Layout
+from pythia_probe.sweep.layout import Layout, failure_proof
 
 log = logging.getLogger(__name__)
 
@@ -127,17 +127,23 @@ def sweep_tasks(groups: Sequence[Group], work: Work, run_step: Callable, stream:
 
 
 def _claim_and_copy(g: Group, todo: list[Task], work: Work, result: Outcome) -> list[Task]:
-    """Claim the group's tasks to do; copy rows where a done task has the same statistics;
-    return the claimed tasks that need the weights."""
+    """Claim the group's tasks to do, then look again whether each is done (another worker may
+    have scored it since the first look: claim before work); copy rows where a done task has
+    the same statistics; return the claimed tasks that need the weights."""
     mine = []
     for t in todo:
-        if work.claims.take(work.claim_path(t)):
-            mine.append(t)
-        else:
+        path = work.claim_path(t)
+        if not work.claims.take(path):
             result.elsewhere.append(t)
-            log.info("%s step %d is being scored by %s: left to it", t.model, t.step,
-                     work.claims.holder(work.claim_path(t)))
-    donors = _donors(g, work, set(todo))
+            who = work.claims.holder(path)
+            (log.warning if who.startswith("a claim file") else log.info)(
+                "%s step %d is claimed by %s: left to it", t.model, t.step, who)
+        elif work.done(t):
+            work.claims.release(path)
+            result.skipped.append(t)
+        else:
+            mine.append(t)
+    donors = _donors(g, work, set(mine) | set(result.elsewhere))
     left = []
     for t in mine:
         src = donors.get(id(work.scorers[t.model]))
@@ -149,11 +155,11 @@ def _claim_and_copy(g: Group, todo: list[Task], work: Work, result: Outcome) -> 
     return left
 
 
-def _donors(g: Group, work: Work, todo: set[Task]) -> dict[int, Path]:
+def _donors(g: Group, work: Work, not_done: set[Task]) -> dict[int, Path]:
     """Scorer -> the shard of a done task of the group scored with it."""
     out: dict[int, Path] = {}
     for t in g.tasks:
-        if t not in todo:
+        if t not in not_done:
             out.setdefault(id(work.scorers[t.model]), work.infos[t.model].shard(t.step))
     return out
 
@@ -196,7 +202,7 @@ def _copy(src: Path, t: Task, work: Work) -> None:
 
 def _finished(t: Task, work: Work, result: Outcome) -> None:
     info = work.infos[t.model]
-    remove(info.failure(t.step), [info.out])
+    remove(info.failure(t.step), [info.out], failure_proof(info.model, t.step))
     work.claims.release(work.claim_path(t))
     result.done.append(t)
 

@@ -21,7 +21,10 @@ it hits: "data" (file bodies: resolve GETs and CDN GETs), "head" (resolve HEADs)
 header about matching files says ``value`` instead of the truth, as a broken or hostile
 ``HF_ENDPOINT`` could: ``sha256`` (LFS oid in tree / paths-info / info), ``oid`` (git blob id),
 ``path`` (the file's name in listings), ``size``, ``commit`` (refs' targetCommit and info sha),
-``etag`` (``ETag`` / ``X-Linked-Etag`` headers), ``repo-commit`` (``X-Repo-Commit`` header).
+``etag`` (``ETag`` / ``X-Linked-Etag`` headers), ``repo-commit`` (``X-Repo-Commit`` header);
+``branch`` (fnmatch on the branch answered for) limits it to some branches, e.g. a tree listing
+that gives step2's weight file step0's sha256 while its bytes and ``X-Linked-Etag`` are its own.
+``HubServer.phantom_branches``: branch names the refs list but nothing else serves (404).
 """
 
 from __future__ import annotations
@@ -64,11 +67,12 @@ class Fault:
 @dataclass
 class Tamper:
     """Metadata that lies: ``field`` of files matching ``match`` (fnmatch on the path; the
-    commit fields ignore it) is reported as ``value``."""
+    commit fields ignore it) on branches matching ``branch`` is reported as ``value``."""
 
     field: str
     value: object
     match: str = "*"
+    branch: str = "*"
 
     def __post_init__(self):
         if self.field not in TAMPER_FIELDS:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import socket
 import threading
@@ -62,6 +63,7 @@ class HubServer:
         self.tampers: list[Tamper] = []
         self.bandwidth: float | None = None  # bytes/s for every data transfer
         self.log: list[dict] = []
+        self.phantom_branches: list[str] = []  # listed by refs only: every other answer is 404
         self.bytes_sent = 0
         self.cdn_host = cdn_host
         self._lock = threading.Lock()
@@ -97,28 +99,30 @@ class HubServer:
         with self._lock:
             self.faults.extend(faults)
 
-    def tamper(self, field: str, value: object, match: str = "*") -> None:
-        """From now on, report ``field`` of files matching ``match`` as ``value``."""
+    def tamper(self, field: str, value: object, match: str = "*", branch: str = "*") -> None:
+        """From now on, report ``field`` of files matching ``match`` (on branches matching
+        ``branch``) as ``value``."""
         with self._lock:
-            self.tampers.append(Tamper(field, value, match))
+            self.tampers.append(Tamper(field, value, match, branch))
 
-    def lie(self, field: str, path: str, truth: object) -> object:
-        """What the hub says for ``field`` of ``path`` (the truth unless tampered)."""
+    def lie(self, field: str, path: str, truth: object, branch: str = "") -> object:
+        """What the hub says for ``field`` of ``path`` on ``branch`` (the truth unless
+        tampered)."""
         for t in self.tampers:
-            if t.field == field and (field in ("commit", "repo-commit")
-                                     or fnmatch.fnmatch(path, t.match)):
+            if t.field == field and fnmatch.fnmatch(branch, t.branch) and (
+                    field in ("commit", "repo-commit") or fnmatch.fnmatch(path, t.match)):
                 return t.value
         return truth
 
-    def entry_json(self, f: FileEntry) -> dict:
-        """A tree / paths-info entry, tampered as asked."""
+    def entry_json(self, f: FileEntry, branch: str = "") -> dict:
+        """A tree / paths-info entry of ``branch``, tampered as asked."""
         d = f.tree_json()
-        d["oid"] = self.lie("oid", f.path, d["oid"])
-        d["size"] = self.lie("size", f.path, d["size"])
+        d["oid"] = self.lie("oid", f.path, d["oid"], branch)
+        d["size"] = self.lie("size", f.path, d["size"], branch)
         if "lfs" in d:
-            d["lfs"] = {**d["lfs"], "oid": self.lie("sha256", f.path, d["lfs"]["oid"]),
+            d["lfs"] = {**d["lfs"], "oid": self.lie("sha256", f.path, d["lfs"]["oid"], branch),
                         "size": d["size"]}
-        d["path"] = self.lie("path", f.path, d["path"])
+        d["path"] = self.lie("path", f.path, d["path"], branch)
         return d
 
     def take_fault(self, on: str, name: str) -> Fault | None:
@@ -234,17 +238,17 @@ class _Handler(BaseHTTPRequestHandler):
         commit, folder = resolved
         files = store.files(folder)
         if not rest or rest[0] == "revision":
-            return self._json(self._info(rtype, repo, commit, files))
+            return self._json(self._info(rtype, repo, commit, files, folder.name))
         if rest[0] == "tree":
-            return self._tree(files, "/".join(rest[2:]).strip("/"), commit)
+            return self._tree(files, "/".join(rest[2:]).strip("/"), commit, folder.name)
         if rest[0] == "paths-info" and method == "POST":
             wanted = self._posted_paths()
-            found = [self.hub.entry_json(f) for f in files if f.path in wanted]
+            found = [self.hub.entry_json(f, folder.name) for f in files if f.path in wanted]
             return self._json(found + [folder_json(d, files) for d in folders_of(files)
                                        if d in wanted])
         self._error(404, None, f"unknown api route {path}")
 
-    def _tree(self, files: list[FileEntry], folder: str, commit: str) -> None:
+    def _tree(self, files: list[FileEntry], folder: str, commit: str, branch: str) -> None:
         """Children of ``folder`` ("" = the root); with ``?recursive=true`` all descendants."""
         recursive = self.query.get("recursive", ["false"])[0].lower() == "true"
         dirs = folders_of(files)
@@ -256,25 +260,29 @@ class _Handler(BaseHTTPRequestHandler):
             return p.startswith(prefix) and (recursive or "/" not in p[len(prefix):])
 
         out = [folder_json(d, files) for d in dirs if keep(d)]
-        self._json(out + [self.hub.entry_json(f) for f in files if keep(f.path)])
+        self._json(out + [self.hub.entry_json(f, branch) for f in files if keep(f.path)])
 
     def _refs(self, rtype: str, repo: str, branches: dict) -> dict:
         heads = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": self.hub.lie(
-                  "commit", "", self.hub.store.commit(repo, b, rtype))} for b in branches]
+                  "commit", "", self.hub.store.commit(repo, b, rtype), b)} for b in branches]
+        heads += [{"name": b, "ref": f"refs/heads/{b}",
+                   "targetCommit": hashlib.sha1(b.encode()).hexdigest()}
+                  for b in self.hub.phantom_branches]
         return {"branches": heads, "converts": [], "tags": []}
 
-    def _info(self, rtype: str, repo: str, commit: str, files: list[FileEntry]) -> dict:
+    def _info(self, rtype: str, repo: str, commit: str, files: list[FileEntry],
+              branch: str) -> dict:
         blobs = self.query.get("blobs", ["false"])[0].lower() == "true"
         sib = []
         for f in files:
             s = {"rfilename": f.path}
             if blobs:
-                e = self.hub.entry_json(f)
+                e = self.hub.entry_json(f, branch)
                 s.update(rfilename=e["path"], size=e["size"], blobId=e["oid"])
                 if f.lfs:
                     s["lfs"] = {"size": e["size"], "sha256": e["lfs"]["oid"], "pointerSize": 134}
             sib.append(s)
-        info = {"id": repo, "sha": self.hub.lie("commit", "", commit), "private": False,
+        info = {"id": repo, "sha": self.hub.lie("commit", "", commit, branch), "private": False,
                 "siblings": sib}
         return {**info, "modelId": repo} if rtype == "model" else info
 
@@ -282,7 +290,9 @@ class _Handler(BaseHTTPRequestHandler):
         return set(parse_qs(self.body.decode()).get("paths", []))
 
     # -- files ----------------------------------------------------------------------------------
-    def _lookup(self, rtype: str, repo: str, rev: str, name: str) -> tuple[str, FileEntry] | None:
+    def _lookup(self, rtype: str, repo: str, rev: str,
+                name: str) -> tuple[str, FileEntry, str] | None:
+        """``(commit, the file, the branch)`` of ``name`` at ``rev``; None once a 404 is sent."""
         resolved = self.hub.store.resolve(repo, rev, rtype)
         if resolved is None:
             code = "RevisionNotFound" if self.hub.store.branches(repo, rtype) else "RepoNotFound"
@@ -293,7 +303,7 @@ class _Handler(BaseHTTPRequestHandler):
         if entry is None:
             self._error(404, "EntryNotFound", f"{name} not found", {"X-Repo-Commit": commit})
             return None
-        return commit, entry
+        return commit, entry, folder.name
 
     def _resolve(self, method: str, rtype: str, repo: str, rev: str, name: str) -> None:
         if method == "HEAD":
@@ -302,16 +312,16 @@ class _Handler(BaseHTTPRequestHandler):
         found = self._lookup(rtype, repo, rev, name)
         if found is None:
             return
-        commit, e = found
+        commit, e, branch = found
         lie = self.hub.lie
-        h = {"X-Repo-Commit": str(lie("repo-commit", name, commit)),
-             "ETag": f'"{lie("etag", name, e.git_oid)}"'}
+        h = {"X-Repo-Commit": str(lie("repo-commit", name, commit, branch)),
+             "ETag": f'"{lie("etag", name, e.git_oid, branch)}"'}
         if not e.lfs:
             return self._body(method, e, h, name)
         kind = "datasets/" if rtype == "dataset" else ""
         base = self.hub.cdn_url or f"http://{self.hub.cdn_host}:{self.hub.port}"
         cdn = f"{base.rstrip('/')}/cdn/{kind}{repo}/{commit}/{quote(name)}"
-        h.update({"Location": cdn, "X-Linked-Etag": f'"{lie("etag", name, e.sha256)}"',
+        h.update({"Location": cdn, "X-Linked-Etag": f'"{lie("etag", name, e.sha256, branch)}"',
                   "X-Linked-Size": str(e.size)})
         self._send(302, h, b"", method)
 

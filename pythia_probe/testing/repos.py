@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import save_file
 
-from pythia_probe.steps import PYTHIA_STEPS
+from pythia_probe.hub.steps import PYTHIA_STEPS
 from pythia_probe.testing.tokenizers import pythia_like_backend, write_pythia_tokenizer
 
 Layout = tuple[str, int]  # (format "bin" | "safetensors", number of shards)

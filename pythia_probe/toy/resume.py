@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from pythia_probe.errors import CorruptFileError, MismatchError, MissingFileError
-from pythia_probe.fileio import atomic_write, remove
+from pythia_probe.fileio import atomic_write, check_folders, remove
 from pythia_probe.results import MANIFEST, read_manifest
 from pythia_probe.toy.config import TrainConfig, saved_config
 
@@ -25,6 +25,7 @@ def save_checkpoint(out: Path, state: dict[str, Tensor], step: int) -> Path:
     """Weights at ``step`` to out/checkpoints/step{step}.safetensors; older ones removed. A full
     disk while safetensors serialises is a DiskFullError naming the file."""
     ckdir = out / "checkpoints"
+    check_folders(out, [ckdir])  # never a link: older checkpoints are deleted in it
     path = ckdir / f"step{step:08d}.safetensors"
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"step": str(step)}),

@@ -18,9 +18,8 @@ from torch import Tensor
 
 from pythia_probe.errors import MismatchError
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import kept, reduce
+from pythia_probe.stats import compose, kept, reduce
 from pythia_probe.stats.checkpoint import Checkpoint
-from pythia_probe.stats.dense import compose
 from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.dense.first import FirstPass, first_pass
 from pythia_probe.stats.dense.second import QAccumulator

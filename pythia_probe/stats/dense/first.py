@@ -12,7 +12,7 @@ from torch import Tensor
 
 from pythia_probe.errors import BadInputError
 from pythia_probe.resources import memory_budget
-from pythia_probe.stats.dense import compose
+from pythia_probe.stats import compose
 from pythia_probe.stats.dense.count import CountAccumulator
 
 TILE_ROWS = 1 << 10

@@ -171,12 +171,14 @@ def counted_tokens(tokens: Tensor, lengths: Tensor) -> Tensor:
 def add_context(acc_lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int,
                 ws: Workspace | None = None) -> None:
     """Scatter the fixed-point weight of 1/t into acc_lo[y_t * V + x_m] for every m <= t."""
+    fastcount.count_context(acc_lo, tokens, lengths, d_vocab,
+                            lambda: _add_context(acc_lo, tokens, lengths, d_vocab, ws))
+
+
+def _add_context(acc_lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int,
+                 ws: Workspace | None) -> None:
+    """The torch kernel of :func:`add_context` (any device)."""
     n, T = tokens.shape[0], tokens.shape[1] - 1
-    if (tokens.device.type == "cpu" and acc_lo.dtype == torch.int64 and acc_lo.is_contiguous()
-            and fastcount.use_c()):
-        fastcount.add_context(acc_lo, _i64(tokens), _i64(lengths), d_vocab,
-                              context_weights(T, tokens.device))
-        return
     tokens = clean(tokens, lengths)
     keys = pair_keys(tokens[:, 1:], tokens[:, :-1], d_vocab, ws).reshape(-1)
     w = _pair_weights(T, n, tokens.device)
@@ -185,6 +187,3 @@ def add_context(acc_lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int,
         w = w * per_pair(mask.to(torch.int64)).reshape(-1)
     acc_lo.index_add_(0, keys, w)
 
-
-def _i64(t: Tensor) -> Tensor:
-    return t.to(torch.int64).contiguous()

@@ -18,6 +18,7 @@ import ctypes
 import importlib.machinery
 import logging
 import os
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -33,29 +34,71 @@ _ERRORS = {-1: "lengths must satisfy 2 <= length <= T+1 (or a context position p
            -3: "out of memory for the kernel's scratch buffers"}
 
 
+DIR = Path(__file__).resolve().parent
+"""Where the built libraries are looked for (the tests point it at planted copies)."""
+REFUSED: dict[str, str] = {}
+"""Why a library that is there was not loaded (the one warning says it)."""
+
+
 def library_path(stem: str) -> Path | None:
-    """A built shared library ``stem`` next to this module, or None."""
-    here = Path(__file__).resolve().parent
+    """A built shared library ``stem`` in :data:`DIR`, or None."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = here / f"{stem}{suffix}"
+        p = DIR / f"{stem}{suffix}"
         if p.is_file():
             return p
     return None
 
 
 def open_library(stem: str, abi_symbol: str, abi_version: int) -> ctypes.CDLL | None:
-    """The C library ``stem`` loaded with ctypes when it is built and speaks ``abi_version``
-    (else None: the caller falls back to its torch / numpy kernels)."""
+    """The C library ``stem`` loaded with ctypes when it is built, whole (:func:`elf_fault`:
+    a truncated file would kill the process with SIGBUS once mapped) and speaks
+    ``abi_version`` through ``abi_symbol``; else None (the caller falls back to its torch /
+    numpy kernels, said once by :func:`wants_c`, with the reason in :data:`REFUSED`)."""
     path = library_path(stem)
     if path is None:
         return None
+    why = elf_fault(path)
     try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+        lib = None if why else ctypes.CDLL(str(path))
+        version = None if why else getattr(lib, abi_symbol)
+    except OSError as e:
+        why = f"cannot be loaded ({e})"
+    except AttributeError:
+        why = f"has no {abi_symbol} (another library under its name?)"
+    if not why:
+        version.restype = ctypes.c_int64
+        got = version()
+        why = None if got == abi_version else f"speaks ABI {got}, this code {abi_version}"
+    if why:
+        REFUSED[stem] = f"at {path} {why}"
         return None
-    version = getattr(lib, abi_symbol)
-    version.restype = ctypes.c_int64
-    return lib if version() == abi_version else None
+    return lib
+
+
+def elf_fault(path: Path) -> str | None:
+    """Why the 64-bit ELF file ``path`` is not whole (None: it is, or it is another format):
+    every loaded segment and the section header table must lie inside the file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4:5] not in (b"\x02", b""):
+            return None  # not a 64-bit ELF file: dlopen decides (an OSError: not loaded)
+        if len(head) < 64:
+            return f"is truncated ({size} bytes)"
+        order = "<" if head[5] == 1 else ">"
+        phoff, shoff = struct.unpack_from(order + "QQ", head, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    end = shoff + shentsize * shnum
+    if len(table) == phentsize * phnum:
+        for i in range(phnum):
+            kind, _, offset = struct.unpack_from(order + "IIQ", table, i * phentsize)
+            filesz = struct.unpack_from(order + "Q", table, i * phentsize + 32)[0]
+            end = max(end, offset + filesz) if kind == 1 else end  # PT_LOAD
+    else:
+        end = phoff + phentsize * phnum
+    return None if end <= size else f"is truncated ({size} bytes, its headers need {end})"
 
 
 def check(rc: int, what: str) -> int:
@@ -93,7 +136,8 @@ def wants_c(library: str, available: bool, instead: str) -> bool:
         return False
     if not available:
         if b == "c":
-            raise KernelError(f"PYTHIA_PROBE_KERNEL=c, but the C kernel {library} is not built "
+            raise KernelError(f"PYTHIA_PROBE_KERNEL=c, but the C kernel {library} "
+                              f"{REFUSED.get(library, 'is not built')} "
                               "(reinstall with `pip install -e .` and a C compiler, or use "
                               "PYTHIA_PROBE_KERNEL=torch)")
         log_fallback(library, instead)
@@ -103,8 +147,9 @@ def wants_c(library: str, available: bool, instead: str) -> bool:
 @cache
 def log_fallback(library: str, instead: str) -> None:
     """Say once per process that a C library is not built and what runs instead."""
-    log.warning("the C kernel %s is not built: using the %s kernels (same numbers, slower); "
-                "`pip install -e .` with a C compiler builds it", library, instead)
+    log.warning("the C kernel %s %s: using the %s kernels (same numbers, slower); "
+                "`pip install -e .` with a C compiler builds it", library,
+                REFUSED.get(library, "is not built"), instead)
 
 
 @cache

@@ -8,12 +8,15 @@ now (the backend switch of :mod:`pythia_probe.stats.native`); otherwise the torc
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from functools import lru_cache
 
+import torch
 from torch import Tensor
 
 from pythia_probe.errors import KernelError
 from pythia_probe.stats import native
+from pythia_probe.stats.fixedpoint import context_weights
 
 ABI_VERSION = 4
 STEM = "_fastcount"
@@ -38,6 +41,26 @@ def available() -> bool:
 def use_c() -> bool:
     """True when the dense engine's pass 1 runs the compiled kernel (CPU tensors)."""
     return native.wants_c(STEM, available(), "torch")
+
+
+def runs_on(device: str) -> bool:
+    """Whether pass 1's context counts on ``device`` run the compiled kernel (the planner
+    sizes the torch kernels' pair workspace otherwise)."""
+    return device == "cpu" and use_c()
+
+
+def count_context(lo: Tensor, tokens: Tensor, lengths: Tensor, d_vocab: int,
+                  torch_kernel: Callable[[], None]) -> None:
+    """The one dispatch of pass 1's context weights: the compiled kernel on the CPU (an int64
+    contiguous accumulator) when chosen, else ``torch_kernel()`` (``stats/dense/kernels.py``,
+    any device, the same integers)."""
+    if tokens.device.type == "cpu" and lo.dtype == torch.int64 and lo.is_contiguous() \
+            and use_c():
+        add_context(lo, tokens.to(torch.int64).contiguous(),
+                    lengths.to(torch.int64).contiguous(), d_vocab,
+                    context_weights(tokens.shape[1] - 1, tokens.device))
+    else:
+        torch_kernel()
 
 
 def info() -> dict:

@@ -1,16 +1,18 @@
 """ctypes binding of ``_sparsecount.c``, the sparse engine's compiled kernels.
 
 Pass 1 (pair codes, the head block, sorted reductions, exact merges) and the sparse products
-have numpy / scipy twins in ``stats/sparse/`` that run where the library is not built or
-``PYTHIA_PROBE_KERNEL=torch`` (``use_c()``), with the same integers and the same products to
-float64 rounding. Pass 2 (``sweep``, ``centre_tile``, ``centre``: Eq. 16, tile by tile) exists
-only here (``require()``): the sparse engine needs the library; the numpy specification of
-these kernels is the tests' oracle (tests/sparse_pass2_oracle.py).
+are the one dispatch: each function runs the C kernel, or its numpy / scipy twin
+(``twins.py``) where the library is not built or ``PYTHIA_PROBE_KERNEL=torch`` (``use_c()``),
+with the same integers and the same products to float64 rounding. Pass 2 (``sweep``,
+``centre_tile``, ``centre``: Eq. 16, tile by tile) exists only here (``require()``): the
+sparse engine needs the library; the numpy specification of these kernels is the tests'
+oracle (tests/sparse_pass2_oracle.py).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
@@ -19,6 +21,7 @@ import numpy as np
 
 from pythia_probe.errors import KernelError
 from pythia_probe.stats import native
+from pythia_probe.stats.native import twins
 
 ABI_VERSION = 10
 STEM = "_sparsecount"
@@ -77,9 +80,9 @@ def use_c() -> bool:
 def require() -> None:
     """Pass 2 of the sparse engine runs only here: refuse when the library is not built."""
     if not available():
-        raise KernelError(f"the sparse engine needs its C kernels ({STEM}), which are not "
-                          "built: reinstall with `pip install -e .` and a C compiler, or use "
-                          "--engine dense")
+        raise KernelError(f"the sparse engine needs its C kernels ({STEM}), which "
+                          f"{native.REFUSED.get(STEM, 'are not built')}: reinstall with "
+                          "`pip install -e .` and a C compiler, or use --engine dense")
 
 
 def info() -> dict:
@@ -113,6 +116,8 @@ def pairs(tokens: np.ndarray, lengths: np.ndarray, d_vocab: int, tbits: int,
           ) -> int:
     """Fill ``out`` with the batch's context-pair codes; returns how many. ``head`` =
     (head_of [V], weights w [T], block [H * H]): pairs of two head tokens go to the block."""
+    if not use_c():
+        return twins.pairs(tokens, lengths, d_vocab, tbits, out, head)
     tokens, lengths = _contig(tokens, np.int64), _contig(lengths, np.int64)
     n, L = tokens.shape
     need = int(((lengths - 1) * lengths // 2).sum())
@@ -131,7 +136,10 @@ def pairs(tokens: np.ndarray, lengths: np.ndarray, d_vocab: int, tbits: int,
 
 def drain(block: np.ndarray, head_ids: np.ndarray, d_vocab: int
           ) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, raw sums) of the head block's non-zero entries in key order; zeroes the block."""
+    """(keys, raw sums) of the head block's non-zero entries in key order; zeroes the block.
+    head_ids ascending, so (context, target) head order is key order."""
+    if not use_c():
+        return twins.drain(block, head_ids, d_vocab)
     H = head_ids.size
     _need("block", block, np.int64, H * H)
     _need("head_ids", head_ids, np.int64, H)
@@ -146,10 +154,13 @@ def _shrink(a: np.ndarray, n: int) -> np.ndarray:
     return a
 
 
-def reduce_sorted(codes: np.ndarray, tbits: int, w: np.ndarray, lo: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(unique keys, summed weights) of sorted codes, written into ``codes`` and ``lo``
-    (views of their first entries are returned)."""
+def reduce_sorted(codes: np.ndarray, tbits: int, w: np.ndarray,
+                  scratch: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(unique keys, summed weights w[t]) of sorted codes; the kernel writes them into
+    ``codes`` and ``lo = scratch(codes.size)`` (views of their first entries are returned)."""
+    if not use_c():
+        return twins.reduce_sorted(codes, tbits, w)
+    lo = scratch(codes.size)
     _need("lo", lo, np.int64, codes.size)
     w = _contig(w, np.int64)
     u = _lib().sc_reduce(_p(codes), codes.size, tbits, _p(w), _p(codes), _p(lo))
@@ -160,6 +171,8 @@ def merge(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...], frac_bits
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Merge two sorted fixed-point tables (keys, hi, lo); exact, carried. b's hi may be
     None (zeros: a raw run of sums)."""
+    if not use_c():
+        return twins.merge(a, b)
     a = tuple(_contig(x, np.int64) for x in a)
     b = tuple(None if x is None else _contig(x, np.int64) for x in b)
     n = a[0].size + b[0].size
@@ -179,6 +192,8 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
     no transposed copy made). Threads split the columns (blocks of 32).
 
     The caller guarantees 0 <= col < X's rows (checked once where the CSR is built)."""
+    if not use_c():
+        return twins.spmm(indptr, col, val, X, transposed, u, v, scale, x_transposed)
     X = _contig(X, np.float64)
     nx, w = (X.shape[1], X.shape[0]) if x_transposed else X.shape
     rows = indptr.size - 1
@@ -219,6 +234,8 @@ def spgemm_dense(a: tuple[np.ndarray, np.ndarray, np.ndarray],
     added in the order of A's entries, then B's. Threads split A's rows.
 
     The caller guarantees A's columns index B's rows and B's columns are < ncols."""
+    if not use_c():
+        return twins.spgemm_dense(a, b, ncols, u, v)
     (ai, ac, av), (bi, bc, bv) = a, b
     rows = ai.size - 1
     u = None if u is None else _contig(u, np.float64)

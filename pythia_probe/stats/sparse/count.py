@@ -8,7 +8,7 @@ Densified, its state equals the dense accumulator's bit for bit (``to_dense``), 
 ``checksum`` is the dense one, so both engines give the same ``stats_id``.
 
 Storage (section 6 of the algebra: the counts live on the pairs the corpus holds; the tables
-and pair codes are in ``tables.py``):
+in ``stats/tables.py``; pair codes are made and reduced by ``native.sparsecount``):
 - C: sorted unique keys x * V + y (int64) with int64 counts (16 B per distinct bigram);
 - W: sorted unique keys a * V + y (context-major, so Gbar's column tiles are key ranges) with
   int64 hi and lo (24 B per distinct (target, context) pair), in chunks of <= 2 CHUNK entries
@@ -33,25 +33,24 @@ from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.fixedpoint import INT_MAX, context_weights
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.sequences import as_ids, check_batch
-from pythia_probe.stats.sparse.tables import (
-    CountTable,
-    F,
-    FixedTable,
-    check_key_range,
-    dense_index,
-    drain,
-    merge_fixed,
-    pair_codes,
-    reduce_codes,
-    t_bits,
-)
+from pythia_probe.stats.tables import BUFFER, HEAD, CountTable, F, FixedTable, merge_fixed
 
-BUFFER = 1 << 25
-"""Raw pair codes buffered between sorts (8 B each: 256 MiB, and as much for their sums)."""
-HEAD = 4096
-"""Head tokens (the most frequent after the first flush): pairs of two head tokens are summed
-in a dense HEAD x HEAD int64 block (128 MiB) instead of being sorted: 72% of all pairs on a
-Zipf(1.08) stream over 50,277 tokens."""
+
+def t_bits(T: int) -> int:
+    """Bits that hold a position 0..T-1 in the low end of a pair code."""
+    return max(1, (T - 1).bit_length())
+
+
+def check_key_range(d_vocab: int, T: int) -> None:
+    """Pair codes (a * V + y) << tbits must stay below 2^63."""
+    if (d_vocab * d_vocab) << t_bits(T) > INT_MAX:
+        raise BadInputError(f"d_vocab {d_vocab} with T = {T} is too large for the sparse "
+                            "engine's int64 pair codes (V^2 * 2^ceil(log2 T) >= 2^63)")
+
+
+def dense_index(keys: np.ndarray, d_vocab: int) -> np.ndarray:
+    """Context-major keys a * V + y -> the dense accumulator's flat index y * V + a."""
+    return (keys % d_vocab) * d_vocab + keys // d_vocab
 
 
 def _row_slices(positions: np.ndarray, pairs: np.ndarray, max_positions: int, max_pairs: int
@@ -72,7 +71,7 @@ def _row_slices(positions: np.ndarray, pairs: np.ndarray, max_positions: int, ma
 class SparseCountAccumulator:
     """Pass 1 over streamed batches with counts stored sparsely (host memory)."""
 
-    kind = "sparse_count"
+    kind = engine.SPARSE_KIND
 
     def __init__(self, d_vocab: int, T: int, device: str | torch.device = "cpu",
                  buffer_pairs: int = BUFFER, head: int = HEAD) -> None:
@@ -115,8 +114,9 @@ class SparseCountAccumulator:
         n_pairs = int(((lengths - 1) * lengths // 2).sum())
         if self._fill + n_pairs > self._buf.size or self._pending + n_pos > self._capacity:
             self.flush()
-        self._fill += pair_codes(x, lengths, self.d_vocab, self._tbits,
-                                 self._buf[self._fill:self._fill + n_pairs], self._head)
+        self._fill += sparsecount.pairs(x, lengths, self.d_vocab, self._tbits,
+                                        self._buf[self._fill:self._fill + n_pairs],
+                                        self._head)
         self._pending += n_pos
         valid = np.arange(x.shape[1])[None, :] < lengths[:, None]
         self.token_counts += np.bincount(x[valid], minlength=self.d_vocab)
@@ -146,7 +146,7 @@ class SparseCountAccumulator:
         """(keys, raw sums) of the head block (zeroed), or None before the head is chosen."""
         if self._head is None:
             return None
-        return drain(self._head[2], self._head_ids, self.d_vocab)
+        return sparsecount.drain(self._head[2], self._head_ids, self.d_vocab)
 
     def _buffered_run(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(keys, raw sums) of the buffered pair codes, or None when the buffer is empty."""
@@ -154,9 +154,13 @@ class SparseCountAccumulator:
             return None
         codes = self._buf[: self._fill]
         codes.sort()
-        if self._lo.size < self._buf.size and sparsecount.use_c():
-            self._lo = np.empty(self._buf.size, dtype=np.int64)
-        return reduce_codes(codes, self._tbits, self._w, self._lo)
+        return sparsecount.reduce_sorted(codes, self._tbits, self._w, self._scratch)
+
+    def _scratch(self, n: int) -> np.ndarray:
+        """The C reduction's output buffer (>= n int64; allocated once, BUFFER entries)."""
+        if self._lo.size < max(n, self._buf.size):
+            self._lo = np.empty(max(n, self._buf.size), dtype=np.int64)
+        return self._lo
 
     def _choose_head(self) -> None:
         """The n_head most frequent tokens so far (ascending ids) get the dense block."""

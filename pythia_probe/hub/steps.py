@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from huggingface_hub import HfApi
 
-from pythia_probe import hubio
 from pythia_probe.errors import HubError, HubUnreachableError, StepError
+from pythia_probe.hub import io as hubio
 
 PYTHIA_STEPS: tuple[int, ...] = (0, *(2**k for k in range(10)), *range(1000, 143_001, 1000))
 _STEP_BRANCH = re.compile(r"step(\d+)")

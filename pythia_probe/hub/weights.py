@@ -1,7 +1,7 @@
 """Checkpoint files on local disk: file records, hashes, checked loading, error kinds.
 
-The file-level half of :mod:`pythia_probe.checkpoints` (which resolves, downloads and evicts;
-:mod:`pythia_probe.hubcache` owns the cache layout, :mod:`pythia_probe.hubio` the transfers):
+The file-level half of :mod:`pythia_probe.hub.checkpoints` (which resolves, downloads and evicts;
+:mod:`pythia_probe.hub.cache` owns the cache layout, :mod:`pythia_probe.hub.io` the transfers):
 
 - ``FileInfo`` (path, size, LFS sha256, git blob id; :meth:`FileInfo.from_hub` validates every
   name and hash the tree API gives before it can become a path); ``Revision`` (a step's branch,
@@ -45,7 +45,7 @@ from pythia_probe.errors import (
     UnsafeFileError,
 )
 from pythia_probe.fileio import sha256_file
-from pythia_probe.hubio import (
+from pythia_probe.hub.io import (
     check_name,
     check_oid,
     check_repo_path,

@@ -7,7 +7,7 @@ the one place that moves file bytes from the hub to disk.
   :class:`~pythia_probe.errors.UnsafeFileError` naming where it came from.
 - Retries: :class:`RetryPolicy` and :func:`call`, used for every hub request (refs, tree,
   paths-info, HEAD, GET, dataset listings), each with a connect and read timeout
-  (:mod:`pythia_probe.hubnet`). Transient failures (HTTP 408/429/5xx, dropped connections,
+  (:mod:`pythia_probe.hub.net`). Transient failures (HTTP 408/429/5xx, dropped connections,
   timeouts, short bodies) are retried with exponential backoff (``Retry-After`` honoured up to
   ``max_delay``); bytes that do not match the announced hash are fetched once more, then
   reported; a host that does not resolve or refuses connections is reported at once with what
@@ -51,7 +51,6 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
-from pythia_probe import hubnet
 from pythia_probe.errors import (
     ChecksumError,
     HubDownloadError,
@@ -64,6 +63,7 @@ from pythia_probe.errors import (
     UserError,
 )
 from pythia_probe.fileio import disk_full_error, is_disk_full, remove
+from pythia_probe.hub import net as hubnet
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 PARTIAL_SUFFIX = ".partial"
@@ -219,7 +219,7 @@ def call(fn: Callable, what: str, policy: RetryPolicy | None = None,
          fail: type[HubError] = HubDownloadError,
          missing: type[MissingFileError] = HubNotFoundError, hint: str | None = None):
     """``fn()`` under the retry policy, every request with a timeout and no retry loop of
-    huggingface_hub's inside it (:func:`~pythia_probe.hubnet.our_policy`). Transient errors
+    huggingface_hub's inside it (:func:`~pythia_probe.hub.net.our_policy`). Transient errors
     are retried ``policy.attempts`` times in all; a :class:`ChecksumError` is retried once (a second
     mismatch is reported as is); other hub errors become one-line user errors naming ``what``
     at once (``hint``: what to do when the hub cannot be reached)."""
@@ -301,7 +301,7 @@ def download(remote: Remote, dest: Path, owned: list[Path],
     listed size: a longer body (announced or sent) is cut off there. The partial is deleted
     (through :func:`~pythia_probe.fileio.remove`, inside ``owned``) when the bytes are wrong,
     raising :class:`ChecksumError`. The token goes to the hub's own host only
-    (:func:`~pythia_probe.hubnet.keeps_token`), never to a CDN a redirect names."""
+    (:func:`~pythia_probe.hub.net.keeps_token`), never to a CDN a redirect names."""
     hubnet.install()
     part = partial_path(dest)
     part.parent.mkdir(parents=True, exist_ok=True)
@@ -363,6 +363,14 @@ def _write_body(response, part: Path, mode: str, have: int, hasher, limit: int) 
             raise disk_full_error(part, None) from err
         raise
     return have
+
+
+def served_etag(url: str, token: str | bool | None = None) -> str | None:
+    """What the hub says it serves at a resolve ``url``, from a HEAD (no byte of the file is
+    read): ``X-Linked-Etag`` (an LFS file's sha256), else ``ETag`` (a small file's git blob
+    id)."""
+    return get_hf_file_metadata(url, token=token,
+                                timeout=httpx2.Timeout(**hubnet.timeouts())).etag
 
 
 def resolve_url(endpoint: str, repo_id: str, revision: str, path: str,

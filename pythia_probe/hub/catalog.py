@@ -1,14 +1,14 @@
 """Which checkpoint revisions a model has and what files each holds, with nothing downloaded.
 
 :class:`CheckpointCatalog` (the resolving half of
-:class:`~pythia_probe.checkpoints.CheckpointSource`, which adds fetching, loading and eviction):
+:class:`~pythia_probe.hub.checkpoints.CheckpointSource`, which adds fetching, loading and eviction):
 
 - hub models: every branch's commit (one ``list_repo_refs`` call per catalog) and each
   revision's files with sizes and hashes (``list_repo_tree``), every name and hash validated
   first (a hash or commit that is really a path raises
   :class:`~pythia_probe.errors.UnsafeCheckpointError`); unknown steps raise
   :class:`~pythia_probe.errors.StepError` naming the nearest valid steps. Every call goes
-  through :func:`pythia_probe.hubio.call` (timeouts, one retry policy, one-line errors; a hub
+  through :func:`pythia_probe.hub.io.call` (timeouts, one retry policy, one-line errors; a hub
   that cannot be reached says what to do offline).
 - the cache (offline, ``HF_HUB_OFFLINE=1``, a hub-style cache folder as the model, or
   :meth:`CheckpointCatalog.resolve_cached` whatever the setting): refs and snapshots as
@@ -26,8 +26,6 @@ from pathlib import Path
 
 from huggingface_hub import HfApi
 
-from pythia_probe import hubio
-from pythia_probe import steps as steps_mod
 from pythia_probe.errors import (
     CheckpointNotCachedError,
     HubDownloadError,
@@ -36,9 +34,11 @@ from pythia_probe.errors import (
     UnsafeCheckpointError,
     UnsafeFileError,
 )
-from pythia_probe.hubcache import HubCache
-from pythia_probe.hubio import RetryPolicy
-from pythia_probe.weights_io import FileInfo, Revision, hub_cache_layout
+from pythia_probe.hub import io as hubio
+from pythia_probe.hub import steps as steps_mod
+from pythia_probe.hub.cache import HubCache
+from pythia_probe.hub.io import RetryPolicy
+from pythia_probe.hub.weights import FileInfo, Revision, hub_cache_layout
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 

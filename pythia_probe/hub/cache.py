@@ -19,7 +19,7 @@ Rules: a file is deleted only if the ledger says the tool created it, no other l
 holds a lease on its blob, and :func:`~pythia_probe.fileio.remove` finds it inside the repo
 folder; a ref the tool did not write is never changed. ``.locks`` is the folder huggingface_hub
 and ``scan_cache_dir`` keep for bookkeeping; deleting it only makes the tool keep files it would
-otherwise have evicted. Every name used here was validated (:mod:`pythia_probe.hubio`) first.
+otherwise have evicted. Every name used here was validated (:mod:`pythia_probe.hub.io`) first.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from pythia_probe.errors import (
     UnsafeFileError,
 )
 from pythia_probe.fileio import atomic_write, pid_alive, remove, write_json, write_text
-from pythia_probe.hubio import check_name, check_oid, partial_path
-from pythia_probe.weights_io import FileInfo
+from pythia_probe.hub.io import check_name, check_oid, partial_path
+from pythia_probe.hub.weights import FileInfo
 
 HOST = socket.gethostname()
 

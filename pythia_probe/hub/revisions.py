@@ -5,11 +5,11 @@ Pythia's hub branches do not always: step0 == step1 (== step2) in every size (py
 the final model's first shard (#206). The ledger finds these from hub metadata alone (refs and
 tree listings: sizes and LFS sha256), before any weight is downloaded::
 
-    from pythia_probe.revisions import ledger, write_ledger
+    from pythia_probe.hub.revisions import ledger, write_ledger
     df = ledger("EleutherAI/pythia-1.4b", "0,1,2,1000-143000")  # nothing downloaded
     write_ledger(df, "out/revisions.parquet")
 
-    python -m pythia_probe.revisions --model EleutherAI/pythia-1.4b --steps all --out r.parquet
+    python -m pythia_probe.hub.revisions --model EleutherAI/pythia-1.4b --steps all --out r.parquet
 
 One row per asked step, columns :data:`COLUMNS`:
 
@@ -26,11 +26,16 @@ One row per asked step, columns :data:`COLUMNS`:
   identical to; ``suspect`` wins over ``duplicate`` (``same_as`` still says which); else ``ok``.
 
 Duplicates are looked for among the asked steps only (listing every branch would cost one tree
-call each); the final model is always listed.
+call each); the final model is always listed. Nothing else is asked about: one refs call, one
+tree call per asked step, ``main`` and the last step. Trust bytes over listings: a file whose
+listed sha256 another file shares (the grounds of a ``duplicate`` or ``suspect``) is confirmed
+against what the hub serves (the ``X-Linked-Etag`` of a HEAD; offline, the cached copy
+hashed) before the verdict is given; a disagreement is refused naming the file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterable
@@ -41,16 +46,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pythia_probe.checkpoints import CheckpointSource, Revision
 from pythia_probe.cli import parse_configs, run_main
-from pythia_probe.errors import BadInputError, CorruptFileError
+from pythia_probe.errors import BadInputError, CorruptFileError, HubNotFoundError
 from pythia_probe.fileio import atomic_write
-from pythia_probe.steps import parse_steps
-from pythia_probe.weights_io import WEIGHT_SUFFIXES, weights_digest
+from pythia_probe.hub.checkpoints import CheckpointSource, FileInfo, Revision, confirm_shared
+from pythia_probe.hub.steps import parse_steps
+from pythia_probe.hub.weights import WEIGHT_SUFFIXES, weights_digest
 
 COLUMNS = ("step", "revision", "commit", "weights_sha256", "same_as", "status", "reason")
 STATUSES = ("ok", "duplicate", "suspect")
-PROG = "python -m pythia_probe.revisions"
+PROG = "python -m pythia_probe.hub.revisions"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,28 +75,42 @@ class Weights:
 
 # ---- what the metadata says -------------------------------------------------------------------
 
+def weight_files(rev: Revision, every_format: bool = False) -> list[FileInfo]:
+    """``rev``'s weight files (the layout's; ``every_format``: all ``.bin`` and
+    ``.safetensors`` files at the top, as on ``main``)."""
+    return ([f for f in rev.files if f.path.endswith(WEIGHT_SUFFIXES) and "/" not in f.path]
+            if every_format else list(rev.weight_files))
+
+
 def weights_of(source: CheckpointSource, rev: Revision, every_format: bool = False) -> Weights:
-    """The identities of ``rev``'s weight files (the layout's; ``every_format``: all
-    ``.bin`` and ``.safetensors`` files, as on ``main``)."""
-    files = ([f for f in rev.files if f.path.endswith(WEIGHT_SUFFIXES) and "/" not in f.path]
-             if every_format else rev.weight_files)
-    return Weights(rev.step, rev.branch, rev.commit,
-                   {f.path: source.file_identity(rev, f) for f in files})
+    """The identities of ``rev``'s weight files (:func:`weight_files`)."""
+    return Weights(rev.step, rev.branch, rev.commit, {
+        f.path: source.file_identity(rev, f) for f in weight_files(rev, every_format)})
 
 
-def final_model(source: CheckpointSource, revs: list[Revision]) -> tuple[int, list[Weights]]:
-    """``(final step, its references)``: the last step the model has, and the weights of
-    ``main`` (every format) and of that step, as far as the source has them."""
-    available = source.steps()
-    last = max(available or [r.step for r in revs])
-    refs = []
-    main = source.resolve_branch("main", last)
-    if main is not None:
-        refs.append(weights_of(source, main, every_format=True))
+def final_model(source: CheckpointSource,
+                revs: list[Revision]) -> tuple[int, list[tuple[Revision, bool]]]:
+    """``(final step, its references as (revision, every format))``: ``main`` (every format)
+    and the last step the model has, as far as the source has and serves them. Nothing else is
+    asked about: a hub that lists a last branch it does not serve (404) leaves ``main`` alone
+    as the reference, with a warning."""
+    last = max(source.steps() or [r.step for r in revs])
     asked = {r.step: r for r in revs}
-    if last in asked or last in available:
-        refs.append(weights_of(source, asked.get(last) or source.resolve([last])[0]))
+    refs = [(ref, every) for ref, every in (
+        (_served("main", lambda: source.resolve_branch("main", last)), True),
+        (asked.get(last) or _served(f"step{last}", lambda: source.resolve([last])[0]), False))
+        if ref]
     return last, refs
+
+
+def _served(branch: str, resolve) -> Revision | None:
+    try:
+        return resolve()
+    except HubNotFoundError as err:
+        log.warning("the hub lists the branch %s of the final model but does not serve it (%s); "
+                    "the ledger compares with the final model's other reference", branch,
+                    str(err).split(": ", 1)[0])
+        return None
 
 
 # ---- the rules --------------------------------------------------------------------------------
@@ -145,7 +165,7 @@ def classify(table: list[Weights], final_step: int, final: list[Weights]) -> pd.
 def ledger(source: CheckpointSource | str | os.PathLike,
            steps: Iterable[int] | str) -> pd.DataFrame:
     """The revision ledger of ``steps`` (a list, or a ``--steps`` spec) of ``source`` (a
-    :class:`~pythia_probe.checkpoints.CheckpointSource`, a hub id or a local folder), from
+    :class:`~pythia_probe.hub.checkpoints.CheckpointSource`, a hub id or a local folder), from
     metadata alone: no weight file is downloaded."""
     if not isinstance(source, CheckpointSource):
         source = CheckpointSource(source)
@@ -153,7 +173,10 @@ def ledger(source: CheckpointSource | str | os.PathLike,
         steps = parse_steps(steps, source.steps())
     revs = source.resolve(sorted(set(steps)))
     final_step, final = final_model(source, revs)
-    return classify([weights_of(source, r) for r in revs], final_step, final)
+    confirm_shared([(source, r, f) for r, every in [(r, False) for r in revs] + final
+                    for f in weight_files(r, every)])
+    return classify([weights_of(source, r) for r in revs], final_step,
+                    [weights_of(source, r, every) for r, every in final])
 
 
 # ---- the table on disk ------------------------------------------------------------------------

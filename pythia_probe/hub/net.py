@@ -12,7 +12,7 @@ access token.
   and of this tool goes through that client, so one hook bounds them all.
 - One retry policy: huggingface_hub retries transport failures inside some calls
   (``http_backoff``: tree listings, ``HfFileSystem`` reads; 5 retries, up to 23 s of sleep),
-  which multiplies with :func:`pythia_probe.hubio.call`'s own retries. The client's transport
+  which multiplies with :func:`pythia_probe.hub.io.call`'s own retries. The client's transport
   therefore re-raises a transport failure as :class:`PolicyError` (a ``TransportError`` that
   those loops do not retry) while :func:`our_policy` is active, which ``hubio.call`` sets
   around every call, and for an unreachable host always.

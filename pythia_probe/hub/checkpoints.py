@@ -10,7 +10,7 @@ API::
         ...                                    # tensors {hf_name: Tensor}; config.json dict
     src.manifest(revs)                         # commit shas + file hashes for the run manifest
 
-- ``resolve`` (:class:`~pythia_probe.catalog.CheckpointCatalog`) reads every branch's commit
+- ``resolve`` (:class:`~pythia_probe.hub.catalog.CheckpointCatalog`) reads every branch's commit
   and each revision's files with sizes and hashes before anything is downloaded (the hub's
   listings, the cache offline, or local folders); ``resolve_cached`` / ``cached_steps`` read the
   cache alone, with no request, for plans when the hub cannot be reached.
@@ -21,7 +21,7 @@ API::
 - Ownership: by default files go to the tool's own cache (``hubio.tool_cache("checkpoints")``),
   never the Hugging Face cache. In any cache folder (``cache_dir=`` may be the user's HF cache)
   the tool deletes only what it created, recorded in a ledger, and only when no other live
-  source uses it (:mod:`pythia_probe.hubcache`). Snapshots already there are read (verified)
+  source uses it (:mod:`pythia_probe.hub.cache`). Snapshots already there are read (verified)
   and kept.
 - ``stream`` fetches ``prefetch`` revisions ahead in a background thread, resumes weight files
   across processes (``blobs/<sha256>.partial`` + HTTP Range), retries every hub call with
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,16 +56,17 @@ from typing import NamedTuple
 
 import torch
 
-from pythia_probe import hubio
-from pythia_probe.catalog import CheckpointCatalog
 from pythia_probe.errors import (
     CheckpointNotCachedError,
     ChecksumError,
     CorruptCheckpointError,
+    UnsafeCheckpointError,
 )
-from pythia_probe.hubcache import Holdings
-from pythia_probe.hubio import RetryPolicy
-from pythia_probe.weights_io import (
+from pythia_probe.hub import io as hubio
+from pythia_probe.hub.cache import Holdings
+from pythia_probe.hub.catalog import CheckpointCatalog
+from pythia_probe.hub.io import RetryPolicy
+from pythia_probe.hub.weights import (
     FileInfo,
     Names,
     Revision,
@@ -79,7 +80,8 @@ from pythia_probe.weights_io import (
 )
 
 __all__ = ["CheckpointSource", "DownloadPlan", "FileInfo", "Group", "Loaded", "Names",
-           "Revision", "RetryPolicy", "Task", "dir_bytes", "plan_downloads", "stream_plan"]
+           "Revision", "RetryPolicy", "Task", "confirm_shared", "dir_bytes", "plan_downloads",
+           "stream_plan"]
 
 
 class Loaded(NamedTuple):
@@ -90,14 +92,15 @@ class Loaded(NamedTuple):
 
 class CheckpointSource(CheckpointCatalog):
     """Resolve, download, verify, load and evict checkpoint revisions of one model (resolving:
-    :class:`~pythia_probe.catalog.CheckpointCatalog`)."""
+    :class:`~pythia_probe.hub.catalog.CheckpointCatalog`)."""
 
     def __init__(self, model: str | os.PathLike, **kw):
         """``model``: a hub id, a folder of step*/ sub-folders or a hub-style cache folder;
         ``cache_dir``, ``revision_for``, ``endpoint``, ``retry``, ``token``: see
-        :class:`~pythia_probe.catalog.CheckpointCatalog`."""
+        :class:`~pythia_probe.hub.catalog.CheckpointCatalog`."""
         super().__init__(model, **kw)
         self.holdings = Holdings(self.cache)  # leases and the disk budget of this source
+        self._confirmed: set[tuple[str, str]] = set()  # (commit, file) served as listed
 
     # ---- duplicates ----------------------------------------------------------------------------
     def file_identity(self, rev: Revision, f: FileInfo) -> str:
@@ -112,14 +115,50 @@ class CheckpointSource(CheckpointCatalog):
 
     def weights_digest(self, rev: Revision) -> str:
         """One digest of the revision's weight files
-        (:func:`~pythia_probe.weights_io.weights_digest`): equal digests, equal bytes."""
+        (:func:`~pythia_probe.hub.weights.weights_digest`): equal digests, equal bytes."""
         return weights_digest({f.path: self.file_identity(rev, f) for f in rev.weight_files})
 
+    def confirm(self, rev: Revision, f: FileInfo) -> None:
+        """Trust bytes over listings: what the hub serves for weight file ``f`` of ``rev`` (the
+        ``X-Linked-Etag`` of a HEAD: its sha256; ``ETag``: the git blob id of a small file;
+        offline, the cached copy hashed) must be what the tree listing says, else
+        :class:`~pythia_probe.errors.UnsafeCheckpointError` naming the file. Once per file and
+        source; no byte is downloaded. Local folders (and cached files listed without a sha256)
+        were identified by hashing their bytes already."""
+        by_bytes = rev.local_dir is not None or (self.offline and f.sha256 is None)
+        if by_bytes or (rev.commit, f.path) in self._confirmed:
+            return
+        served, how = self._served(rev, f)
+        if served != f.etag:
+            kind = "sha256" if f.sha256 else "git blob id"
+            raise UnsafeCheckpointError(
+                f"{f.path} of {rev.where}: the hub's tree listing gives it {kind} {f.etag}, but "
+                f"{how} says {served}; the listing cannot say which steps share weights, so no "
+                "step is filed as a duplicate or suspect and no rows are copied (is HF_ENDPOINT "
+                "a trustworthy hub?)")
+        self._confirmed.add((rev.commit, f.path))
+
+    def _served(self, rev: Revision, f: FileInfo) -> tuple[str | None, str]:
+        """(the identity of what is served for ``f``, where it was read)."""
+        if not self.offline:
+            url = hubio.resolve_url(self.endpoint, self.model, rev.commit, f.path)
+            return (self._call(lambda: hubio.served_etag(url, self.token),
+                               f"HEAD of {f.path} at {rev.where} ({rev.commit})"),
+                    "the X-Linked-Etag / ETag of the file it serves")
+        found = self.cache.find(rev.commit, f)
+        if found is None:
+            raise CheckpointNotCachedError(f"offline and {f.path} of {rev.where} is not cached "
+                                           f"under {self.storage}")
+        return file_digest(found, f.sha256 is not None), f"the cached copy {found}"
+
     def duplicates(self, revisions: Iterable[Revision]) -> dict[int, int]:
-        """``{step: earlier step}`` for revisions whose weights are byte-identical to an earlier."""
+        """``{step: earlier step}`` for revisions whose weights are byte-identical to an earlier
+        (the listing's verdict confirmed by :func:`confirm_shared`)."""
         first: dict[str, int] = {}
         dups = {}
-        for rev in sorted(revisions, key=lambda r: r.step):
+        revisions = sorted(revisions, key=lambda r: r.step)
+        confirm_shared([(self, r, f) for r in revisions for f in r.weight_files])
+        for rev in revisions:
             key = self.weights_digest(rev)
             if key in first:
                 dups[rev.step] = first[key]
@@ -336,6 +375,19 @@ class CheckpointSource(CheckpointCatalog):
                 self.evict(rev, keep_partial=True)
 
 
+def confirm_shared(files: Iterable[tuple[CheckpointSource, Revision, FileInfo]]) -> None:
+    """Confirm (:meth:`CheckpointSource.confirm`) every weight file whose listed identity
+    another file of ``files`` (of another commit or name) shares: the grounds of every
+    duplicate, suspect or copy verdict, checked before any is acted on."""
+    same: dict[str, list] = defaultdict(list)
+    for src, rev, f in files:
+        same[src.file_identity(rev, f)].append((src, rev, f))
+    for held in same.values():
+        if len({(r.model, r.commit or r.local_dir, f.path) for _, r, f in held}) > 1:
+            for src, rev, f in held:
+                src.confirm(rev, f)
+
+
 # ---- many models: each distinct checkpoint fetched once ----------------------------------------
 class Task(NamedTuple):
     """One unit of a sweep: one step of one model."""
@@ -392,14 +444,18 @@ class DownloadPlan:
 def plan_downloads(sources: Sequence[CheckpointSource],
                    steps: Mapping[str, Iterable[int]] | Iterable[int]) -> DownloadPlan:
     """The plan for ``steps`` (one list for every source, or ``{model: steps}``) of ``sources``
-    (in the order given), from metadata alone: hub-listed sha256 (local folders: hashed)."""
+    (in the order given), from metadata alone: hub-listed sha256 (local folders: hashed), a
+    shared one confirmed against what the hub serves (:func:`confirm_shared`)."""
     if not isinstance(steps, Mapping):
         steps = {src.model: list(steps) for src in sources}
     by_digest: dict[str, list[tuple[Task, Revision]]] = {}
+    listed = []
     for src in sources:
         for rev in src.resolve(sorted(set(steps[src.model]))):
             by_digest.setdefault(src.weights_digest(rev), []).append((Task(src.model, rev.step),
                                                                       rev))
+            listed += [(src, rev, f) for f in rev.weight_files]
+    confirm_shared(listed)
     return DownloadPlan(tuple(Group(d, tuple(t for t, _ in tr), tr[0][1].nbytes)
                               for d, tr in by_digest.items()))
 
