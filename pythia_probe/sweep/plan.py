@@ -192,18 +192,20 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
 
 def norms_line(plan: Plan, stats_id: str | None, rates: dict | None) -> str:
     """What the targets' once-per-statistics norms cost this run: cached for these statistics
-    (by stats_id), or how many to compute and, with measured ``rates``, about how long at the
-    host's float64 rate (sparse products for factored targets, dense for dense ones)."""
+    (by stats_id), or how many to compute and, with measured ``rates``, how long at most at the
+    host's float64 rate (sparse products for factored targets, dense for dense ones): an upper
+    bound, every column of V counted (only those the corpus fills are computed) and, before the
+    statistics exist, the recipe's bound on their non-zeros."""
     todo = uncached(stats_id, sorted(plan.norms))
     if not todo:
         return f"target norms: cached for these statistics (stats_id {stats_id})"
     macs = plan.norm_macs(todo)
     rate = (rates or {}).get("host_sparse" if plan.mode == "factored" else "host_dense")
-    when = "" if rate is None else (f", about {macs / rate:,.0f} s at the host's float64 "
+    when = "" if rate is None else (f", at most {macs / rate:,.0f} s at the host's float64 "
                                     f"{rate / 1e9:.2f} G multiply-adds/s measured now")
     sets = f", {plan.groups + 3} target sets" if plan.groups else ""
-    return (f"target norms: {len(todo)} of {len(plan.norms)} to compute once ({macs:.2e} "
-            f"multiply-adds{sets}{when}), then cached by stats_id")
+    return (f"target norms: {len(todo)} of {len(plan.norms)} to compute once (at most "
+            f"{macs:.2e} multiply-adds{sets}{when}), then cached by stats_id")
 
 
 def intervals_line(sc: ScoringConfig, groups: int) -> str:
