@@ -1,4 +1,4 @@
-"""Per-checkpoint analysis cost: streamed factored cosines vs the materialised computation.
+"""Per-checkpoint analysis cost: factored cosines vs the materialised computation.
 
     python benchmarks/bench_analysis.py                 # |V| = 8192, d = 512, 1 thread
     python benchmarks/bench_analysis.py --pythia --layers 2 --threads 2   # Pythia-1.4B step
@@ -7,28 +7,22 @@
 One "checkpoint" = one layer's attention mapping (A_tok = E_pre mean_h(W_Q^h W_K^h^T) E_pre^T vs
 Qbar) plus one embedding row (E_post vs PhiBT), float64, on random inputs.
 
-Once per statistics (own processes, timed, not part of the per-checkpoint peak): ``streamed``
-writes the prepared-target cache (C_T = row-normalised, row-centred Qbar and PhiBT, and their
-||cov||, via :func:`pythia_probe.analysis.prepared.cached_target`); ``materialised`` writes
-cov(rownorm(T)) of both (V x V each).
+Once per statistics (own processes, timed, not part of the per-checkpoint peak): ``factored``
+computes each dense target's vectors (D, m, ||cov||, the chance terms; the target as its own
+single factor, :func:`pythia_probe.analysis.factored.prepare_target`) and caches them;
+``materialised`` writes cov(rownorm(T)) of both (V x V each).
 
 Per checkpoint, each method in a FRESH spawned process so its peak RSS (ru_maxrss = VmHWM) is
-its own: ``streamed`` opens the cache and reads C_T in ``--chunk``-row blocks (plain reads into
-one reused buffer); ``materialised`` reads its two cached covariances and forms A_tok,
-its covariance and cov(E_post); ``in-memory`` (the previous factored path) holds both
-statistics and rebuilds C_T per chunk (its V^3 norm pass is excluded from its time, not from
-its peak). Printed: the cosines and their relative differences, per-checkpoint seconds, peak
-RSS in total, above the bare interpreter (torch imported) and beyond the model inputs every
-method holds, and the ratios, all measured in this run.
+its own: ``factored`` reads both statistics and their cached vectors and scores through
+T^T (D X) - 1 (m^T X); ``materialised`` reads its two cached covariances and forms A_tok, its
+covariance and cov(E_post). Printed: the cosines and their relative differences,
+per-checkpoint seconds, peak RSS in total, above the bare interpreter (torch imported) and
+beyond the model inputs every method holds, and the ratios, all measured in this run.
 
-Memory plan, full-vocabulary pythia-1.4b on one 80 GB GPU (V = 50277, d_model = 2048, 24 layers,
-16 heads x 128, 1.41e9 parameters), float32 on the GPU, float64 r x r sums: printed at the end,
-computed by :func:`pythia_probe.analysis.plan.memory_plan` (the sweep's ``--dry-run`` prints
-the same for any model). Not measured: no GPU was lent. With streamed targets (default
-when the in-memory peak does not fit) nothing V x V is resident, at the price of reading the
-prepared cache once per layer and analysis; ``--max-rank`` trades memory for fewer reads, and
-``--targets memory`` keeps the targets resident with no per-step reads. The numbers for each
-mode are printed by this script and by the sweep's ``--dry-run``, never typed in here.
+Memory plan of pythia-1.4b (V = 50277, d_model = 2048, 24 layers, 16 heads x 128, 1.41e9
+parameters) with its targets held dense, float32: printed at the end, computed by
+:func:`pythia_probe.analysis.plan.memory_plan` (the sweep's ``--dry-run`` prints the same for
+any model and statistics), never typed in here.
 Flags: :class:`BenchConfig` (the commands' config-dataclass idiom).
 """
 
@@ -44,21 +38,16 @@ from pathlib import Path
 import torch
 
 from pythia_probe.analysis.attention import attention_factors
+from pythia_probe.analysis.basis import Basis
 from pythia_probe.analysis.cosine import (
     cosines,
     covariance,
     frobenius_cosine,
-    prepare_target,
     row_normalise,
     tall,
 )
-from pythia_probe.analysis.prepared import (
-    cache_path,
-    cached_target,
-    open_prepared,
-    read_header,
-    read_into,
-)
+from pythia_probe.analysis.factored import FactoredTarget, Parts, dense_parts
+from pythia_probe.analysis.factored_cache import cached_vectors
 from pythia_probe.cli import parse_configs, run_main
 
 TARGETS = ("Qbar", "PhiBT")
@@ -85,23 +74,25 @@ def _model_inputs(V: int, d: int, H: int):
 
 
 def _load(path: Path, name: str) -> torch.Tensor:
-    """A tensor of a safetensors file with plain reads (one copy in RAM, no memory map)."""
-    header, offset = read_header(path)
-    info = header[name]
-    out = torch.empty(info["shape"], dtype=torch.float64)
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset + info["data_offsets"][0])
-        read_into(f, out, out.numel() * 8)
-    return out
+    """A tensor of a safetensors file (one copy in RAM)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(name)
 
 
 # ---- once per statistics (each in its own process) --------------------------------------------
-def prep_streamed(args) -> dict:
+def prep_factored(args) -> dict:
+    from safetensors.torch import save_file
+
     V, d, H, chunk, work = args
     t0 = time.perf_counter()
-    for name, T in _target_inputs(V).items():
-        cached_target(name, lambda T=T: T, work / "cache", "bench", chunk=chunk)
-    return {"s": time.perf_counter() - t0, "peak_mib": _rss_mib()}
+    raw = _target_inputs(V)
+    for name, T in raw.items():
+        cached_vectors(name, lambda T=T: dense_parts(T), work / "cache", "bench", chunk)
+    out = {"s": time.perf_counter() - t0, "peak_mib": _rss_mib()}
+    save_file(raw, work / "raw.safetensors")
+    return out
 
 
 def prep_materialised(args) -> dict:
@@ -114,41 +105,24 @@ def prep_materialised(args) -> dict:
     return {"s": time.perf_counter() - t0, "peak_mib": _rss_mib()}
 
 
-def prep_raw(args) -> dict:
-    from safetensors.torch import save_file
-
-    V, d, H, chunk, work = args
-    save_file(_target_inputs(V), work / "raw.safetensors")
-    return {"s": 0.0, "peak_mib": _rss_mib()}
-
-
 # ---- one checkpoint (each in a fresh process) -------------------------------------------------
 def _score(targets: dict, V: int, d: int, H: int, chunk: int) -> tuple[float, float]:
     E_pre, E_post, W_Q, W_K = _model_inputs(V, d, H)
-    att = cosines([attention_factors(E_pre, W_Q, W_K, torch.float64)], targets["Qbar"], chunk)[0]
+    att = cosines([attention_factors(Basis(E_pre), W_Q, W_K)[0]], targets["Qbar"], chunk)[0]
     return att, cosines([tall(E_post)], targets["PhiBT"], chunk)[0]
 
 
-def step_streamed(args) -> dict:
-    """Prepared targets streamed from the cache in blocks: no V x V matrix in RAM (the cache's
-    digest is checked once per run, not per checkpoint, so it is not part of this time)."""
+def step_factored(args) -> dict:
+    """Both statistics resident, each its own single factor, their vectors from the cache."""
     V, d, H, chunk, work = args
     base, t0 = _rss_mib(), time.perf_counter()
-    th = {n: open_prepared(cache_path(work / "cache", n, torch.float64)) for n in TARGETS}
+    th = {}
+    for n in TARGETS:
+        p = dense_parts(_load(work / "raw.safetensors", n))
+        vec = cached_vectors(n, lambda: AssertionError("not cached"), work / "cache", "bench")
+        th[n] = FactoredTarget(n, Parts(p, torch.float64, "cpu", {n}), vec)
     att, emb = _score(th, V, d, H, chunk)
     return _result(att, emb, base, t0, 0.0)
-
-
-def step_in_memory(args) -> dict:
-    """Engineer F's path: statistics resident, C_T rebuilt per column chunk (norms not timed)."""
-    V, d, H, chunk, work = args
-    base = _rss_mib()
-    t_prep = time.perf_counter()
-    th = {n: prepare_target(n, _load(work / "raw.safetensors", n), chunk=chunk)
-          for n in TARGETS}
-    t0 = time.perf_counter()
-    att, emb = _score(th, V, d, H, chunk)
-    return _result(att, emb, base, t0, t0 - t_prep)
 
 
 def step_materialised(args) -> dict:
@@ -184,19 +158,11 @@ def _report(res: dict, model_mib: float) -> None:
               f"per-checkpoint {r['s']:.2f} s  peak RSS {r['peak_mib']:.0f} MiB total, "
               f"{above:.0f} above the interpreter ({r['base_mib']:.0f}), "
               f"{above - model_mib:.0f} beyond the model inputs")
-    m = res["materialised"]
+    m, r = res["materialised"], res["factored"]
     for key in ("attention", "embedding"):
-        for name in ("streamed", "in-memory"):
-            if name in res:
-                print(f"relative difference {key} {name} vs materialised: "
-                      f"{abs(res[name][key] - m[key]) / abs(m[key]):.2e}")
-    if "in-memory" in res:
-        for key in ("attention", "embedding"):
-            r, q = res["streamed"][key], res["in-memory"][key]
-            print(f"relative difference {key} streamed vs in-memory: {abs(r - q) / abs(q):.2e}")
-    for name in ("streamed", "in-memory"):
-        if name in res:
-            _ratios(name, res[name], m, model_mib)
+        print(f"relative difference {key} factored vs materialised: "
+              f"{abs(r[key] - m[key]) / abs(m[key]):.2e}")
+    _ratios("factored", r, m, model_mib)
 
 
 def _ratios(name: str, r: dict, m: dict, model_mib: float) -> None:
@@ -209,7 +175,7 @@ def _ratios(name: str, r: dict, m: dict, model_mib: float) -> None:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Per-checkpoint analysis cost: streamed factored cosines vs the materialised computation."""
+    """Per-checkpoint analysis cost: factored cosines vs the materialised computation."""
 
     vocab: int = 8192
     """|V|: statistic rows (one V x V float64 matrix is 8 V^2 bytes)."""
@@ -221,8 +187,6 @@ class BenchConfig:
     """Vocabulary columns per block of a target."""
     threads: int = 1
     """torch threads in each measured process."""
-    skip_in_memory: bool = False
-    """Skip the resident (in-memory) factored path."""
     work: str | None = None
     """Folder for the caches (default: a temporary folder)."""
     pythia: bool = False
@@ -265,15 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         args = (V, d, a.n_heads, a.chunk, Path(tmp))
         print(f"|V|={V} d_model={d} n_heads={a.n_heads} chunk={a.chunk} threads={a.threads} "
               f"float64; one V x V matrix = {V**2 * 8 / MIB:.0f} MiB")
-        prep = {"streamed": _run(prep_streamed, args, a.threads),
+        prep = {"factored": _run(prep_factored, args, a.threads),
                 "materialised": _run(prep_materialised, args, a.threads)}
         for name, r in prep.items():
             print(f"per statistics, {name}: {r['s']:.2f} s, peak RSS {r['peak_mib']:.0f} MiB")
-        res = {"streamed": _run(step_streamed, args, a.threads),
+        res = {"factored": _run(step_factored, args, a.threads),
                "materialised": _run(step_materialised, args, a.threads)}
-        if not a.skip_in_memory:
-            _run(prep_raw, args, a.threads)
-            res["in-memory"] = _run(step_in_memory, args, a.threads)
     model_mib = (2 * V * d + 2 * d * d) * 8 / MIB
     print(f"model inputs every method holds (E_pre, E_post, W_Q, W_K): {model_mib:.0f} MiB")
     _report(res, model_mib)
@@ -281,13 +242,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_pythia_plan() -> None:
-    """The computed plan for full-vocabulary pythia-1.4b (config values of the model)."""
+    """The computed plan for pythia-1.4b with dense targets (config values of the model)."""
     from pythia_probe.analysis.plan import StepShape, memory_plan
 
     V, d, L, H, d_mlp, v_model = 50277, 2048, 24, 16, 8192, 50304
     n_params = 2 * v_model * d + L * (4 * d * d + 2 * d * d_mlp + 9 * d + d_mlp)
     for analyses in (["embedding", "attention"], ["embedding", "attention", "unembedding"]):
-        plan = memory_plan(StepShape(V, d, L, H, d_mlp, n_params), analyses, mode="streamed")
+        plan = memory_plan(StepShape(V, d, L, H, d_mlp, n_params), analyses, mode="dense")
         print(f"pythia-1.4b, V={V}, float32 on the GPU, analyses {','.join(analyses)}:")
         print("\n".join("  " + line for line in plan.lines()))
 

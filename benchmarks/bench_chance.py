@@ -120,7 +120,7 @@ def _macs(V: int, d: int, H: int, label: str) -> None:
     w = d + 1
     row = (2 * (_row_pass_macs(V, w, d, False) + H * _row_pass_macs(V, w, d // H, False))
            + 3 * _row_pass_macs(V, w, d, True))
-    dense = 4 * V * V * w  # 4 bases through a dense V x V target (memory / streamed)
+    dense = 4 * V * V * w  # 4 bases through a dense V x V target (top-k statistics)
     fwd = V * 12 * d * d  # the layer's single-token forward pass (attention + MLP, 4d MLP)
     step = fwd + 11 * dense  # with intervals from G = 10 groups: 11 target sets
     print(f"{label}: row pass {row:.3g} multiply-adds per layer = {100 * row / dense:.1f}% of "

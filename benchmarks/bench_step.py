@@ -3,8 +3,8 @@
 - ``full``: full vocabulary (50,277 statistic ids of 50,304 embedding rows), factored targets
   (the statistics' sparse parts, :mod:`pythia_probe.analysis.factored`), the sweep's own
   layer-major scoring (:func:`pythia_probe.analysis.layers.score_layers`);
-- ``top5000``: the 5,000 first ids, dense resident targets (``--targets memory``), the same
-  scoring;
+- ``top5000``: the 5,000 first ids, dense targets (each matrix its own single factor, as for
+  top-k statistics), the same scoring;
 - ``dense-TL``: a TransformerLens-style procedure at 5,000 ids: every model matrix materialised
   (E_pre W_Q^h W_K^h^T E_pre^T per head, their mean, the LN-folded ones, E E^T for the embedding
   rows), its covariance formed, the Frobenius cosine with the target covariance (formed once).
@@ -36,9 +36,9 @@ import scipy.sparse as sp
 import torch
 
 from pythia_probe.analysis import Options, get_analyses
+from pythia_probe.analysis.basis import gram_macs
 from pythia_probe.analysis.chance import Primitives
 from pythia_probe.analysis.cosine import covariance, prepare_target
-from pythia_probe.analysis.dense import gram_macs
 from pythia_probe.analysis.factored import FactoredTarget, Parts, Vectors, _row_norms_sums
 from pythia_probe.analysis.layers import score_layers
 from pythia_probe.analysis.plan import StepShape, memory_plan
@@ -109,7 +109,7 @@ class Split:
         return timed
 
     def install(self) -> None:
-        from pythia_probe.analysis import attention, basis, cosine, dense, factored
+        from pythia_probe.analysis import attention, basis, cosine, factored
 
         def gram_part(parent: str) -> str:
             return "moments" if parent == "moments" else "grams"
@@ -117,8 +117,7 @@ class Split:
         basis.Basis.moments = self.wrap("moments", basis.Basis.moments)
         factored.FactoredTarget.ct_t = self.wrap("products", factored.FactoredTarget.ct_t)
         factored.FactoredTarget.grams = self.wrap("grams", factored.FactoredTarget.grams)
-        dense.Target.grams = self.wrap("products", dense.Target.grams)
-        for mod in (basis, factored, dense):
+        for mod in (basis, factored):
             mod.add_gram = self.wrap(gram_part, mod.add_gram)
         attention.attention_factors = self.wrap("d-space", attention.attention_factors)
         cosine._score = self.wrap("d-space", cosine._score)
@@ -173,7 +172,7 @@ def step_full(args) -> dict:
     targets = {}
     for n in ("PhiBT", "Qbar"):
         norms, sums = _row_norms_sums(n, parts, 1024)  # the cached vectors' cheap half
-        from pythia_probe.analysis.dense import row_scales
+        from pythia_probe.analysis.factored import row_scales
 
         scale, mean = row_scales(norms, sums, V_FULL)
         null = Primitives(*[0.0] * 6)  # not the real terms: this benchmark times the scoring
@@ -328,7 +327,7 @@ def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: boo
     plans = {"full": memory_plan(StepShape(V_FULL, 2048, layers, 16, 8192, n_params), ANALYSES,
                                  mode="factored", nnz=nnz),
              "top5000": memory_plan(StepShape(V_TOP, 2048, layers, 16, 8192, n_params),
-                                    ANALYSES, mode="memory")}
+                                    ANALYSES, mode="dense")}
     for name, r in res.items():
         plan = plans.get(name)
         macs = None if plan is None else plan.dense_macs + plan.sparse_macs
@@ -372,7 +371,7 @@ def run_parts_ab(docs: int, threads: int, repeats: int = 2) -> dict:
     of each; the new result's largest difference from the old printed beside it."""
     from pythia_probe.analysis import factored
     from pythia_probe.analysis.basis import Basis
-    from pythia_probe.analysis.dense import row_scales
+    from pythia_probe.analysis.factored import row_scales
 
     torch.set_num_threads(threads)
     parts = zipf_parts(docs)

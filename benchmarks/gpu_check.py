@@ -196,7 +196,7 @@ def check_sweep_step(s: Sizes, device: str) -> list[dict]:
                     None, ScoringConfig(ANALYSES, device=device))
     n_params = sum(t.numel() for t in weights.sd.values())
     plan = memory_plan(StepShape(V, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp,
-                                 n_params), ANALYSES, mode="memory")
+                                 n_params), ANALYSES, mode="dense")
     with Meter(device) as m:
         try:
             rows, ok = scorer.rows({}, weights), True  # every value range-checked on the way

@@ -17,8 +17,7 @@ one handler that turns user errors into a single line.
   conventional exit code 128 + signal (130, 143); what was written stays.
 - Every parser shows each flag's default in ``--help``, has ``--version`` and ``--log-level``,
   and names itself as it was invoked (:func:`invoked_as`: ``pythia-probe sweep`` or ``python -m
-  pythia_probe.sweep``). A field may keep an old flag name working (``metadata={"aliases":
-  ("--old-name",)}``).
+  pythia_probe.sweep``).
 """
 
 from __future__ import annotations
@@ -134,7 +133,7 @@ def _add(p: argparse.ArgumentParser, f: dataclasses.Field, hint: Any, help: str 
         kw.pop("default")
         kw["required"] = True
         kw["help"] = (help or "").replace("%", "%%")
-    p.add_argument(flag(dest(f)), *f.metadata.get("aliases", ()), dest=dest(f), **kw)
+    p.add_argument(flag(dest(f)), dest=dest(f), **kw)
 
 
 def config_parser(cls: type, prog: str, description: str | None = None,

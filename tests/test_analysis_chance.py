@@ -18,9 +18,9 @@ from pythia_probe.analysis.cosine import (
     scores,
     tall,
 )
-from pythia_probe.analysis.prepared import cached_target
 from pythia_probe.errors import OutOfRangeError
 from pythia_probe.linalg import frobenius_cosine
+from pythia_probe.testing.dense import DenseTarget
 
 
 def _rand(*shape, seed=0):
@@ -128,13 +128,13 @@ def test_embedding_and_unembedding_rows_carry_the_exact_chance():
                                                  rel=1e-10)
 
 
-def test_streamed_and_float32_targets_give_the_same_chance(tmp_path):
+def test_factored_and_float32_targets_give_the_oracle_chance():
     V = 31
     T = _target(V, 11)
     E, F, G = _rand(V, 5, seed=12) + 1, _rand(V, 3, seed=13), _rand(V, 3, seed=14)
-    mem = scores([tall(E), product(F, G)], prepare_target("T", T, chunk=7), chunk=7)
-    streamed = cached_target("PhiBT", lambda: T, tmp_path, "s0", chunk=7)
-    assert [s.chance for s in scores([tall(E), product(F, G)], streamed, 7)] == pytest.approx(
+    mem = scores([tall(E), product(F, G)], DenseTarget("T", T), chunk=7)
+    factored = prepare_target("PhiBT", T, chunk=7)
+    assert [s.chance for s in scores([tall(E), product(F, G)], factored, 7)] == pytest.approx(
         [s.chance for s in mem], rel=1e-12)
     th32 = prepare_target("T", T, dtype=torch.float32)
     got = scores([tall(E, torch.float32), product(F, G, torch.float32)], th32)

@@ -17,7 +17,6 @@ from pythia_probe.analysis import (
     REGISTRY,
     Options,
     factored_cache,
-    prepared,
     target_matrix,
 )
 from pythia_probe.analysis import chance as ch
@@ -34,9 +33,9 @@ from pythia_probe.analysis.cosine import (
 )
 from pythia_probe.analysis.factored import NAMES, FactoredTarget, Parts, target_vectors
 from pythia_probe.analysis.intervals import Z_ABOVE, jackknife_se
-from pythia_probe.analysis.prepared import cached_target
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.testing import markov
+from pythia_probe.testing.dense import DenseTarget
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -184,16 +183,16 @@ def test_every_analysis_row_carries_the_exact_chance_sd():
     assert got["cos_WE_PhiBT"] == pytest.approx(_sd(WE, stats.PhiBT), rel=1e-10)
 
 
-def test_streamed_and_float32_targets_give_the_resident_chance_sd(tmp_path):
+def test_factored_and_float32_targets_give_the_oracle_chance_sd():
     V = 31
     T = _target(V, 11)
     fs = lambda dt=torch.float64: [tall(_rand(V, 5, seed=12) + 1, dt),  # noqa: E731
                                    product(_rand(V, 3, seed=13), _rand(V, 3, seed=14), dt)]
-    th = prepare_target("T", T, chunk=7)
+    th = DenseTarget("T", T)
     mem = scores(fs(), th, chunk=7)
-    streamed = cached_target("PhiBT", lambda: T, tmp_path, "s0", chunk=7)
-    assert streamed.null_terms == pytest.approx(th.null_terms, rel=1e-12)
-    assert [s.chance_sd for s in scores(fs(), streamed, 7)] == pytest.approx(
+    factored = prepare_target("PhiBT", T, chunk=7)
+    assert factored.null_terms == pytest.approx(th.null_terms, rel=1e-12)
+    assert [s.chance_sd for s in scores(fs(), factored, 7)] == pytest.approx(
         [s.chance_sd for s in mem], rel=1e-12)
     got = scores(fs(torch.float32), prepare_target("T", T, dtype=torch.float32))
     assert [s.chance_sd for s in got] == pytest.approx([s.chance_sd for s in mem], rel=1e-4)
@@ -209,7 +208,7 @@ def corpus():
 @pytest.mark.parametrize("name", NAMES)
 def test_factored_targets_give_the_resident_null_terms(corpus, name):
     V, p, ref = corpus
-    dense = prepare_target(name, _dense(name, ref), chunk=5)
+    dense = DenseTarget(name, _dense(name, ref))
     vec = target_vectors(name, p, chunk=4)
     assert vec.null == pytest.approx(dense.null_terms, rel=1e-10, abs=1e-14)
     th = FactoredTarget(name, Parts(p, torch.float64, "cpu", {name}), vec)
@@ -220,25 +219,20 @@ def test_factored_targets_give_the_resident_null_terms(corpus, name):
 
 def test_old_caches_without_null_terms_are_rebuilt_never_misread(corpus, tmp_path,
                                                                  monkeypatch, caplog):
-    """A factored-vectors file of format /1 and a prepared-target file of format /3 (both
-    written before the null terms existed) are rebuilt with them, with a warning."""
+    """A factored-vectors file of format /1 (written before the null terms existed) is
+    rebuilt with them, with a warning."""
     V, p, ref = corpus
-    with monkeypatch.context() as m:  # write the old formats: old name, no null terms
+    with monkeypatch.context() as m:  # write the old format: old name, no null terms
         m.setattr(factored_cache, "FORMAT", "pythia_probe.factored_target/1")
         m.setattr(factored_cache, "null_meta", lambda _: {})
-        m.setattr(prepared, "FORMAT", "pythia_probe.prepared_target/3")
-        m.setattr(prepared, "null_meta", lambda _: {})
         factored_cache.cached_vectors("Qbar", lambda: p, tmp_path, "s0")
-        prepared.write_prepared(prepare_target("Qbar", ref["Qbar"], chunk=5),
-                                prepared.cache_path(tmp_path, "Qbar", torch.float64), "s0", 5)
     assert factored_cache.read_vectors(factored_cache.vectors_path(tmp_path, "Qbar"), "Qbar",
                                        "s0")[0] is None
     with caplog.at_level("WARNING"):
         vec = factored_cache.cached_vectors("Qbar", lambda: p, tmp_path, "s0")
-        st = cached_target("Qbar", lambda: ref["Qbar"], tmp_path, "s0", chunk=5)
-    assert caplog.text.count("rebuilding") == 2
-    want = prepare_target("Qbar", ref["Qbar"], chunk=5).null_terms
-    assert vec.null == pytest.approx(want, rel=1e-10) and st.null_terms == pytest.approx(want)
+    assert caplog.text.count("rebuilding") == 1
+    want = DenseTarget("Qbar", ref["Qbar"]).null_terms
+    assert vec.null == pytest.approx(want, rel=1e-10)
     again = factored_cache.cached_vectors("Qbar", lambda: pytest.fail("rebuilt"), tmp_path, "s0")
     assert again.null == vec.null
 

@@ -8,13 +8,13 @@ import torch
 
 from pythia_probe.analysis.cosine import (
     materialised_cosine,
-    prepare_target,
     product,
     scores,
     tall,
 )
 from pythia_probe.analysis.factored import NAMES, FactoredTarget, Parts, target_vectors
 from pythia_probe.stats.reference import reference_stats
+from pythia_probe.testing.dense import DenseTarget
 
 
 def parts_from_tokens(tokens: torch.Tensor, V: int) -> dict:
@@ -66,7 +66,7 @@ def test_the_literal_parts_recompose_the_reference_statistics(corpus):
 @pytest.mark.parametrize("name", NAMES)
 def test_vectors_equal_the_dense_target(corpus, name):
     V, _, p, ref = corpus
-    dense = prepare_target(name, _dense(name, ref), chunk=5)
+    dense = DenseTarget(name, _dense(name, ref))
     vec = target_vectors(name, p, chunk=4)
     assert torch.allclose(vec.scale, dense.scale, rtol=1e-12, atol=0)
     assert torch.allclose(vec.mean, dense.mean, rtol=1e-10, atol=1e-14)  # |mean| <= 1/sqrt(V)
@@ -86,7 +86,7 @@ def test_factored_cosines_equal_the_literal_ones_in_float64(corpus, name):
     got = scores([tall(E), product(F, G)], th, chunk=6)
     want = [materialised_cosine(E, T), materialised_cosine(F @ G.T, T)]
     assert [s.value for s in got] == pytest.approx(want, rel=1e-10)
-    dense = scores([tall(E), product(F, G)], prepare_target(name, T), chunk=6)
+    dense = scores([tall(E), product(F, G)], DenseTarget(name, T), chunk=6)
     assert [s.chance for s in got] == pytest.approx([s.chance for s in dense], rel=1e-10)
 
 

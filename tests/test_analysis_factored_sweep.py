@@ -1,29 +1,37 @@
-"""The sweep's factored targets (``--targets factored``): one step's rows through the
-statistics' sparse parts equal the rows against the dense targets (float64), chance included,
-for every analysis with a target; the once-per-statistics vectors are cached by stats_id and
-reused; the plan's vocabulary is the user's alone (memory decides only chunking)."""
+"""The sweep's targets, all in the factored form: one step's rows through the statistics'
+sparse parts equal the rows against the dense oracle (float64), chance included, for every
+analysis with a target; top-k statistics held as dense single factors equal the oracle too; the
+once-per-statistics vectors are cached by stats_id (in the tool's cache, never beside a path)
+and reused; the plan's vocabulary is the user's alone (memory decides only chunking)."""
 
 import pytest
 import torch
 from test_analysis_factored import _corpus, _dense, parts_from_tokens
 
 from pythia_probe.analysis import combined_needs, factored_cache, get_analyses
-from pythia_probe.analysis.cosine import prepare_target
+from pythia_probe.analysis.cosine import materialised_cosine, prepare_target, scores, tall
 from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.sweep.config import ScoringConfig, StatisticsConfig
 from pythia_probe.sweep.scoring import Scorer
 from pythia_probe.sweep.statistics import choose_vocab
-from pythia_probe.sweep.targets import factored_targets
+from pythia_probe.sweep.targets import held_targets, targets_cache
+from pythia_probe.testing.dense import DenseTarget
 from pythia_probe.testing.repos import random_state_dict, tiny_config
 
 ANALYSES = ("embedding", "attention", "attention_lnfold", "unembedding")
 V = 23
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """The tool's cache in this test's folder: the stand-in statistics' ids are not content."""
+    monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "tool"))
+
+
 class PartsOnly:
-    """What factored_targets reads of a CorpusStats: parts() and stats_id."""
+    """What held_targets reads of full-vocabulary statistics: parts() and stats_id."""
 
     def __init__(self, parts, stats_id="s1"):
         self._parts, self.stats_id, self.calls = parts, stats_id, 0
@@ -55,8 +63,8 @@ def test_factored_step_equals_the_dense_step_in_float64(step, tmp_path):
     parts, ref, weights = step
     sc = ScoringConfig(ANALYSES, dtype="float64", chunk=7)
     names = combined_needs(get_analyses(list(ANALYSES))).targets
-    factored = factored_targets(PartsOnly(parts), names, tmp_path, sc, progress=False)
-    dense = {n: prepare_target(n, _dense(n, ref), dtype=torch.float64) for n in names}
+    factored = held_targets(PartsOnly(parts), names, sc, progress=False)
+    dense = {n: DenseTarget(n, _dense(n, ref)) for n in names}
     a, b = _rows(factored, weights, sc), _rows(dense, weights, sc)
     assert len(a) == len(b) > 20
     for x, y in zip(a, b, strict=True):
@@ -70,22 +78,58 @@ def test_vectors_are_cached_by_stats_id_and_recomputed_for_other_statistics(step
                                                                             monkeypatch):
     parts, _, _ = step
     sc = ScoringConfig(("attention",), dtype="float64")
-    first = factored_targets(PartsOnly(parts), ["Qbar"], tmp_path, sc, progress=False)
+    first = held_targets(PartsOnly(parts), ["Qbar"], sc, progress=False)
+    assert (targets_cache("s1") / "Qbar-factored.safetensors").is_file()
     built = []
     real = factored_cache.target_vectors
     monkeypatch.setattr(factored_cache, "target_vectors",
                         lambda *a, **k: built.append(a[0]) or real(*a, **k))
-    again = factored_targets(PartsOnly(parts), ["Qbar"], tmp_path, sc, progress=False)
+    again = held_targets(PartsOnly(parts), ["Qbar"], sc, progress=False)
     assert built == [] and again["Qbar"].norm == first["Qbar"].norm
-    other = factored_targets(PartsOnly(parts, "s2"), ["Qbar"], tmp_path, sc, progress=False)
+    other = held_targets(PartsOnly(parts, "s2"), ["Qbar"], sc, progress=False)
     assert built == ["Qbar"] and other["Qbar"].norm == pytest.approx(first["Qbar"].norm)
 
 
-def test_top_k_statistics_are_refused_in_one_line(step, tmp_path):
-    parts, _, _ = step
-    with pytest.raises(BadInputError, match="top-k restricted"):
-        factored_targets(PartsOnly({**parts, "ids": [0, 1]}), ["Qbar"], tmp_path,
-                         ScoringConfig(("attention",)))
+class TopK(PartsOnly):
+    """Top-k restricted statistics: parts() with the restriction's ids, the target matrices
+    (at the restricted vocabulary) dense."""
+
+    def __init__(self, parts, ref, stats_id="k1"):
+        super().__init__({**parts, "ids": [0, 1]}, stats_id)
+        self.ref = ref
+
+    def __getattr__(self, name):
+        return self.ref[name]
+
+
+class DenseOnly:
+    """First-format statistics: no sparse parts, the target matrices dense."""
+
+    def __init__(self, st, stats_id):
+        self.st, self.stats_id = st, stats_id
+
+    def parts(self):
+        raise BadInputError("these statistics are dense tensors (a first-format file)")
+
+    def __getattr__(self, name):
+        return getattr(self.st, name)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_top_k_statistics_are_dense_single_factors_equal_to_the_oracle(step, dtype):
+    parts, ref, _ = step
+    sc = ScoringConfig(("embedding", "attention"), dtype=dtype)
+    held = held_targets(TopK(parts, ref), ["PhiBT", "Qbar"], sc, progress=False)
+    assert {n: t.parts.raw.get("T") is not None for n, t in held.items()} == {
+        "PhiBT": True, "Qbar": True}
+    E = torch.randn(V, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    for n, t in held.items():
+        assert t.norm == pytest.approx(DenseTarget(n, ref[n]).norm, rel=1e-12)
+        got = scores([tall(E, sc.torch_dtype)], t)[0]
+        tol = 1e-10 if dtype == "float64" else 1e-5
+        assert got.value == pytest.approx(materialised_cosine(E, ref[n]), rel=tol)
+        assert got.chance == pytest.approx(scores([tall(E)], DenseTarget(n, ref[n]))[0].chance,
+                                           rel=tol)
 
 
 @pytest.mark.parametrize("asked,k", [("full", None), ("300", 300)])
@@ -182,56 +226,53 @@ class Lazy:
 
 
 def test_prepare_scale_gives_the_same_columns_every_way(step, tmp_path):
-    """Memory, streamed and factored targets of the parts: the same ceilings (equal to the
-    halves' cosine computed directly) and the same intervals, each holding its value."""
+    """The parts' targets through their sparse parts (a CorpusStats, a parts-only stand-in) and
+    as dense single factors (first-format statistics): the same ceilings (equal to the dense
+    oracle's cosine of the halves) and the same intervals, each holding its value."""
     from pythia_probe.analysis.intervals import ceiling
     from pythia_probe.stats import batch_stats
-    from pythia_probe.sweep.config import TargetsConfig
     from pythia_probe.sweep.targets import prepare_scale
 
     _, _, weights = step
     tokens, G = _corpus(V, N=12), 4
     halves = [torch.cat([tokens[i::G] for i in part]) for part in ((0, 1), (2, 3))]
-    ref = [{n: prepare_target(n, reference_stats(h, V)[n], dtype=torch.float64)
-            for n in ("Qbar", "PhiBT")} for h in halves]
+    ref = [{n: DenseTarget(n, reference_stats(h, V)[n]) for n in ("Qbar", "PhiBT")}
+           for h in halves]
     analyses = get_analyses(["attention", "embedding"])
-    dense = {n: prepare_target(n, reference_stats(tokens, V)[n], dtype=torch.float64)
-             for n in ("Qbar", "PhiBT")}
+    dense = {n: DenseTarget(n, reference_stats(tokens, V)[n]) for n in ("Qbar", "PhiBT")}
     sc = ScoringConfig(("attention", "embedding"), dtype="float64")
+    ident = lambda t: str(hash(t.numpy().tobytes()))  # noqa: E731
+    ways = {"stats": lambda t: batch_stats(t, V),
+            "parts": lambda t: PartsOnly(parts_from_tokens(t, V), ident(t)),
+            "dense": lambda t: DenseOnly(batch_stats(t, V), "dense" + ident(t))}
     seen = {}
-    for mode in ("memory", "streamed", "factored"):
-        build = ((lambda t: PartsOnly(parts_from_tokens(t, V), str(hash(t.numpy().tobytes()))))
-                 if mode == "factored" else (lambda t: batch_stats(t, V)))
-        cache = tmp_path / mode
+    for way, build in ways.items():
         scale = prepare_scale(Lazy(Grouped(tokens, G, build), tmp_path / "s.safetensors"),
-                              ["Qbar", "PhiBT"], TargetsConfig(cache=str(cache)), mode, sc,
-                              progress=False)
+                              ["Qbar", "PhiBT"], sc, progress=False)
         assert len(scale.left_out) == G
         for n in ("Qbar", "PhiBT"):
             assert scale.ceilings[n] == pytest.approx(ceiling(ref[0][n], ref[1][n]), abs=1e-10)
-        if mode != "memory":  # every part in its own cache folder, keyed by its stats_id
-            assert len(list(cache.glob("part-*"))) == G + 2
         rows = Scorer(analyses, combined_needs(analyses), dense, torch.arange(V), "s", {}, None,
                       sc, scale).rows({}, weights)
         assert all(r["ci_low"] <= r["value"] <= r["ci_high"] and "ceiling" in r for r in rows)
-        seen[mode] = torch.tensor([(r["ci_low"], r["ci_high"]) for r in rows])
-    for mode in ("streamed", "factored"):
-        assert torch.allclose(seen[mode], seen["memory"], rtol=0, atol=1e-9)
+        seen[way] = torch.tensor([(r["ci_low"], r["ci_high"]) for r in rows])
+    # every part's vectors cached in a folder of its own stats_id: G + 2 parts, three ways
+    assert len(list((tmp_path / "tool" / "targets").iterdir())) == 3 * (G + 2)
+    for way in ("parts", "dense"):
+        assert torch.allclose(seen[way], seen["stats"], rtol=0, atol=1e-9)
 
 
 def test_no_groups_or_intervals_off_give_no_scale(step, tmp_path):
     from dataclasses import replace
 
     from pythia_probe.stats import batch_stats
-    from pythia_probe.sweep.config import TargetsConfig
     from pythia_probe.sweep.targets import prepare_scale
 
     st = batch_stats(_corpus(V), V)
     sc = ScoringConfig(("attention",), dtype="float64")
-    tc = TargetsConfig(cache=str(tmp_path))
-    assert prepare_scale(Lazy(st, tmp_path / "s"), ["Qbar"], tc, "memory", sc) is None
+    assert prepare_scale(Lazy(st, tmp_path / "s"), ["Qbar"], sc) is None
     grouped = Grouped(_corpus(V, N=12), 4, lambda t: batch_stats(t, V))
-    assert prepare_scale(Lazy(grouped, tmp_path / "s"), ["Qbar"], tc, "memory",
+    assert prepare_scale(Lazy(grouped, tmp_path / "s"), ["Qbar"],
                          replace(sc, intervals=False)) is None
 
 
@@ -249,24 +290,21 @@ def test_a_grouped_statistics_file_gives_the_ceiling_and_intervals(step, tmp_pat
     from separately built halves; every row then carries an interval holding its value."""
     from pythia_probe.analysis.intervals import ceiling
     from pythia_probe.stats import batch_stats, read_meta
-    from pythia_probe.sweep.config import TargetsConfig
     from pythia_probe.sweep.statistics import LazyStats
-    from pythia_probe.sweep.targets import factored_targets, prepare_scale
+    from pythia_probe.sweep.targets import prepare_scale
 
     _, _, weights = step
     tokens, G = _corpus(V, N=12), 4
     path = batch_stats(tokens, V, groups=G).save(tmp_path / "g.safetensors")
     lazy = LazyStats(path, read_meta(path))
     sc = ScoringConfig(("attention", "embedding"), dtype="float64")
-    tc = TargetsConfig(cache=str(tmp_path / "c"))
-    scale = prepare_scale(lazy, ["PhiBT", "Qbar"], tc, "factored", sc, progress=False)
+    scale = prepare_scale(lazy, ["PhiBT", "Qbar"], sc, progress=False)
     assert len(scale.left_out) == G
     halves = [torch.cat([tokens[g::G] for g in part]) for part in ((0, 1), (2, 3))]
-    A, B = (prepare_target("PhiBT", reference_stats(h, V)["PhiBT"], dtype=torch.float64)
-            for h in halves)
+    A, B = (DenseTarget("PhiBT", reference_stats(h, V)["PhiBT"]) for h in halves)
     assert scale.ceilings["PhiBT"] == pytest.approx(ceiling(A, B), abs=1e-10)
     analyses = get_analyses(["attention", "embedding"])
-    targets = factored_targets(lazy.load(), ["PhiBT", "Qbar"], tmp_path / "c", sc, False)
+    targets = held_targets(lazy.load(), ["PhiBT", "Qbar"], sc, False)
     rows = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "g", {}, None,
                   sc, scale).rows({}, weights)
     assert rows and all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in rows)

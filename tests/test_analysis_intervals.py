@@ -29,6 +29,7 @@ from pythia_probe.analysis.intervals import (
 from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.testing import markov
+from pythia_probe.testing.dense import DenseTarget
 
 V, G = 19, 4
 
@@ -78,9 +79,9 @@ def test_ceiling_against_a_factored_target(corpus):
     p = parts_from_tokens(half_a, V)
     Af = FactoredTarget("Qbar", Parts(p, torch.float64, "cpu", {"Qbar"}),
                         target_vectors("Qbar", p))
-    B = _target(half_b)
-    assert cross_cosine(Af, B.column_blocks(4), B.norm) == pytest.approx(
-        ceiling(_target(half_a), B), abs=1e-12)
+    B = DenseTarget("Qbar", reference_stats(half_b, V)["Qbar"])
+    assert cross_cosine(Af, B.weighted_column_blocks(4), B.norm) == pytest.approx(
+        ceiling(DenseTarget("Qbar", reference_stats(half_a, V)["Qbar"]), B), abs=1e-12)
 
 
 def test_intervals_and_ceiling_join_the_rows_of_replicates(corpus):
@@ -121,8 +122,8 @@ def test_ceiling_with_a_factored_half_b_counts_unfilled_columns_once(corpus):
         p = parts_from_tokens(half_b, V)
         Bf = FactoredTarget(name, Parts(p, torch.float64, "cpu", {name}), target_vectors(name, p))
         A = _target(half_a, name)
-        assert ceiling(A, Bf, chunk=3) == pytest.approx(ceiling(A, _target(half_b, name)),
-                                                        abs=1e-12)
+        B = DenseTarget(name, reference_stats(half_b, V)[name])
+        assert ceiling(A, Bf, chunk=3) == pytest.approx(ceiling(A, B), abs=1e-12)
 
 
 def test_effect_above_chance_and_judge():

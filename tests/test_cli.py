@@ -156,7 +156,7 @@ def test_every_flag_of_the_sweep_shows_its_default(capsys):
     for shown in ("--steps STEPS Steps: 1000-143000", "(default: all)",
                   "(default: EleutherAI/pythia-1.4b)", "(default: auto)", "(default: float32)",
                   "(default: 4096)", "(default: off)", "(default: on)",
-                  "(default: embedding,attention_lnfold,attention)", "--theory"):
+                  "(default: embedding,attention_lnfold,attention)"):
         assert shown in text, shown
 
 

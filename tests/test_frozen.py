@@ -21,6 +21,10 @@ from data.frozen_inputs import CASES, FLOATS, KEY, build_hub, run_case
 
 FROZEN = Path(__file__).parent / "data" / "frozen"
 ATOL = {c: 1e-6 for c in FLOATS} | {"effect": 1e-5}
+#: top-k statistics: the frozen values came from the dense float32 targets whose norms were
+#: accumulated in float32 (issue 27 item 3 computes them in float64): against the same case in
+#: float64 they erred by up to 1.6e-6 (value) and 2.9e-6 (ci_low), today's by 1.8e-7 and 7.4e-7
+TOP_K_ATOL = 1e-5
 EXACT = ["above_chance", "n", "stats_id", "revision_status"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -50,4 +54,5 @@ def test_sweep_equals_frozen_outputs(case, hub_root, tmp_path):
         a, b = new[column].to_numpy(float), old[column].to_numpy(float)
         assert (np.isnan(a) == np.isnan(b)).all(), column
         worst = np.nanmax(np.abs(a - b), initial=0.0)
-        assert worst <= ATOL[column], f"{case} {column}: differs by {worst:.3g}"
+        atol = TOP_K_ATOL if "--top-k" in CASES[case] else ATOL[column]
+        assert worst <= atol, f"{case} {column}: differs by {worst:.3g}"

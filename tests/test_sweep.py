@@ -1,8 +1,6 @@
 """The sweep end to end on local step folders: tables, resume, failures, ranks, bad input."""
 
 import json
-from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,7 +9,6 @@ from safetensors.torch import load_file
 
 from pythia_probe import sweep
 from pythia_probe.analysis.cosine import materialised_cosine
-from pythia_probe.errors import BadInputError
 from pythia_probe.results import read_manifest, read_results
 from pythia_probe.stats import batch_stats
 from pythia_probe.sweep import plan as sweep_plan
@@ -39,11 +36,10 @@ def setup(tmp_path_factory):
 
 
 def _argv(repo, stats, out, *extra):
-    """Streamed targets unless ``extra`` overrides (the default, auto, would pick memory here);
-    no figures (their tests ask for them: test_sweep_report.py)."""
+    """No figures (their tests ask for them: test_sweep_report.py)."""
     return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
             "--analyses", "embedding,attention,unembedding", "--dtype", "float64",
-            "--targets", "streamed", "--no-plots", *extra]
+            "--no-plots", *extra]
 
 
 def _sorted(df):
@@ -316,111 +312,96 @@ def test_hub_tokenizer_mismatch_is_refused_before_download(setup, tmp_path, monk
                              str(tmp_path / "c")))
 
 
-def test_streamed_target_cache_matches_resident_targets(setup, clean_run, tmp_path):
-    from pythia_probe.analysis.prepared import open_prepared
+def test_target_norms_are_cached_by_stats_id_never_by_path(setup, clean_run, tmp_path,
+                                                          monkeypatch):
+    """The clean run cached every target's norms under its statistics' stats_id in the tool's
+    cache, nothing beside the statistics file; the same statistics at another path reuse them
+    (no norm computed) and give the clean table; packed layers (--max-rank) the same values."""
+    import shutil
+
+    from pythia_probe.analysis import factored_cache
     from pythia_probe.stats import read_meta
+    from pythia_probe.sweep.targets import targets_cache
 
     root, repo, stats = setup
-    cache = stats.with_name(stats.stem + ".targets")  # the default, built by clean_run
-    files = sorted(cache.glob("*-float64.safetensors"))  # the streamed targets (not factored)
-    assert [f.name for f in files] == [f"{n}-float64.safetensors" for n in
+    stats_id = read_meta(stats)["stats_id"]
+    files = sorted(targets_cache(stats_id).glob("*-factored.safetensors"))
+    assert [f.name for f in files] == [f"{n}-factored.safetensors" for n in
                                        ("Bbar", "BbarT", "PhiBT", "Qbar", "QbarHeadT", "QbarT")]
-    assert {open_prepared(f).stats_id for f in files} == {read_meta(stats)["stats_id"]}
-    out = tmp_path / "memory"
-    assert sweep_main(_argv(repo, stats, out, "--targets", "memory", "--max-rank", "1000")) == 0
+    assert not stats.with_name(stats.stem + ".targets").exists()
+    moved = shutil.copy(stats, tmp_path / "elsewhere.safetensors")
+    built = []
+    real = factored_cache.target_vectors
+    monkeypatch.setattr(factored_cache, "target_vectors",
+                        lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    out = tmp_path / "packed"
+    assert sweep_main(_argv(repo, moved, out, "--max-rank", "1000")) == 0
+    assert built == []
     a, b = _sorted(read_results(out)), _sorted(clean_run[1])
     pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
     assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
-    own = tmp_path / "cache"
-    assert sweep_main(_argv(repo, stats, tmp_path / "own", "--targets-cache", str(own),
-                            "--analyses", "embedding")) == 0
-    assert [f.name for f in own.iterdir()] == ["PhiBT-float64.safetensors"]
-    # the old flag names still work
-    old = _argv(repo, stats, tmp_path / "old", "--steps", "64", "--theory", "memory",
-                "--theory-cache", str(own))
-    assert sweep_main(old) == 0
-    assert read_manifest(tmp_path / "old")["targets_choice"]["resolved"] == "memory"
-    with pytest.raises(ValueError, match="valid: streamed, memory"):
-        sweep.SweepConfig(model=str(repo), steps="all", stats=str(stats), out=str(out),
-                          targets="disk")
 
 
-def test_targets_auto_picks_memory_only_when_its_peak_fits(setup, monkeypatch, capsys):
-    from pythia_probe.analysis import plan
-    from pythia_probe.sweep.source import model_config, open_source
-
-    # pythia-1.4b, full vocabulary: memory mode fits an 80 GB GPU, not a 20 GB one
-    shape = plan.StepShape(50277, 2048, 24, 16, 8192, 1_414_647_808)
-    need = plan.memory_plan(shape, ["embedding", "attention"], mode="memory").total
-    # three V x V float32 targets (PhiBT, Qbar with Qbar^T a view of it, QbarHead^T: 30 GB)
-    # + one layer's streams
-    assert 35e9 < need < 50e9
-    assert plan.choose_targets(False, need, 80e9 * plan.GPU_SAFETY, "80 GB")[0] == "memory"
-    assert plan.choose_targets(False, need, 20e9 * plan.GPU_SAFETY, "20 GB")[0] == "streamed"
-    mode, why = plan.choose_targets(False, need, None, "no probe")
-    assert mode == "streamed" and "unknown" in why
-    assert plan.choose_targets(True, need, 1e3, "tiny")[0] == "factored"  # memory never decides
+@pytest.mark.parametrize("flag", ["--targets", "--theory", "--targets-cache", "--theory-cache"])
+def test_the_removed_target_flags_are_refused(setup, tmp_path, capsys, flag):
     root, repo, stats = setup
-    cfg = sweep.SweepConfig(model=str(repo), steps="64", stats=str(stats), out="unused")
-    assert cfg.targets == "auto"
-    parts = cfg.split()
-    src = open_source(parts.source)
-    c = model_config(src, src.resolve([64])[0])
-    size = Path(stats).stat().st_size
-    resolve = sweep_plan.resolve_targets
-    assert resolve(parts.targets, parts.scoring, c, V, size, False, (1e12, "big"))[0] == "memory"
-    mode, why = resolve(parts.targets, parts.scoring, c, V, size, False, (1e3, "tiny"))
-    assert mode == "streamed" and "exceeds" in why and "tiny" in why
-    assert resolve(replace(parts.targets, mode="memory"), parts.scoring, c, V, size, False,
-                   (1e3, "tiny"))[0] == "memory"
-    assert resolve(parts.targets, parts.scoring, c, V, size, True, (1e3, "tiny"))[0] == \
-        "factored"  # factored statistics: memory decides only the chunking
-    with pytest.raises(BadInputError, match="factored needs full-vocabulary"):
-        resolve(replace(parts.targets, mode="factored"), parts.scoring, c, V, size, False)
+    with pytest.raises(SystemExit) as e:
+        sweep_main(_argv(repo, stats, tmp_path / "o", flag, "memory"))
+    assert e.value.code == 2 and flag in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_plan_holds_dense_targets_for_top_k_statistics_only(setup):
+    from pythia_probe.analysis import plan
+
+    # pythia-1.4b, full vocabulary: four V x V float32 dense targets (PhiBT, Qbar, Qbar^T,
+    # QbarHead^T: 40 GB) + one layer's streams, where the sparse parts need a few GB at most
+    shape = plan.StepShape(50277, 2048, 24, 16, 8192, 1_414_647_808)
+    need = plan.memory_plan(shape, ["embedding", "attention"], mode="dense").total
+    assert 45e9 < need < 60e9
+    nnz = {"C": 10**8, "W": 10**9, "Qbar": 10**9, "QbarHead": 10**9}
+    assert plan.memory_plan(shape, ["embedding", "attention"], nnz=nnz).targets < 40e9
+    assert sweep_plan.targets_held(True)[0] == "factored"
+    assert sweep_plan.targets_held(False)[0] == "dense"
     budget, how = plan.memory_budget("cpu")  # the real probe: a positive number of bytes
     assert budget is None or budget > 0
 
 
-@pytest.mark.parametrize("budget,mode", [(2e9, "factored"), (1e13, "factored")])
-def test_targets_auto_is_resolved_recorded_and_printed(setup, clean_run, tmp_path, monkeypatch,
-                                                       capsys, budget, mode):
-    """Two memory budgets, the same way of holding the targets (factored statistics: memory
-    decides only the chunking) and the same table as the streamed clean run."""
+def test_the_targets_holding_and_norms_are_recorded_and_printed(setup, clean_run, tmp_path,
+                                                                monkeypatch, capsys):
+    """Factored statistics: the sparse parts, printed and in the manifest; the plan costs the
+    target norms (computed or cached); the same table as the clean run."""
     root, repo, stats = setup
-    monkeypatch.setattr(sweep_plan, "memory_budget", lambda device: (budget, "injected"))
-    argv = _argv(repo, stats, tmp_path / "o", "--steps", "64", "--targets", "auto",
-                 "--targets-cache", str(root / "clean_cache_auto"))
+    argv = _argv(repo, stats, tmp_path / "o", "--steps", "64")
     assert sweep_main([*argv, "--dry-run"]) == 0
-    assert f"targets: auto -> {mode}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "targets: factored (" in out
+    assert "target norms: cached for these statistics" in out
+    monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cold"))
+    assert sweep_main([*argv, "--dry-run"]) == 0
+    assert "target norms: 6 of 6 to compute once" in capsys.readouterr().out
     assert sweep_main(argv) == 0
     m = read_manifest(tmp_path / "o")
-    assert m["targets_choice"]["requested"] == "auto" == m["config"]["targets"]["mode"]
-    assert m["targets_choice"]["resolved"] == mode  # whatever the budget: it is not the reason
+    assert m["targets_choice"]["held"] == "factored" and "targets" not in m["config"]
     assert "sparse parts" in m["targets_choice"]["reason"]
     a = _sorted(read_results(tmp_path / "o"))
     b = _sorted(clean_run[1][clean_run[1]["step"] == 64])
     assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
 
 
-def test_warm_target_cache_reads_no_statistics_tensor(setup, clean_run, tmp_path, monkeypatch):
-    from pythia_probe.stats import result as stats_result
+def test_warm_target_cache_computes_no_norm(setup, clean_run, tmp_path, monkeypatch):
+    from pythia_probe.analysis import factored_cache
 
     root, repo, stats = setup
-    real, reads = stats_result._read, []
-
-    def spy(path, device, header_only=False):
-        if not header_only:
-            reads.append(path)
-        return real(path, device, header_only)
-
-    monkeypatch.setattr(stats_result, "_read", spy)
-    cache = tmp_path / "cache"
-    runs = [("cold", "streamed", 1), ("warm", "streamed", 0), ("mem", "memory", 1)]
-    for name, mode, n_reads in runs:  # the first run builds the cache, the second reuses it
-        reads.clear()
-        assert sweep_main(_argv(repo, stats, tmp_path / name, "--steps", "64", "--targets",
-                                mode, "--targets-cache", str(cache))) == 0, name
-        assert len(reads) == n_reads, (name, reads)
+    monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(tmp_path / "cache"))
+    built = []
+    real = factored_cache.target_vectors
+    monkeypatch.setattr(factored_cache, "target_vectors",
+                        lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    for name, n_built in (("cold", 6), ("warm", 0)):  # the first builds, the second reuses
+        built.clear()
+        assert sweep_main(_argv(repo, stats, tmp_path / name, "--steps", "64")) == 0, name
+        assert len(built) == n_built, (name, built)
         a = _sorted(read_results(tmp_path / name))
         b = _sorted(clean_run[1][clean_run[1]["step"] == 64])
         assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), rel=1e-10)
@@ -452,10 +433,9 @@ def _hf_streams(repo, step, ids):
     return pre, attn, post, m
 
 
-@pytest.mark.parametrize("mode", ["streamed", "memory"])
-def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mode):
+def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path):
     """Top-k rows are non-contiguous token ids of a model with padding rows (96 > 90): every
-    row must use the model's rows for exactly those ids."""
+    row must use the model's rows for exactly those ids (the targets dense single factors)."""
     from pythia_probe.stats import CorpusStats
 
     root, repo, _ = setup
@@ -467,8 +447,9 @@ def test_top_k_statistics_rows_equal_a_direct_hf_computation(setup, tmp_path, mo
     ids = st.token_ids
     assert len(ids) == 30 and ids.sort().values.tolist() != list(range(30))
     out = tmp_path / "o"
-    assert sweep_main(_argv(repo, path, out, "--steps", "64", "--targets", mode, "--analyses",
+    assert sweep_main(_argv(repo, path, out, "--steps", "64", "--analyses",
                             "embedding,attention,attention_lnfold,unembedding")) == 0
+    assert read_manifest(out)["targets_choice"]["held"] == "dense"
     got = read_results(out).set_index(["analysis", "layer", "head", "metric"])["value"]
     pre, attn, post, m = _hf_streams(repo, 64, ids)
     expect = {}
@@ -589,8 +570,7 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, mon
     monkeypatch.setattr(runner, "tensor_names", lambda needs: (fetched.append(needs.weights),
                                                                real(needs))[1])
     argv = ["--model", str(repo), "--stats", str(stats), "--steps", "0,64", "--analyses",
-            "we_vs_bbar", "--dtype", "float64", "--targets", "streamed",
-            "--out", str(tmp_path / "o")]
+            "we_vs_bbar", "--dtype", "float64", "--out", str(tmp_path / "o")]
     assert sweep_main([*argv, "--dry-run"]) == 0
     assert "multiply-adds per checkpoint" in capsys.readouterr().out
     assert sweep_main(argv) == 0

@@ -57,8 +57,8 @@ def setup(tmp_path_factory):
 
 def _argv(repo, stats, out, *extra):
     return ["--model", str(repo), "--stats", str(stats), "--out", str(out), "--steps", "all",
-            "--analyses", "embedding,attention", "--dtype", "float64", "--targets",
-            "streamed", "--no-progress", "--no-plots", *extra]
+            "--analyses", "embedding,attention", "--dtype", "float64", "--no-progress",
+            "--no-plots", *extra]
 
 
 def _sorted(df):
@@ -82,15 +82,20 @@ def _one_line(argv, capsys, monkeypatch, prog="sweep") -> str:
     return errors[0]
 
 
-# ---- the prepared-target cache and the range check ----------------------------------------
+# ---- the target norms' cache and the range check -------------------------------------------
 def test_a_target_cache_with_flipped_bytes_is_rebuilt_not_used(setup, clean, tmp_path):
     """Same size, same header, other bytes: caught by the content digest, rebuilt; the table
     equals the clean run's."""
+    from pythia_probe.stats import read_meta
+    from pythia_probe.sweep.targets import targets_cache
+
     root, repo, stats = setup
-    cache = stats.with_name(stats.stem + ".targets")
-    for f in cache.glob("*.safetensors"):
+    files = list(targets_cache(read_meta(stats)["stats_id"]).glob("*.safetensors"))
+    assert {f.name for f in files} >= {f"{n}-factored.safetensors" for n in  # the clean run's
+                                       ("PhiBT", "Qbar", "QbarT", "QbarHeadT")}
+    for f in files:
         data = bytearray(f.read_bytes())
-        data[-64:-56] = b"\x7f" * 8  # a float64 of 1e308 in C_T
+        data[-64:-56] = b"\x7f" * 8  # a float64 of 1e308 in the row means
         f.write_bytes(bytes(data))
     assert sweep_main(_argv(repo, stats, tmp_path / "o")) == 0
     got, want = _sorted(read_results(tmp_path / "o")), _sorted(clean)
@@ -98,11 +103,11 @@ def test_a_target_cache_with_flipped_bytes_is_rebuilt_not_used(setup, clean, tmp
 
 
 def test_a_value_out_of_range_fails_its_step_naming_the_cell(setup, tmp_path, monkeypatch):
-    from pythia_probe.analysis.prepared import StreamedTarget
+    from pythia_probe.analysis.factored import FactoredTarget
 
     root, repo, stats = setup
-    real = StreamedTarget.grams
-    monkeypatch.setattr(StreamedTarget, "grams", lambda self, F, edges, chunk: [
+    real = FactoredTarget.grams
+    monkeypatch.setattr(FactoredTarget, "grams", lambda self, F, edges, chunk: [
         g * 1e6 for g in real(self, F, edges, chunk)])  # what damaged target bytes give
     out = tmp_path / "o"
     assert sweep_main(_argv(repo, stats, out, "--retries", "0")) == 1

@@ -38,7 +38,7 @@ def test_groups_name_another_statistics_file(monkeypatch):
 
 def test_interval_scorings_share_the_forward_pass_in_the_plan():
     shape = StepShape(5000, 64, 3, 4, 256, 10**6)
-    plan = memory_plan(shape, ["embedding", "attention"], mode="memory")
+    plan = memory_plan(shape, ["embedding", "attention"], mode="dense")
     forward = 5000 * 3 * (2 * 64 * 64 + 2 * 64 * 256)
     assert plan.shared_macs >= forward
     G = 10
@@ -65,7 +65,7 @@ def test_a_step_that_fits_only_without_intervals_is_refused_naming_the_flag():
     from pythia_probe.sweep.plan import check_step_fits
 
     shape = StepShape(5000, 64, 3, 4, 256, 10**6)
-    plan = memory_plan(shape, ["embedding", "attention"], mode="memory")
+    plan = memory_plan(shape, ["embedding", "attention"], mode="dense")
     grouped = with_groups(plan, 10)
     sc = ScoringConfig(("embedding", "attention"))
     budget = (plan.total * 1.01, "a test's budget")
@@ -80,7 +80,7 @@ def test_one_set_at_a_time_is_chosen_where_only_it_fits():
     from pythia_probe.sweep.plan import check_step_fits
 
     plan = with_groups(memory_plan(StepShape(5000, 64, 3, 4, 256, 10**6),
-                                   ["embedding", "attention"], mode="memory"), 10)
+                                   ["embedding", "attention"], mode="dense"), 10)
     alone = one_set_at_a_time(plan)
     assert alone.targets == pytest.approx(3 * plan.targets / 13) and not alone.together
     assert alone.dense_macs > plan.dense_macs  # a forward pass per scoring
@@ -117,7 +117,8 @@ def test_a_sweep_holding_one_replicate_set_at_a_time_writes_the_same_table(tmp_p
     monkeypatch.setattr(runner, "check_step_fits", lambda plan, sc: real(
         plan, sc, ((plan.total + one_set_at_a_time(plan).total) / 2, "between the plans")))
     assert sweep_main([*argv, "--out", str(tmp_path / "alone")]) == 0
-    assert read_manifest(tmp_path / "alone")["config"]["scoring"]["together"] is False
+    assert read_manifest(tmp_path / "alone")["targets_choice"]["together"] is False
+    assert "together" not in read_manifest(tmp_path / "alone")["config"]["scoring"]
     a, b = (read_results(tmp_path / d).drop(columns=["run_id"]) for d in ("together", "alone"))
     assert a["ceiling"].notna().all() and a["ci_low"].notna().all()
     # issue 26's scale: every row its null's SD, a bool test, the corrected ceiling

@@ -39,12 +39,11 @@ def test_every_flag_lands_in_exactly_one_part():
     cfg = sweep.SweepConfig(model="org/x", stats="s.safetensors", out="o", device="cpu")
     parts = cfg.split()
     flat = {}
-    for part in (parts.source, parts.statistics, parts.scoring, parts.targets, parts.plan,
-                 parts.output):
+    for part in (parts.source, parts.statistics, parts.scoring, parts.plan, parts.output):
         for f in fields(part):
             flat.setdefault(f.name, []).append(type(part).__name__)
     assert all(len(owners) == 1 for owners in flat.values()), flat
-    renamed = {"targets": "mode", "targets_cache": "cache", "model": "models"}
+    renamed = {"model": "models"}
     for f in fields(cfg):
         assert renamed.get(f.name, f.name) in flat, f"flag {f.name} in no part"
 
@@ -69,8 +68,7 @@ def test_theory_means_theorem_4_1_only():
     "targets" everywhere in the analyses and the sweep."""
     for p in [*SWEEP.glob("*.py"), *(PACKAGE / "analysis").glob("*.py")]:
         code = "\n".join(line for line in _source(p).splitlines()
-                         if "Theorem" not in line and "pythia_probe.theory" not in line
-                         and "--theory" not in line and '"theory"' not in line)
+                         if "Theorem" not in line and "pythia_probe.theory" not in line)
         assert "theor" not in code.lower(), p.name
 
 
@@ -89,7 +87,7 @@ def test_error_classes_live_in_errors():
 @pytest.mark.parametrize("argv,says", [
     (["--demo", "--steps", "0,1"], "does not take --steps"),
     (["--demo", "--model", "x", "--dtype", "float32"], "does not take --dtype, --model"),
-    (["--demo", "--theory", "memory"], "does not take --theory"),
+    (["--demo", "--max-rank", "5"], "does not take --max-rank"),
 ])
 def test_demo_refuses_flags_it_would_ignore(argv, says, monkeypatch):
     from pythia_probe import demo

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
-from pythia_probe.analysis.cosine import Target
+from pythia_probe.analysis.factored import FactoredTarget
 from pythia_probe.errors import BadInputError
 
 TINY = 1e-30
@@ -116,7 +116,7 @@ def eq13_rows(attentions: Sequence[Tensor], tokens: Tensor, Qbar: Tensor, Delta:
     return rows
 
 
-def _run(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
+def _run(x: StepTensors, th: Mapping[str, FactoredTarget], opts: Options) -> list[dict]:
     if x.text_attn is None or x.text_tokens is None:
         raise BadInputError("attention_text needs real text: give the sweep --text TOKENS_FILE")
     return eq13_rows(x.text_attn, x.text_tokens, opts.raw["Qbar"], opts.raw["Delta"],

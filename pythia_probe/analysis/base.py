@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor
 
-from pythia_probe.analysis.cosine import Target
+from pythia_probe.analysis.factored import FactoredTarget
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Analysis:
 
     name: str
     needs: Needs
-    run: Callable[[StepTensors, Mapping[str, Target], Options], list[dict]]
+    run: Callable[[StepTensors, Mapping[str, FactoredTarget], Options], list[dict]]
     cost: Callable[[Shape], Cost]
     bounds: tuple[float, float] = (-1.0, 1.0)
     layered: Any = None

@@ -29,10 +29,11 @@ The target protocol (what :func:`scores` reads): ``name``, ``d_vocab``, ``dtype`
 (||C_T C_T^T||_F), ``trace`` (tr C_T C_T^T), ``total`` (1^T C_T C_T^T 1), ``null_terms`` (the
 centred permutation primitives of C_T C_T^T, :mod:`pythia_probe.analysis.chance`) and
 ``grams(F, edges, chunk)``, the diagonal [r_i, r_i] blocks of (F^T C_T)(F^T C_T)^T for the
-column groups ``edges`` of F. Implemented by :class:`~pythia_probe.analysis.dense.Target` (T
-resident), :class:`~pythia_probe.analysis.prepared.StreamedTarget` (C_T streamed from disk) and
-:class:`~pythia_probe.analysis.factored.FactoredTarget` (sparse plus rank-one statistics at the
-full vocabulary, no V x V matrix at all).
+column groups ``edges`` of F. Implemented by
+:class:`~pythia_probe.analysis.factored.FactoredTarget`, the one way a target is held: the
+statistics' sparse parts plus rank-one terms at the full vocabulary, or a dense [V, V] matrix (a
+top-k or first-format statistics file's, a hand-built one) as its own single factor
+(:func:`~pythia_probe.analysis.factored.prepare_target`).
 
 Every score comes with its chance level and that level's spread
 (:mod:`pythia_probe.analysis.chance`: the exact mean and standard deviation of the cosine over a
@@ -60,7 +61,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from pythia_probe.analysis.basis import Basis, fill_target_grams
+from pythia_probe.analysis.basis import DEFAULT_CHUNK, Basis, fill_target_grams
 from pythia_probe.analysis.chance import (
     Primitives,
     chance_level,
@@ -68,16 +69,22 @@ from pythia_probe.analysis.chance import (
     factor_terms,
     model_terms,
 )
-from pythia_probe.analysis.dense import (  # noqa: F401 - the analyses' one import place
-    DEFAULT_CHUNK,
-    Target,
-    blocked_grams,
+from pythia_probe.analysis.factored import (  # noqa: F401 - the analyses' one import place
+    FactoredTarget,
     prepare_target,
-    row_centre,
-    row_normalise,
-    target_terms,
 )
 from pythia_probe.linalg import frobenius_cosine
+
+
+def row_centre(X: Tensor) -> Tensor:
+    """Subtract each row's own mean."""
+    return X - X.mean(dim=1, keepdim=True)
+
+
+def row_normalise(X: Tensor) -> Tensor:
+    """Divide each row by its L2 norm; all-zero rows stay zero."""
+    norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
+    return X / torch.where(norms > 0, norms, torch.ones_like(norms))
 
 
 def covariance(X: Tensor) -> Tensor:
@@ -210,10 +217,8 @@ def scores(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> li
     """Covariance cosines, with their chance levels, of several model matrices against one
     target: every basis not yet projected on the target is, in one pass over it.
 
-    ``target``: a :class:`Target` (T resident), a
-    :class:`~pythia_probe.analysis.prepared.StreamedTarget` (C_T streamed from disk), a
-    :class:`~pythia_probe.analysis.factored.FactoredTarget`, or anything with the protocol of
-    this module's docstring.
+    ``target``: a :class:`~pythia_probe.analysis.factored.FactoredTarget`, or anything with
+    the protocol of this module's docstring.
     """
     fill_target_grams([f.basis for f in factors], target, chunk)
     return [_score(f, target) for f in factors]
@@ -235,8 +240,8 @@ def packed_scores(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFA
 
     Consecutive groups share one pass over C_T while the stacked width of their distinct bases
     stays <= ``max_rank`` (0: one pass per group). ``groups`` is consumed lazily, so at most one
-    pass's factors are alive: memory grows with ``max_rank``, passes over the target (reads of
-    a streamed cache) shrink with it.
+    pass's factors are alive: memory grows with ``max_rank``, passes over the target shrink
+    with it.
     """
     pending: list[Sequence[Factors]] = []
     for group in groups:

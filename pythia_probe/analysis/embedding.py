@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, StepTensors
-from pythia_probe.analysis.cosine import Target, product, scores, tall
+from pythia_probe.analysis.cosine import FactoredTarget, product, scores, tall
 from pythia_probe.analysis.layers import KINDS, Cell, Layer, LayerSpec, layer_analysis, layers_of
 from pythia_probe.analysis.layers import score_layers as _score_layers
 
@@ -54,7 +54,7 @@ def embedding_rows(residuals: Mapping[str, list[Tensor]], target, *,
     return _score_layers(layers, [("embedding", SPEC)], {"PhiBT": target}, opts)["embedding"]
 
 
-def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, Target], *,
+def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, FactoredTarget], *,
                      chunk: int = 4096) -> list[dict]:
     """W_U vs Bbar (output orientation), W_E W_U vs Bbar (input), W_E vs PhiBT.
 
@@ -72,7 +72,7 @@ def unembedding_rows(W_E: Tensor, W_U: Tensor, targets: Mapping[str, Target], *,
              "chance": v.chance, "chance_sd": v.chance_sd, "n": V} for m, v in vals.items()]
 
 
-def _run_unembedding(x: StepTensors, th: Mapping[str, Target], opts: Options) -> list[dict]:
+def _run_unembedding(x: StepTensors, th: Mapping[str, FactoredTarget], opts: Options) -> list[dict]:
     return unembedding_rows(x.W_E, x.W_U, th, chunk=opts.chunk)
 
 

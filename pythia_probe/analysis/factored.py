@@ -39,10 +39,14 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from pythia_probe.analysis.basis import GRAM_ROWS, add_gram, mirror
 from pythia_probe.analysis.chance import Primitives, vector_terms
-from pythia_probe.analysis.dense import GRAM_ROWS, add_gram, mirror, row_scales
 
 NAMES = ("PhiBT", "Qbar", "Bbar", "BbarT", "QbarT", "QbarHeadT")
+DENSE = "T"
+"""The parts key of a target given as one [V, V] matrix (a top-k or first-format statistics
+file's, a hand-built one): the matrix is its own single factor, C_T^T Y one product
+(:attr:`FactoredTarget.dense_ct`)."""
 #: the sparse statistic behind each target read as a matrix of its own (T = Q or Q^T)
 SPARSE = {"Qbar": ("Qbar", False), "QbarT": ("Qbar", True), "QbarHeadT": ("QbarHead", True)}
 CPU_TILE = 128  # columns of a dense factor per sparse product on the CPU (Parts.tiled)
@@ -67,11 +71,13 @@ class Parts:
     def __init__(self, parts: Mapping[str, Any], dtype: torch.dtype, device, need: set[str]):
         self.V, self.P = int(parts["full_d_vocab"]), float(parts["positions"])
         self.dtype, self.device = dtype, torch.device(device)
-        vec = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
         self.raw = parts  # the host's scipy parts (column blocks of a target, once per stats)
+        self.m = {}
+        if DENSE in parts:  # scored through FactoredTarget.dense_ct
+            return
+        vec = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype, device=device)  # noqa: E731
         self.n, self.w = vec(parts["n"]), vec(parts["w"])
         C, W = parts["C"], parts["W"]
-        self.m = {}
         if need & {"PhiBT", "BbarT"}:
             self.m["C"] = _csr(C, dtype, device)
         if "Bbar" in need:
@@ -175,9 +181,20 @@ class FactoredTarget:
     def null_terms(self) -> Primitives:
         return self.vectors.null
 
+    @cached_property
+    def dense_ct(self) -> Tensor:
+        """C_T^T = (D T - m 1^T)^T of a dense target, formed once in float64 and held in the
+        compute dtype on the device: the centred columns themselves, so a low-precision
+        product cancels no shared row mean."""
+        v, d = self.vectors, self.parts
+        C = d.raw[DENSE] * v.scale[:, None] - v.mean[:, None]
+        return C.T.to(d.device, d.dtype)
+
     def ct_t(self, X: Tensor) -> Tensor:
-        """C_T^T X = T^T (D X) - 1 (m^T X)."""
+        """C_T^T X = T^T (D X) - 1 (m^T X) (a dense target: :attr:`dense_ct` X)."""
         d = self.parts
+        if DENSE in d.raw:
+            return self.dense_ct @ X
         scale = self.vectors.scale.to(d.device, d.dtype)[:, None]
         mean = self.vectors.mean.to(d.device, d.dtype)
 
@@ -217,7 +234,7 @@ class FactoredTarget:
     def grams(self, F: Tensor, edges: Sequence[int], chunk: int = 4096) -> list[Tensor]:
         """(F_i^T C_T)(F_i^T C_T)^T = Z_i^T Z_i, Z_i = C_T^T F_i, for each column group of F,
         one group at a time: row blocks of Z_i's live rows (:attr:`live_rows`) squared in F's
-        dtype on the upper block triangle (:func:`~pythia_probe.analysis.dense.add_gram`),
+        dtype on the upper block triangle (:func:`~pythia_probe.analysis.basis.add_gram`),
         summed in float64, plus the shared row's square times its count."""
         return [self.gram(self.ct_t(F[:, s:e].to(self.parts.device, self.parts.dtype)), chunk)
                 for s, e in zip(edges, edges[1:], strict=False)]
@@ -236,9 +253,36 @@ class FactoredTarget:
         return mirror(M)
 
 
+def dense_parts(T: Tensor) -> dict[str, Any]:
+    """The parts of a target given as one [V, V] matrix T (rows = tokens): T itself, float64
+    on the host (:data:`DENSE`)."""
+    if T.ndim != 2 or T.shape[0] != T.shape[1]:
+        raise ValueError(f"a target matrix must be square [V, V], got {tuple(T.shape)}")
+    return {"full_d_vocab": T.shape[0], "positions": 1.0,
+            DENSE: T.detach().to("cpu", torch.float64)}
+
+
+def prepare_target(name: str, T: Tensor, *, dtype: torch.dtype = torch.float64,
+                   device: str | torch.device = "cpu", chunk: int = 1024) -> FactoredTarget:
+    """A target matrix T [V, V] (a hand-built one, a top-k or first-format statistics file's)
+    in the factored form: T its own single factor (:func:`dense_parts`), scored in ``dtype``
+    on ``device``, its vectors computed now in float64 (``chunk``: columns per block)."""
+    p = dense_parts(T)
+    return FactoredTarget(name, Parts(p, dtype, device, {name}), target_vectors(name, p, chunk))
+
+
 # ---- once per statistics (float64) ---------------------------------------------------------
+def row_scales(norms: Tensor, sums: Tensor, V: int) -> tuple[Tensor, Tensor]:
+    """(scale, mean) of C_T from T's row norms and sums (float64): 1 / norm (0 for a zero
+    row) and the row means of rownorm(T)."""
+    scale = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-300), torch.zeros_like(norms))
+    return scale, scale * sums / V
+
+
 def _row_norms_sums(name: str, p: Mapping[str, Any], chunk: int) -> tuple[Tensor, Tensor]:
     """T's row L2 norms and row sums in float64, from the parts."""
+    if DENSE in p:
+        return torch.linalg.vector_norm(p[DENSE], dim=1), p[DENSE].sum(dim=1)
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     C, n = sp.csr_matrix(p["C"]), np.asarray(p["n"], dtype=np.float64)
     if name in SPARSE:
@@ -267,6 +311,8 @@ def _row_norms_sums(name: str, p: Mapping[str, Any], chunk: int) -> tuple[Tensor
 
 def _t_times(name: str, p: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
     """T x (float64 [V]) from the parts."""
+    if DENSE in p:
+        return (p[DENSE] @ torch.from_numpy(x)).numpy()
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     n = np.asarray(p["n"], dtype=np.float64)
     if name in SPARSE:
@@ -285,6 +331,8 @@ def _t_times(name: str, p: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
 
 def _columns(name: str, p: Mapping[str, Any], cols: np.ndarray) -> np.ndarray:
     """T[:, cols] dense float64 [V, len(cols)] from the parts."""
+    if DENSE in p:
+        return p[DENSE][:, torch.from_numpy(cols)].numpy()
     V, P = int(p["full_d_vocab"]), float(p["positions"])
     n = np.asarray(p["n"], dtype=np.float64)
     if name in SPARSE:
@@ -318,7 +366,9 @@ def shared_columns(name: str, p: Mapping[str, Any]) -> np.ndarray:
     """Columns of T that all equal one vector (the corpus never shows their token in that
     role): zero columns of PhiBT, Bbar^T (no bigram starts there), Qbar and QbarHead (never a
     key) and Qbar^T, QbarHead^T (never a query),
-    the columns -n / (V P) of Bbar (no bigram ends there)."""
+    the columns -n / (V P) of Bbar (no bigram ends there); the zero columns of a dense T."""
+    if DENSE in p:
+        return (p[DENSE] == 0).all(dim=0).numpy()
     if name in SPARSE:
         return np.diff(_sparse(name, p).indptr) == 0
     if name == "Bbar":
@@ -336,7 +386,7 @@ def target_vectors(name: str, parts: Mapping[str, Any], chunk: int = 1024) -> Ve
     columns of T, hence of C_T) count once, times their number. Exact: no column is skipped
     that differs from the one standing for it.
     """
-    if name not in NAMES:
+    if name not in NAMES and DENSE not in parts:
         raise ValueError(f"no factored target {name!r}; valid: {', '.join(NAMES)}")
     V = int(parts["full_d_vocab"])
     norms, sums = _row_norms_sums(name, parts, chunk)

@@ -122,22 +122,19 @@ def judge(row: dict, se: float = 0.0) -> dict:
 
 def cross_cosine(A, blocks_B: Iterable[tuple], norm_B: float) -> float:
     """cos(C_A C_A^T, C_B C_B^T) with A a prepared target (``grams``, ``norm``) and C_B given
-    as its column blocks: (s, C_B[:, s:e]), or (weights, block) where a column stands for
-    ``weight`` equal columns (a factored target's columns the corpus never fills)."""
+    as its column blocks (weights, block), each column standing for ``weight`` equal columns
+    (a factored target's columns the corpus never fills)."""
     total = 0.0
     for w, block in blocks_B:
         M = A.grams(block.to(A.dtype), [0, block.shape[1]])[0]
-        d = M.diagonal()
-        total += float(d.sum() if isinstance(w, int) else (d * w.to(d)).sum())
+        total += float((M.diagonal() * w.to(M)).sum())
     return total / (A.norm * norm_B)
 
 
 def ceiling(A, B, chunk: int = 1024) -> float:
     """The ceiling of the cells scored against target ``A`` (half A) with ``B`` (half B),
-    both prepared targets (resident, streamed or factored)."""
-    blocks = B.weighted_column_blocks(chunk) if hasattr(B, "weighted_column_blocks") else \
-        B.column_blocks(chunk)
-    return cross_cosine(A, blocks, B.norm)
+    both factored targets."""
+    return cross_cosine(A, B.weighted_column_blocks(chunk), B.norm)
 
 
 def add_intervals(rows: list[dict], left_out: Sequence[list[dict]],

@@ -3,16 +3,20 @@
 Computed from the shapes alone: V (statistic rows), the model (d_model, layers, heads,
 d_mlp, parameters), the analyses, the compute dtype and how the targets are held:
 
-- ``memory``: each target statistic V x V resident in the compute dtype (Bbar^T a view);
-- ``streamed``: each prepared C_T cached on disk once per statistics and read in ``chunk``-row
-  blocks once per layer group and target, nothing V x V resident;
 - ``factored``: the statistics' sparse parts (``nnz``: their non-zeros) on the device, products
-  nnz x (d_model + 1) per (stream, target), nothing V x V anywhere.
+  nnz x (d_model + 1) per (stream, target), nothing V x V anywhere;
+- ``dense`` (top-k or first-format statistics): each target matrix V x V its own single factor,
+  in the compute dtype on the device and in float64 on the host.
+
+Once per statistics each target's norms (D, m, ||C_T C_T^T||_F, the chance terms;
+:func:`~pythia_probe.analysis.factored.target_vectors`) are computed in float64 on the host and
+cached by the statistics' content identity: ``once_macs``, costed at the host's float64 sparse
+rate where they are not cached yet (:meth:`Plan.norm_macs`).
 
 A step is scored layer by layer (:mod:`pythia_probe.analysis.layers`): the forward pass holds
 one layer's streams, each stream becomes a basis of width d_model + 1 whose Gram and whose
 product with each target are computed once (:mod:`pythia_probe.analysis.basis`); a Gram costs
-its upper block triangle (:func:`~pythia_probe.analysis.dense.gram_macs`, about half of
+its upper block triangle (:func:`~pythia_probe.analysis.basis.gram_macs`, about half of
 V (d + 1)^2). Work is
 counted in multiply-adds, split into dense (GEMM) and sparse products, so the expected seconds
 per step follow from the two rates measured on the device (:mod:`pythia_probe.analysis.rates`).
@@ -24,12 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pythia_probe.analysis.base import Shape as CostShape
-from pythia_probe.analysis.dense import gram_macs
+from pythia_probe.analysis.basis import gram_macs
 from pythia_probe.analysis.registry import get_analyses
 from pythia_probe.resources import GPU_SAFETY, memory_budget  # noqa: F401 - the plan's budget
 
 GB = 1e9
-MODES = ("memory", "streamed", "factored")
+MODES = ("dense", "factored")
 #: the products each factored target needs, by the parts they multiply
 PRODUCT_PARTS = {"PhiBT": ("W", "C"), "Qbar": ("Qbar",), "Bbar": ("C",), "BbarT": ("C",),
                  "QbarT": ("Qbar",), "QbarHeadT": ("QbarHead",)}
@@ -60,8 +64,6 @@ class Plan:
     dense_macs: float
     sparse_macs: float
     once_macs: float
-    targets_disk: float = 0.0
-    targets_read_per_step: float = 0.0
     parts: dict = field(default_factory=dict)
     groups: int = 0
     shared_macs: float = 0.0
@@ -69,6 +71,8 @@ class Plan:
     done once per step however many interval scorings read it."""
     together: bool = True
     """With groups: every target set held at once (False: one replicate set at a time)."""
+    norms: dict = field(default_factory=dict)
+    """Multiply-adds of each target's once-per-statistics norms (one target set)."""
 
     @property
     def total(self) -> float:
@@ -82,20 +86,23 @@ class Plan:
         """Expected seconds per step at ``rates`` (multiply-adds per second: dense, sparse)."""
         return self.dense_macs / rates["dense"] + self.sparse_macs / rates["sparse"]
 
+    def norm_macs(self, names) -> float:
+        """Multiply-adds of the norms of targets ``names`` (e.g. those not cached yet), of
+        every target set the run holds (with groups: G + 3 sets and the halves' cross
+        product, about one more)."""
+        return sum(self.norms[n] for n in names) * (self.groups + 4 if self.groups else 1)
+
     def lines(self, rates: Mapping[str, float] | None = None) -> list[str]:
         """Human-readable lines, GB = 1e9 bytes; with measured ``rates`` the expected time."""
-        held = {"memory": "resident", "streamed": "streamed", "factored": "sparse parts"}
+        held = {"dense": "dense matrices", "factored": "sparse parts"}
         out = [f"targets ({held[self.mode]})".ljust(30) + f"{self.targets / GB:8.2f} GB"]
-        if self.mode == "streamed":
-            out += [f"target cache on disk (once)   {self.targets_disk / GB:8.2f} GB",
-                    f"targets read per checkpoint   {self.targets_read_per_step / GB:8.2f} GB"]
         out += [f"one layer's streams and bases {self.residuals / GB:8.2f} GB",
                 f"weights of one checkpoint     {self.weights / GB:8.2f} GB",
                 f"products and transients       {self.transient / GB:8.2f} GB",
                 f"peak total                    {self.total / GB:8.2f} GB",
                 f"multiply-adds per checkpoint  {self.dense_macs:8.2e} dense, "
                 f"{self.sparse_macs:.2e} sparse",
-                f"multiply-adds once per stats  {self.once_macs:8.2e} (norms, cached)"]
+                f"multiply-adds once per stats  {self.once_macs:8.2e} (target norms, cached)"]
         if self.groups and self.together:
             out.append(f"ceiling and intervals (G = {self.groups} groups): {self.groups + 3} "
                        f"target sets, {self.groups + 1} scorings per step sharing one forward pass "
@@ -132,12 +139,12 @@ def _bases(names: set[str], L: int, heads: int = 0) -> dict[str, int]:
     return out
 
 
-def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, chunk: int = 4096,
+def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4,
                 per_head_layers: int | None = None, mode: str = "factored",
                 max_rank: int = 0, nnz: Mapping[str, int] | None = None,
                 batch_size: int = 4096) -> Plan:
     """Peak bytes and multiply-adds for scoring one checkpoint (see the module docstring);
-    ``nnz``: non-zeros of the parts ``C``, ``W``, ``Qbar`` (factored mode)."""
+    ``nnz``: non-zeros of the parts ``C``, ``W``, ``Qbar`` (``mode`` factored)."""
     if mode not in MODES:
         raise ValueError(f"targets mode {mode!r}; valid: {', '.join(MODES)}")
     chosen = get_analyses(list(analyses))
@@ -151,43 +158,34 @@ def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4, 
         if a.name not in KNOWN:
             for t in a.needs.targets:
                 per_target[t] = per_target.get(t, 0) + costs[a.name].bases
-    files = set(per_target) | ({"BbarT"} if "unembedding" in names else set())
     layered = bool(names & {"embedding", "attention", "attention_lnfold"})
     k = min(L, max(1, max_rank // w)) if max_rank else 1  # layers per pass
     n_bases = (1 + 2 * L if "embedding" in names else L if layered else 0) + \
         3 * ("unembedding" in names)
     nnz = dict(nnz or {})
     parts = {p: nnz.get(p, 0) for t in per_target for p in PRODUCT_PARTS[t]}
-    views = {"BbarT": "Bbar", "QbarT": "Qbar"}  # a transpose held as a view of the other
-    stored = {views.get(t, t) for t in per_target}
-    targets = {"memory": len(stored) * V * V * b,
-               "streamed": 0.0,
+    targets = {"dense": len(per_target) * V * V * b,
                "factored": sum(n * (b + 8) + 8 * (V + 1) for n in parts.values())
                + 16 * V * len(per_target)}[mode]
     held = (2 * k + 1) if "embedding" in names else k
     residuals = layered * (3 * V * d * b + held * V * w * b + 2 * batch_size * s.d_mlp * b)
     group = max(per_target.values(), default=0) and (2 * k + 1) * w
-    transient = {"memory": V * group * b + 2 * V * chunk * b + group * chunk * b,
-                 "streamed": V * group * b + 2 * V * chunk * b + group * chunk * b,
-                 "factored": V * group * b + 3 * V * w * b}[mode] + 12 * w * w * 8
+    transient = V * group * b + 3 * V * w * b + 12 * w * w * 8
     dense = layered * V * L * (2 * d * d + 2 * d * s.d_mlp) + n_bases * gram_macs(V, w)
     shared = dense
     dense += sum(c.macs for c in costs.values())
-    sparse, once = 0.0, 0.0
+    sparse, norms = 0.0, {}
     for t, n in per_target.items():
         dense += n * gram_macs(V, w)  # factored: at most (the rows the corpus fills)
         if mode == "factored":
             sparse += n * w * sum(parts[p] for p in PRODUCT_PARTS[t])
-            once += 2 * V * sum(parts[p] for p in PRODUCT_PARTS[t])
+            norms[t] = float(2 * V * sum(parts[p] for p in PRODUCT_PARTS[t]))
         else:
             dense += n * V * V * w
-            once += V ** 3
-    passes = sum(-(-L // k) if t in ("PhiBT", "Qbar", "QbarT", "QbarHeadT") and layered else 1
-                 for t in per_target)
-    disk = len(files) * V * V * b if mode == "streamed" else 0.0
-    read = passes * V * V * b if mode == "streamed" else 0.0
+            norms[t] = float(V ** 3)
     return Plan(mode, targets, residuals, s.n_params * b, transient, float(dense),
-                float(sparse), float(once), disk, read, parts, shared_macs=float(shared))
+                float(sparse), sum(norms.values()), parts, shared_macs=float(shared),
+                norms=norms)
 
 
 def with_groups(plan: Plan, G: int) -> Plan:
@@ -215,23 +213,3 @@ def one_set_at_a_time(plan: Plan) -> Plan:
     own = (plan.dense_macs - plan.shared_macs) / (G + 1)
     return replace(plan, targets=plan.targets / (G + 3) * 3,
                    dense_macs=(plan.shared_macs + own) * (G + 1), together=False)
-
-
-# ---- --targets auto --------------------------------------------------------------------------
-
-
-def choose_targets(factored: bool, need_memory: float, budget: float | None,
-                   measured: str = "") -> tuple[str, str]:
-    """``--targets auto``: ``factored`` for factored full-vocabulary statistics (whatever the
-    memory: it decides only how the work is chunked); for dense (top-k or first-format)
-    statistics ``memory`` when its peak fits ``budget``, else ``streamed`` (the same blocks,
-    the same numbers bit for bit)."""
-    if factored:
-        return "factored", "factored full-vocabulary statistics: their sparse parts, no V x V"
-    if budget is None:
-        return "streamed", (f"memory-mode peak {need_memory / GB:.2f} GB; budget unknown "
-                            f"({measured})")
-    fits = need_memory <= budget
-    return ("memory" if fits else "streamed",
-            f"memory-mode peak {need_memory / GB:.2f} GB {'fits' if fits else 'exceeds'} budget "
-            f"{budget / GB:.2f} GB ({measured})")

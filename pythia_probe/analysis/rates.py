@@ -61,8 +61,12 @@ def sparse_rate(device="cpu", dtype: torch.dtype = torch.float32, n: int = 8000,
 def measure(device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, float]:
     """{"dense": ..., "sparse": ...} multiply-adds per second on ``device`` in ``dtype``; on
     the CPU the sparse product has the shape of one column tile of a factored target's
-    products (32,768 rows of 64 non-zeros times [32,768, 128], as in factored.Parts.tiled)."""
+    products (32,768 rows of 64 non-zeros times [32,768, 128], as in factored.Parts.tiled).
+    ``host_dense``, ``host_sparse``: the host's float64 rates, those of the targets'
+    once-per-statistics norms (smaller products: a few milliseconds)."""
+    host = {"host_dense": dense_rate("cpu", torch.float64, n=256),
+            "host_sparse": sparse_rate("cpu", torch.float64, n=8192, per_row=16, k=128)}
     if torch.device(device).type == "cpu":
         return {"dense": dense_rate(device, dtype),
-                "sparse": sparse_rate(device, dtype, n=32768, per_row=64, k=128)}
-    return {"dense": dense_rate(device, dtype), "sparse": sparse_rate(device, dtype)}
+                "sparse": sparse_rate(device, dtype, n=32768, per_row=64, k=128), **host}
+    return {"dense": dense_rate(device, dtype), "sparse": sparse_rate(device, dtype), **host}

@@ -248,21 +248,6 @@ def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
         + bigrams * BIGRAM_BYTES) + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
 
 
-def file_bytes(rows: int, top_k: int | None, docs: int | None = None, T: int | None = None,
-               groups: int = 0, d_vocab: int | None = None) -> int:
-    """Upper bound of a statistics file's size (and of its memory once loaded) before it is
-    built. The file is factored: 24 B per distinct (target, context) pair, 16 B per distinct
-    bigram, 24 B per Qbar pair (Qbar and QbarHead), 8 B per id, each pair kept once more with
-    groups; with
-    ``docs`` and T the pairs are bounded by the occurrences (docs x T(T+1)/2), else by V^2
-    (``d_vocab``: the full vocabulary a top-k file is counted over; default ``rows``)."""
-    V = d_vocab or rows
-    pairs = V * V if docs is None or T is None else min(V * V, docs * T * (T + 1) // 2)
-    bigrams = V * V if docs is None or T is None else min(V * V, docs * T)
-    qbar = min(rows * rows, pairs)
-    return (2 if groups else 1) * (24 * pairs + 16 * bigrams + 24 * qbar) + 8 * V
-
-
 def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:
     """Peak bytes of the statistics with the engine --engine auto would pick where they fit:
     the dense engine's peak, or the sparse engine's bound when that is lower."""

@@ -10,12 +10,12 @@ Statistics are loaded once (their tokenizer must match the model's) and shared b
 The package, by concern (each module takes only its part of the configuration):
 
 - ``config``: the command's flags (:class:`SweepConfig`, validated once) and the frozen parts
-  they split into (:class:`SweepParts`: source, statistics, scoring, targets, plan, output);
+  they split into (:class:`SweepParts`: source, statistics, scoring, plan, output);
 - ``source``: where the weights come from (checkpoints, steps, config, tokenizer, the
   download stream under a disk limit, the offline advice);
 - ``statistics``: ``--stats`` or the recipe, the vocabulary (``--top-k``), the file's metadata;
-- ``targets``: the target matrices prepared once per run (resident, or a streamed disk cache
-  checked by its content digest);
+- ``targets``: the targets prepared once per run, in the factored form (their norms cached by
+  the statistics' content identity, checked by their digest);
 - ``scoring``: what is scored (:class:`~pythia_probe.sweep.scoring.Scorer`: the analyses on
   one checkpoint, every value range-checked);
 - ``plan``: what runs, downloads, disk and memory, decided and printed before any download;

@@ -7,8 +7,6 @@ once at the entry point) and the small frozen parts each component takes (:meth:
   ``sweep.statistics``.
 - :class:`ScoringConfig`: what is scored and how (analyses, dtype, device, per-head layers,
   block sizes); ``sweep.scoring``.
-- :class:`TargetsConfig`: how the target matrices are held (memory, streamed cache);
-  ``sweep.targets``.
 - :class:`PlanConfig`: which steps, retries, dry run; ``sweep.plan``, ``sweep.runner``.
 - :class:`OutputConfig`: the results folder and the progress display; ``sweep.runner``.
 
@@ -18,7 +16,7 @@ passes it beside the parts.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -34,7 +32,6 @@ from pythia_probe.stats.kept import parse_top_k
 from pythia_probe.stats.recipe import RECIPES
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-TARGET_MODES = ("streamed", "memory", "factored", "auto")
 RUNS = "runs"  # default results root: git-ignored, never beside committed results/
 MAX_STEP = 10_000_000  # larger than any training run's step count
 
@@ -115,10 +112,6 @@ class ScoringConfig:
     text: str | None = None
     text_rows: int = 32
     intervals: bool = True  # ceiling and ci columns where the statistics have groups
-    together: bool = True
-    """The interval replicates' target sets held at once (one forward pass per step) or, where
-    they do not fit the device (the plan's choice, :func:`~pythia_probe.sweep.plan.fit_plan`),
-    prepared one at a time (a forward pass per set); the same numbers either way."""
 
     @property
     def per_head(self) -> bool | list[int]:
@@ -133,21 +126,6 @@ class ScoringConfig:
 
     def used(self) -> dict:
         return {**asdict(self), "analyses": list(self.analyses)}
-
-
-@dataclass(frozen=True)
-class TargetsConfig:
-    """How the prepared target matrices are held: resident, or streamed from a disk cache."""
-
-    mode: str = "auto"
-    cache: str | None = None
-
-    def cache_dir(self, stats: str | Path) -> Path:
-        """``cache``, else ``<statistics file stem>.targets/`` beside the statistics file."""
-        if self.cache:
-            return Path(self.cache)
-        stats = Path(stats)
-        return stats.with_name(stats.stem + ".targets")
 
 
 @dataclass(frozen=True)
@@ -187,7 +165,6 @@ class SweepParts:
     source: SourceConfig
     statistics: StatisticsConfig
     scoring: ScoringConfig
-    targets: TargetsConfig
     plan: PlanConfig
     output: OutputConfig
 
@@ -200,8 +177,8 @@ class SweepParts:
     def record(self) -> dict:
         """The run's configuration as used, part by part (the manifest's ``config``)."""
         return {"source": asdict(self.source), "statistics": self.statistics.used(),
-                "scoring": self.scoring.used(), "targets": asdict(self.targets),
-                "plan": asdict(self.plan), "output": asdict(self.output), **self.identity()}
+                "scoring": self.scoring.used(), "plan": asdict(self.plan),
+                "output": asdict(self.output), **self.identity()}
 
 
 @dataclass(frozen=True)
@@ -284,16 +261,6 @@ class SweepConfig:
     """attention_text: a safetensors file with 'tokens' [N, T+1]."""
     text_rows: int = 32
     """attention_text: sequences used."""
-    targets: Literal["auto", "memory", "streamed", "factored"] = field(
-        default="auto", metadata={"aliases": ("--theory",)})
-    """How the targets (the statistics the model is compared with) are held: factored (the
-    statistics' sparse parts, no V x V anywhere: full-vocabulary factored statistics), memory
-    (V x V resident), streamed (prepared once into a disk cache and read in blocks), auto
-    (factored where the statistics are factored, else memory when its planned peak fits the
-    device, else streamed; the same numbers every way). Old name: --theory."""
-    targets_cache: str | None = field(default=None, metadata={"aliases": ("--theory-cache",)})
-    """Prepared-target cache folder (default: <stats stem>.targets/ beside the statistics).
-    Old name: --theory-cache."""
     max_rank: int = 0
     """Score several layers per pass over a target while their stacked factor rank stays
     below this (fewer reads, more memory); 0: one layer per pass."""
@@ -332,8 +299,6 @@ class SweepConfig:
         if text and not self.text:
             raise BadInputError(f"analysis {text[0]} needs --text (a safetensors file with "
                                 "'tokens' [N, T+1], e.g. the demo's tokens.safetensors)")
-        if self.targets not in TARGET_MODES:
-            raise BadInputError(f"--targets {self.targets!r}; valid: {', '.join(TARGET_MODES)}")
         parse_top_k(self.top_k)
         check_conventions(self.conventions)
         if min(self.docs, self.seq_len) < 1 or self.min_chars < 0:
@@ -367,7 +332,6 @@ class SweepConfig:
             ScoringConfig(tuple(self.analyses), device or self.device, self.dtype, self.heads,
                           self.chunk, self.batch_size, self.max_rank, self.text, self.text_rows,
                           self.intervals),
-            TargetsConfig(self.targets, self.targets_cache),
             PlanConfig(self.steps, self.retries, self.dry_run, self.shard),
             OutputConfig(str(self.out), self.progress, self.plots))
 

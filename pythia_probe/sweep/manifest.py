@@ -165,10 +165,11 @@ def run_choices(parts, runs, lazies, targets) -> dict:
     """The manifest's record of what was chosen (per statistics file when the models differ)."""
     by_file = {}
     for r in runs:
-        mode, why = targets[r.stats.path]
+        held = targets[r.stats.path]
         meta = lazies[r.stats.path].meta
         by_file.setdefault(r.stats.path, {
-            "targets_choice": {"requested": parts.targets.mode, "resolved": mode, "reason": why},
+            "targets_choice": {"held": held.mode, "reason": held.why,
+                               "together": held.together},
             "vocabulary": {"rows": r.stats.rows, "reason": r.stats.vocab_reason},
             "statistics": {**r.stats.record(), "stats_id": meta["stats_id"]}})
     choices = list(by_file.values())

@@ -1,6 +1,7 @@
 """The sweep's plan, made before any weight is downloaded: per model the steps (done, copied
 from identical weights, to score), bytes to download and the disk they may hold, how the
-targets are held (``--targets auto``), the memory of one step; over all models the totals and
+targets are held (sparse parts, or dense matrices of top-k statistics), what computing their
+norms costs, the memory of one step; over all models the totals and
 a time estimate from rates measured now (:mod:`.estimate`); and the checks that need a model's
 config (per-head layers). What ``--dry-run`` prints and every run prints first.
 """
@@ -9,32 +10,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from pythia_probe.analysis import rates as device_rates
-from pythia_probe.analysis.plan import (
-    Plan,
-    StepShape,
-    choose_targets,
-    memory_plan,
-    one_set_at_a_time,
-    with_groups,
-)
+from pythia_probe.analysis.plan import Plan, StepShape, memory_plan, one_set_at_a_time, with_groups
 from pythia_probe.arch import NeoXConfig
 from pythia_probe.errors import BadInputError, MissingFileError, ResourceError
 from pythia_probe.hub import PYTHIA_STEPS, DownloadPlan, is_pythia, parse_steps
 from pythia_probe.resources import human_bytes, memory_budget
-from pythia_probe.sweep.config import ScoringConfig, SourceConfig, TargetsConfig
+from pythia_probe.sweep.config import ScoringConfig, SourceConfig
 from pythia_probe.sweep.estimate import Rate, estimate
 from pythia_probe.sweep.layout import Layout
+from pythia_probe.sweep.targets import uncached
 
 
-def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
+class Held(NamedTuple):
+    """How one statistics file's targets are held, the plan's choice: ``mode`` (factored or
+    dense, :func:`targets_held`) and why; ``together``: the interval replicates' target sets
+    held at once (one forward pass per step) or, where they do not fit the device
+    (:func:`check_step_fits`), prepared one at a time (a forward pass per set); the same
+    numbers either way."""
+
+    mode: str
+    why: str
+    together: bool = True
+
+
+def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, held: Held,
                     nnz: dict[str, int] | None = None, groups: int = 0) -> Plan:
-    """The memory and compute plan of one checkpoint of model config ``c``, targets held in
-    ``mode`` (``nnz``: the factored statistics' non-zeros by part; ``groups``: G document
-    groups of the statistics, scored for the ceiling and intervals unless those are off)."""
+    """The memory and compute plan of one checkpoint of model config ``c``, targets ``held``
+    as the plan chose (``nnz``: the factored statistics' non-zeros by part;
+    ``groups``: G document groups of the statistics, scored for the ceiling and intervals unless
+    those are off)."""
     n_params = c.d_vocab * c.d_model * 2 + c.n_layers * (
         4 * c.d_model**2 + 2 * c.d_model * c.d_mlp + 4 * c.d_model)
     shape = StepShape(rows, c.d_model, c.n_layers, c.n_heads, c.d_mlp, n_params)
@@ -42,36 +51,20 @@ def checkpoint_plan(sc: ScoringConfig, c: NeoXConfig, rows: int, mode: str,
         sc.per_head)
     plan = memory_plan(shape, sc.analyses,
                        dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
-                       chunk=sc.chunk, mode=mode, max_rank=sc.max_rank, nnz=nnz,
+                       mode=held.mode, max_rank=sc.max_rank, nnz=nnz,
                        per_head_layers=heads, batch_size=sc.batch_size)
     plan = with_groups(plan, groups if sc.intervals else 0)
-    return plan if sc.together else one_set_at_a_time(plan)
+    return plan if held.together else one_set_at_a_time(plan)
 
 
-def memory_need(sc: ScoringConfig, c: NeoXConfig, rows: int, stats_bytes: int) -> float:
-    """Peak bytes of ``--targets memory`` on the device; on the CPU the statistics file
-    (``stats_bytes``), loaded while the target matrices are cast, counts too."""
-    plan = checkpoint_plan(sc, c, rows, "memory")
-    if torch.device(sc.device).type != "cpu":
-        return plan.total
-    return max(plan.total, stats_bytes + plan.targets)
-
-
-def resolve_targets(tc: TargetsConfig, sc: ScoringConfig, c: NeoXConfig, rows: int,
-                    stats_bytes: int, factored: bool = False,
-                    budget: tuple[float | None, str] | None = None) -> tuple[str, str]:
-    """(mode, why): ``--targets`` itself unless auto; auto: factored for factored
-    full-vocabulary statistics, else memory when its peak fits the device's budget
-    (:func:`~pythia_probe.resources.memory_budget`), else streamed (the same numbers)."""
-    if tc.mode == "factored" and not factored:
-        raise BadInputError("--targets factored needs full-vocabulary statistics of the "
-                            "factored format (pythia_probe.stats/2); these are top-k or of the "
-                            "first format: use --targets auto, memory or streamed")
-    if tc.mode != "auto":
-        return tc.mode, f"--targets {tc.mode} given"
-    need = 0.0 if factored else memory_need(sc, c, rows, stats_bytes)
-    limit, how = budget if budget is not None else memory_budget(sc.device)
-    return choose_targets(factored, need, limit, how)
+def targets_held(factored: bool) -> Held:
+    """(how the targets are held, why): ``factored``, the statistics' sparse parts, for
+    full-vocabulary factored statistics; else ``dense``, each target matrix its own single
+    factor."""
+    if factored:
+        return Held("factored", "full-vocabulary factored statistics: their sparse parts, no "
+                    "V x V")
+    return Held("dense", "top-k or first-format statistics: each target matrix its own factor")
 
 
 def check_step_fits(plan: Plan, sc: ScoringConfig,
@@ -92,10 +85,10 @@ def check_step_fits(plan: Plan, sc: ScoringConfig,
     sets = (f", of which {plan.groups + 2} more target sets for the ceiling and intervals, "
             f"held one at a time (--no-intervals: {plan.targets / (plan.groups + 3) / 1e9:.2f} "
             "GB of targets)" if plan.groups else "")
-    raise ResourceError(f"one step with --targets {plan.mode} needs {alone.total / 1e9:.1f} "
+    raise ResourceError(f"one step with {plan.mode} targets needs {alone.total / 1e9:.1f} "
                         f"GB on {sc.device} ({parts}{sets}), more than the budget "
                         f"{limit / 1e9:.1f} GB ({how}); try --batch-size or --chunk smaller, "
-                        "--targets streamed (dense statistics), "
+                        "--top-k smaller (dense statistics), "
                         f"{'--no-intervals, ' if plan.groups else ''}or a larger device")
 
 
@@ -174,14 +167,13 @@ def model_downloads(run, plan: DownloadPlan, layout: Layout, analyses, names,
 
 
 def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
-               targets: tuple[str, str], requested: str, nnz: dict[str, int] | None = None,
+               targets: Held, nnz: dict[str, int] | None = None,
                groups: int = 0, rates: dict | None = None, memory: bool = True) -> list[str]:
     """One model's plan: steps (done, copied), bytes still to download, disk, targets, memory
     (``memory``: every line of the memory plan, else its peak) and, with measured ``rates``,
     the expected seconds per step (``nnz``, ``groups``: as :func:`checkpoint_plan`)."""
-    mode, why = targets
     steps, rows = run.steps, run.stats.rows
-    plan = checkpoint_plan(sc, run.config, rows, mode, nnz, groups)
+    plan = checkpoint_plan(sc, run.config, rows, targets, nnz, groups)
     limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
                                          f"({dl.limit_why})")
     lines = [f"model {run.model}: {len(steps)} steps: {len(steps) - len(dl.todo)} already done, "
@@ -189,12 +181,31 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
              f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
              f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
              f"<= {human_bytes(dl.held(src.prefetch))} ({src.prefetch + 1} checkpoints){limit}",
-             f"targets: {requested} -> {mode} ({why})", intervals_line(sc, groups)]
+             f"targets: {targets.mode} ({targets.why})", intervals_line(sc, groups)]
+    lines.append(norms_line(plan, run.stats.stats_id, rates))
     if not memory:
         return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}): peak total "
                         f"{plan.total / 1e9:.2f} GB"]
     return lines + [f"memory on {sc.device} ({sc.dtype}, V={rows:,}):",
                     *("  " + line for line in plan.lines(rates))]
+
+
+def norms_line(plan: Plan, stats_id: str | None, rates: dict | None) -> str:
+    """What the targets' once-per-statistics norms cost this run: cached for these statistics
+    (by stats_id), or how many to compute and, with measured ``rates``, how long at most at the
+    host's float64 rate (sparse products for factored targets, dense for dense ones): an upper
+    bound, every column of V counted (only those the corpus fills are computed) and, before the
+    statistics exist, the recipe's bound on their non-zeros."""
+    todo = uncached(stats_id, sorted(plan.norms))
+    if not todo:
+        return f"target norms: cached for these statistics (stats_id {stats_id})"
+    macs = plan.norm_macs(todo)
+    rate = (rates or {}).get("host_sparse" if plan.mode == "factored" else "host_dense")
+    when = "" if rate is None else (f", at most {macs / rate:,.0f} s at the host's float64 "
+                                    f"{rate / 1e9:.2f} G multiply-adds/s measured now")
+    sets = f", {plan.groups + 3} target sets" if plan.groups else ""
+    return (f"target norms: {len(todo)} of {len(plan.norms)} to compute once (at most "
+            f"{macs:.2e} multiply-adds{sets}{when}), then cached by stats_id")
 
 
 def intervals_line(sc: ScoringConfig, groups: int) -> str:
@@ -214,7 +225,7 @@ def total_lines(src: SourceConfig, sc: ScoringConfig, runs, dls: dict,
     """The whole run: tasks, downloads and disk over every model, and how long it should take
     (:mod:`.estimate`: each step's plan at the dense and sparse ``rates`` measured now, the
     ones the per-step lines use; ``shapes``: each statistics file's (nnz, groups))."""
-    plans = [(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path][0],
+    plans = [(checkpoint_plan(sc, r.config, r.stats.rows, targets[r.stats.path],
                               *shapes[r.stats.path]), len(dls[r.name].fetch)) for r in runs]
     seconds = sum(p.seconds(rates) * n for p, n in plans)
     flops = sum(p.flops_per_step * n for p, n in plans)

@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -61,7 +60,7 @@ from pythia_probe.sweep.plan import (
     measure_rates,
     model_downloads,
     plan_lines,
-    resolve_targets,
+    targets_held,
     total_lines,
 )
 from pythia_probe.sweep.report import finish, pending_line
@@ -101,18 +100,18 @@ def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
     return write_shard(df, where.shard(step), where.run)
 
 
-def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats, mode: str,
-                   ranks: Ranks) -> Scorer:
-    """Targets prepared once (cached on disk unless memory mode) and shared by every step;
-    rank 0 builds a missing cache, the others then reuse it."""
+def prepare_scorer(parts: SweepParts, analyses: list[Analysis], lazy: LazyStats,
+                   ranks: Ranks, together: bool = True) -> Scorer:
+    """Targets prepared once (their norms cached by stats_id) and shared by every step;
+    rank 0 builds a missing cache, the others then reuse it (``together``: the plan's
+    :class:`~pythia_probe.sweep.plan.Held`)."""
     needs = combined_needs(analyses)
     names, progress = held_targets(needs, lazy), parts.output.progress and ranks.is_main
     for turn in (True, False):  # rank 0 first (it builds missing caches), then the others
         if ranks.is_main == turn:
-            targets = prepare_targets(lazy, names, parts.targets, mode, parts.scoring,
-                                      progress and turn)
-            scale = prepare_scale(lazy, names, parts.targets, mode, parts.scoring,
-                                  progress and turn, needs.raw)
+            targets = prepare_targets(lazy, names, parts.scoring, progress and turn)
+            scale = prepare_scale(lazy, names, parts.scoring, together, progress and turn,
+                                  needs.raw)
         if turn:
             ranks.barrier()
     return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)
@@ -222,13 +221,10 @@ def build_statistics(parts: SweepParts, ranks: Ranks | None = None) -> list[Path
 def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int:
     sc = parts.scoring
     runs = _prepare(parts, sources)
-    targets = {r.stats.path: resolve_targets(parts.targets, sc, _largest(runs, r.stats).config,
-                                             r.stats.rows, r.stats.file_bytes(),
-                                             r.stats.factored) for r in runs}
-    shapes = {path: _shape(runs, path, mode) for path, (mode, _) in targets.items()}
-    parts = _check_fits(parts, runs, targets, shapes, [r for r in runs if r.stats.exact_nnz
-                                                       or targets[r.stats.path][0] != "factored"])
-    sc = parts.scoring
+    targets = {r.stats.path: targets_held(r.stats.factored) for r in runs}
+    shapes = {path: _shape(runs, path, held.mode) for path, held in targets.items()}
+    targets = _check_fits(sc, runs, targets, shapes, [r for r in runs if r.stats.exact_nnz
+                                                      or targets[r.stats.path].mode != "factored"])
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
     layout = Layout(parts.output.out, tuple(r.name for r in runs))
@@ -252,9 +248,9 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
         try:
             lazies = _statistics(parts, runs, ranks, progress)
             built = [r for r in runs if not r.stats.exact_nnz
-                     and targets[r.stats.path][0] == "factored"]
-            parts = _check_fits(parts, runs, targets, {p: (part_counts(p), g) for p, (_, g)
-                                                       in shapes.items()}, built)  # no weight yet
+                     and targets[r.stats.path].mode == "factored"]
+            targets = _check_fits(sc, runs, targets, {p: (part_counts(p), g) for p, (_, g)
+                                                      in shapes.items()}, built)  # no weight yet
             record = RunRecord(parts.output.out, {**parts.record(), "stats_id": run_stats_id(runs,
                                lazies)}, argv, run_steps(runs), run_choices(parts, runs, lazies,
                                targets), ranks, models=models_record(runs, lazies))
@@ -265,24 +261,19 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
                 progress.close()
 
 
-def _largest(runs: list[ModelRun], stats) -> ModelRun:
-    """The model of the biggest checkpoint among those sharing ``stats`` (its plan decides)."""
-    mine = [r for r in runs if r.stats.path == stats.path]
-    return max(mine, key=lambda r: (r.config.d_model * r.config.n_layers, r.config.d_vocab))
-
-
-def _check_fits(parts: SweepParts, runs, targets, shapes, which) -> SweepParts:
+def _check_fits(sc, runs, targets: dict, shapes, which) -> dict:
     """Refuse, with the numbers, a model whose one step cannot fit the device's budget: up
     front where the statistics' non-zeros are known, else right after their build, before any
-    weight is fetched (a recipe's bound would refuse runs that fit). ``parts`` back, with the
-    interval replicates' target sets one at a time where a step fits only that way."""
-    sc = parts.scoring
-    fitted = [check_step_fits(checkpoint_plan(sc, r.config, r.stats.rows,
-                                              targets[r.stats.path][0], *shapes[r.stats.path]),
-                              sc) for r in which]
-    if all(p.together for p in fitted):
-        return parts
-    return replace(parts, scoring=replace(sc, together=False))
+    weight is fetched (a recipe's bound would refuse runs that fit). ``targets`` (each
+    statistics file's :class:`~pythia_probe.sweep.plan.Held`) back, with the interval
+    replicates' target sets one at a time where a step fits only that way."""
+    out = dict(targets)
+    for r in which:
+        fitted = check_step_fits(checkpoint_plan(sc, r.config, r.stats.rows, out[r.stats.path],
+                                                 *shapes[r.stats.path]), sc)
+        if not fitted.together:
+            out[r.stats.path] = out[r.stats.path]._replace(together=False)
+    return out
 
 
 def _shape(runs: list[ModelRun], path, mode: str) -> tuple[dict[str, int] | None, int]:
@@ -304,7 +295,7 @@ def _plan(parts, runs, dls, targets, shapes, rates, shard) -> list[str]:
                       for line in r.stats.lines()]
     for r in runs:
         lines += plan_lines(parts.source, sc, r, dls[r.name], targets[r.stats.path],
-                            parts.targets.mode, *shapes[r.stats.path], rates=rates,
+                            *shapes[r.stats.path], rates=rates,
                             memory=len(runs) == 1)
         lines += ledger_lines(r.ledger, r.model)
     lines += lacking_lines(runs) + total_lines(parts.source, sc, runs, dls, targets, shapes,
@@ -423,8 +414,8 @@ def _scorers(parts, runs, analyses, lazies, targets, ranks) -> dict:
     built = {}
     for r in runs:
         if r.stats.path not in built:
-            built[r.stats.path] = prepare_scorer(parts, analyses, lazies[r.stats.path],
-                                                 targets[r.stats.path][0], ranks)
+            built[r.stats.path] = prepare_scorer(parts, analyses, lazies[r.stats.path], ranks,
+                                                 targets[r.stats.path].together)
     return {r.source.model: built[r.stats.path] for r in runs}
 
 

@@ -124,7 +124,7 @@ class Scorer:
         against it (``ceilings``: the split-half cosines, corrected here by Spearman-Brown), and
         ``effect``/``above_chance`` with the jackknife's se (:func:`~pythia_probe.analysis.
         intervals.add_intervals`). One forward pass, G + 1 passes over the targets; where
-        ``left_out`` holds functions (the sets do not fit at once: ``ScoringConfig.together``),
+        ``left_out`` holds functions (the sets do not fit at once: the plan's ``Held.together``),
         each set is prepared when its turn comes and scored with a forward pass of its own."""
         if all(isinstance(t, Mapping) for t in left_out):
             rows, *replicates = self.rows_sets(config, weights, [self.targets, *left_out])

@@ -81,17 +81,6 @@ class StatsChoice:
         """Whether :meth:`parts_nnz` counts (a built file) rather than bounds (a recipe)."""
         return self.built
 
-    def file_bytes(self) -> int:
-        """The statistics file's size, or its expected size before it is built."""
-        if self.path.is_file():
-            return self.path.stat().st_size
-        r = self.recipe
-        return stats_plan.file_bytes(self.rows, None if r is None else r.top_k,
-                                     None if r is None else r.docs,
-                                     None if r is None else r.seq_len,
-                                     0 if r is None else r.groups,
-                                     max(self.rows, self.max_id + 1))
-
     def lines(self) -> list[str]:
         if self.recipe is None:
             return [f"statistics: {self.path} (--stats), {self.rows:,} rows"]
@@ -140,7 +129,7 @@ def check_statistics_fit(st: StatisticsConfig, V: int, top_k: int | None, device
 
 def is_factored(meta: dict | None, top_k: int | None) -> bool:
     """Whether the statistics are (or, not built yet, will be) full-vocabulary factored ones,
-    scored through their sparse parts (``--targets factored``)."""
+    scored through their sparse parts."""
     if meta is None:
         return top_k is None and stats_result.FORMAT == FACTORED_FORMAT
     return meta.get("format") == FACTORED_FORMAT and not meta.get("vocab", {}).get(

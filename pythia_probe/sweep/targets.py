@@ -1,15 +1,11 @@
-"""The target matrices every step is scored against, prepared once per run from the statistics.
-Takes the :class:`~pythia_probe.sweep.config.TargetsConfig` part (how they are held) and the
-scoring part's dtype, device and block size.
-
-``factored``: the statistics' sparse parts on the scoring device, each target scored through
-them (:mod:`pythia_probe.analysis.factored`), its once-per-statistics vectors (D, m, norm,
-trace, total) cached in the same folder, keyed by stats_id and checked by their digest: nothing
-V x V anywhere. ``streamed``: C_T written once to the prepared-target cache (``<stats
-stem>.targets/``, keyed by stats_id and checked by its content digest, rebuilt when either
-differs) and streamed in blocks per checkpoint, so no V x V matrix stays in memory.
-``memory``: each statistic cast to the device and kept resident. ``auto`` is resolved by the plan
-(:func:`pythia_probe.sweep.plan.resolve_targets`) before anything here runs.
+"""The targets every step is scored against, prepared once per run from the statistics, in
+the one form a target is held (:mod:`pythia_probe.analysis.factored`), with the scoring part's
+dtype, device and block size: full-vocabulary factored statistics through their sparse parts on
+the scoring device (one set shared by every target, nothing V x V anywhere); top-k restricted or
+first-format (dense) statistics each target matrix its own single factor. A target's
+once-per-statistics vectors (D, m, the norm, the chance terms) are cached by the statistics'
+content identity, ``stats_id``, in the tool's cache (:func:`targets_cache`), checked by their
+digest; never by where the statistics file lies.
 """
 
 from __future__ import annotations
@@ -18,79 +14,74 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
-from torch import Tensor
 from tqdm import tqdm
 
 from pythia_probe.analysis import target_matrix
-from pythia_probe.analysis.cosine import Target, prepare_target
-from pythia_probe.analysis.factored import FactoredTarget, Parts
-from pythia_probe.analysis.factored_cache import cached_vectors
+from pythia_probe.analysis.factored import FactoredTarget, Parts, dense_parts
+from pythia_probe.analysis.factored_cache import cached_vectors, read_vectors, vectors_path
 from pythia_probe.analysis.intervals import ceiling
-from pythia_probe.analysis.prepared import cached_target
 from pythia_probe.errors import BadInputError
-from pythia_probe.sweep.config import ScoringConfig, TargetsConfig
+from pythia_probe.hub.io import tool_cache
+from pythia_probe.sweep.config import ScoringConfig
 from pythia_probe.sweep.statistics import LazyStats
 
 
-def prepare_targets(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
-                    scoring: ScoringConfig, progress: bool = True) -> dict:
-    """The prepared target of every needed name; ``mode``: the resolved memory or streamed.
-    ``stats``' tensors are read only when a target is built (a warm cache reads none)."""
-    names = sorted(set(names))
-    if mode == "factored":
-        return factored_targets(stats.load(), names, tc.cache_dir(stats.path), scoring,
-                                progress)
-    if mode == "memory":
-        return _resident_targets(stats, names, scoring, progress)
-    cache = tc.cache_dir(stats.path)
-    dtype, device = scoring.torch_dtype, scoring.device
-    return {n: cached_target(n, lambda n=n: _statistic(stats, n, device), cache,
-                             stats.stats_id, dtype=dtype, device=device, chunk=scoring.chunk)
-            for n in tqdm(names, desc="target cache", disable=len(names) < 2 or not progress)}
+def targets_cache(stats_id: str) -> Path:
+    """Where the vectors of the targets of statistics ``stats_id`` are cached:
+    ``<tool cache>/targets/<stats_id>`` (``$PYTHIA_PROBE_CACHE``, else under ``HF_HOME``)."""
+    return tool_cache("targets") / str(stats_id)
 
 
-def factored_targets(st, names: Sequence[str], cache: Path, scoring: ScoringConfig,
-                     progress: bool = True) -> dict[str, FactoredTarget]:
-    """Every needed target through the sparse parts of ``st`` (a CorpusStats with ``parts()``
-    and ``stats_id``): one set of parts on the device shared by all of them."""
-    p = st.parts()
-    if p.get("ids") is not None:
-        raise BadInputError("--targets factored needs full-vocabulary statistics (these are "
-                            "top-k restricted): use --targets auto, memory or streamed")
-    Path(cache).mkdir(parents=True, exist_ok=True)
-    parts = Parts(p, scoring.torch_dtype, scoring.device, set(names))
-    return {n: FactoredTarget(n, parts, cached_vectors(n, lambda: p, cache, st.stats_id,
-                                                       min(scoring.chunk, 1024)), st.stats_id)
-            for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
+def uncached(stats_id: str | None, names: Sequence[str]) -> list[str]:
+    """The targets among ``names`` whose norms are not cached for statistics ``stats_id`` (all
+    of them before the statistics exist: ``stats_id`` None)."""
+    if stats_id is None:
+        return list(names)
+    where = targets_cache(stats_id)
+    return [n for n in names if read_vectors(vectors_path(where, n), n, stats_id)[0] is None]
 
 
-def _statistic(stats: LazyStats, name: str, device: str) -> Tensor:
-    """A target matrix from the statistics; a derived one the file does not store (PhiBT at a
-    large vocabulary) is composed on the scoring device, its result on the host."""
-    st = stats.load()
-    st.compose_device = device
-    return target_matrix(st, name)
+def prepare_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig,
+                    progress: bool = True) -> dict[str, FactoredTarget]:
+    """The target of every needed name, from the run's statistics."""
+    return held_targets(stats.load(), names, scoring, progress)
 
 
-def _resident_targets(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig,
-                      progress: bool) -> dict[str, Target]:
-    """Cast each needed target matrix to the device/dtype once (a transpose, Bbar^T or Qbar^T,
-    shares its statistic's storage)."""
-    dtype, device = scoring.torch_dtype, scoring.device
-    cast: dict[str, Tensor] = {}
-    for name in sorted(names, key=lambda n: n in TRANSPOSES):
-        if name in TRANSPOSES and TRANSPOSES[name] in cast:
-            T = cast[TRANSPOSES[name]].T
+def full_parts(st) -> dict[str, Any] | None:
+    """The sparse parts of full-vocabulary factored statistics ``st``; None for top-k
+    restricted or first-format (dense) statistics."""
+    try:
+        p = st.parts()
+    except BadInputError:  # a first-format file: dense tensors
+        return None
+    return None if p.get("ids") is not None else p
+
+
+def held_targets(st, names: Sequence[str], scoring: ScoringConfig,
+                 progress: bool = True) -> dict[str, FactoredTarget]:
+    """Every needed target of statistics ``st`` (a CorpusStats, or anything with ``parts()``
+    and ``stats_id``): through the sparse parts where they are full-vocabulary, one set on the
+    device shared by all; else each target matrix (top-k or first-format) as its own single
+    factor, a derived one composed on the scoring device."""
+    names, dtype, device = sorted(set(names)), scoring.torch_dtype, scoring.device
+    cache, chunk = targets_cache(st.stats_id), min(scoring.chunk, 1024)
+    p = full_parts(st)
+    shared = None if p is None else Parts(p, dtype, device, set(names))
+    out = {}
+    for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress):
+        if p is None:
+            st.compose_device = device
+            own = dense_parts(target_matrix(st, n))
+            parts = Parts(own, dtype, device, {n})
         else:
-            T = _statistic(stats, name, device).to(device, dtype)
-        cast.setdefault(name, T)
-    return {n: prepare_target(n, cast[n], dtype=dtype, device=device, chunk=scoring.chunk)
-            for n in tqdm(names, desc="target norms", disable=len(names) < 2 or not progress)}
+            own, parts = p, shared
+        vectors = cached_vectors(n, lambda own=own: own, cache, st.stats_id, chunk)
+        out[n] = FactoredTarget(n, parts, vectors, st.stats_id)
+    return out
 
 
-TRANSPOSES = {"BbarT": "Bbar", "QbarT": "Qbar"}
-"""Targets that are the transpose of another target: held as a view of it in memory mode."""
 RAW = "raw"
 """Key of a target set's raw statistics (``Needs.raw``: attention_text's Qbar and Delta), so a
 left-out set's analyses read the left-out statistics, not the full corpus's."""
@@ -113,12 +104,12 @@ class Scale:
     ceilings: dict[str, float]
 
 
-def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mode: str,
-                  scoring: ScoringConfig, progress: bool = True,
+def prepare_scale(stats: LazyStats, names: Sequence[str], scoring: ScoringConfig,
+                  together: bool = True, progress: bool = True,
                   raw: Sequence[str] = ()) -> Scale | None:
     """The run's :class:`Scale` from statistics built with groups (meta ``groups.G`` > 1:
     ``st.leave_out(g)``, ``st.halves()``, each statistics of its own stats_id, prepared like
-    the run's targets in a cache subfolder of that id; ``scoring.together`` False: the
+    the run's targets, cached under that id; ``together`` False (the plan's choice): the
     left-out sets are prepared one at a time, when scored); None without groups or with
     intervals off (``scoring.intervals``). ``raw``: the raw statistics the analyses read
     (``Needs.raw``), taken from each left-out statistics too."""
@@ -127,36 +118,19 @@ def prepare_scale(stats: LazyStats, names: Sequence[str], tc: TargetsConfig, mod
         return None
     st = stats.load()
     names = sorted(set(names))
-    cache = tc.cache_dir(stats.path)
-    A, B = (part_targets(h, names, cache, mode, scoring) for h in st.halves())
+    A, B = (held_targets(h, names, scoring, False) for h in st.halves())
     ceilings = {n: ceiling(A[n], B[n], min(scoring.chunk, 1024)) for n in names}
     del A, B
-    prepare = [partial(_left_out, st, g, names, cache, mode, scoring, raw)
-               for g in st.filled_groups()]
-    if not scoring.together:
+    prepare = [partial(_left_out, st, g, names, scoring, raw) for g in st.filled_groups()]
+    if not together:
         return Scale(prepare, ceilings)
     return Scale([p() for p in tqdm(prepare, desc="left-out targets", disable=not progress)],
                  ceilings)
 
 
-def _left_out(st, g: int, names: Sequence[str], cache: Path, mode: str,
-              scoring: ScoringConfig, raw: Sequence[str] = ()) -> dict:
+def _left_out(st, g: int, names: Sequence[str], scoring: ScoringConfig,
+              raw: Sequence[str] = ()) -> dict:
     """The targets (and ``raw`` statistics) of the statistics without group ``g`` (formed
     now, not before)."""
     part = st.leave_out(g)
-    return {**part_targets(part, names, cache, mode, scoring), **raw_statistics(part, raw)}
-
-
-def part_targets(st, names: Sequence[str], cache: Path, mode: str,
-                 scoring: ScoringConfig) -> dict:
-    """The targets of statistics ``st`` of part of the corpus (a CorpusStats), held as
-    ``mode``; caches in ``cache/part-<stats_id>`` so parts never overwrite each other."""
-    sub = Path(cache) / f"part-{st.stats_id[:16]}"
-    dtype, device = scoring.torch_dtype, scoring.device
-    if mode == "factored":
-        return factored_targets(st, names, sub, scoring, progress=False)
-    if mode == "memory":
-        return {n: prepare_target(n, target_matrix(st, n).to(device, dtype), dtype=dtype,
-                                  device=device, chunk=scoring.chunk) for n in names}
-    return {n: cached_target(n, lambda n=n: target_matrix(st, n), sub, st.stats_id,
-                             dtype=dtype, device=device, chunk=scoring.chunk) for n in names}
+    return {**held_targets(part, names, scoring, False), **raw_statistics(part, raw)}
