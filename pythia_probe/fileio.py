@@ -12,6 +12,8 @@
   shared by the cooperating holders of one key, e.g. the shards of one sweep).
 - :func:`create_exclusive` (a whole file created only where none is, e.g. a claim) and
   :func:`touch` (a heartbeat).
+- :func:`check_writable`: every command's output folder (or output file's folder), created and
+  proven writable before any work, refused in one line naming the path as the user gave it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from pythia_probe.errors import (
     DISK_FULL_ERRNOS,
+    BadInputError,
     DiskFullError,
     FolderLockedError,
     UnsafeFileError,
@@ -113,6 +116,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any],
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def check_writable(path: str | os.PathLike, flag: str = "--out", is_file: bool = False) -> Path:
+    """The folder ``path`` (``is_file``: the folder of the file ``path``) created if missing and a
+    probe file made and removed in it, before any work; any failure is one line naming ``flag``
+    and ``path`` as given (not a temp file's name). Returns the folder."""
+    folder = Path(path).parent if is_file else Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(probe)  # the empty file made just above, by name, never a link's target
+    except OSError as err:
+        where = f"its folder {str(folder)!r}" if is_file else "that folder"
+        raise BadInputError(f"{flag} {str(path)!r}: cannot create or write {where} "
+                            f"({err.strerror or err}); choose a folder you can write") from err
+    return folder
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
