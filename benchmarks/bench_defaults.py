@@ -6,8 +6,8 @@ README's timed examples, and ``--help`` of every command; wall seconds and peak 
 
 Each run is a fresh subprocess in an empty temporary folder (so defaults such as ``runs/toy``
 land there), offline (HF_HUB_OFFLINE=1), importing this checkout. Peak memory is the child's
-maximum resident set (``os.wait4``). The load average before and after is printed beside the
-numbers: on a shared machine they are only as good as the load says.
+maximum resident set and its CPU seconds (user + system) come from ``os.wait4``: on a shared
+machine wall time grows with the load printed beside it, CPU seconds much less.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class BenchConfig:
     """Which to measure: any of toy, stats, corpus, icrecall, icrecall-readme, demo, help."""
 
 
-def measure(args: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak resident MB, exit code) of ``python ARGS`` in a fresh folder."""
+def measure(args: list[str]) -> tuple[float, float, float, int]:
+    """(wall seconds, CPU seconds, peak resident MB, exit code) of ``python ARGS`` in a fresh
+    folder."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory(prefix="bench-defaults-") as cwd:
         t0 = time.perf_counter()
@@ -56,7 +57,8 @@ def measure(args: list[str]) -> tuple[float, float, int]:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - t0
-    return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
 
 
 def load() -> str:
@@ -69,9 +71,9 @@ def bench(cfg: BenchConfig) -> int:
         cases = ({f"{m} --help": ["-m", f"pythia_probe.{m}", "--help"] for m in HELP}
                  if name == "help" else {name: RUNS[name]})
         for label, args in cases.items():
-            wall, peak, rc = measure(args)
-            print(f"{label:<24} {wall:8.1f} s  peak {peak:8.0f} MB  exit {rc}  ({load()})",
-                  flush=True)
+            wall, cpu, peak, rc = measure(args)
+            print(f"{label:<24} {wall:8.1f} s wall {cpu:8.1f} s CPU  peak {peak:6.0f} MB  "
+                  f"exit {rc}  ({load()})", flush=True)
     return 0
 
 

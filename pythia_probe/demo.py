@@ -38,9 +38,9 @@ from tqdm import tqdm
 
 from pythia_probe import sweep
 from pythia_probe.builtin_corpus import generate_stories
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError
 from pythia_probe.fileio import atomic_write, write_bytes, write_text
-from pythia_probe.ranks import Ranks
+from pythia_probe.ranks import Ranks, check_device
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.tokenizer import (

@@ -111,7 +111,8 @@ def test_one_console_script_runs_every_command(capsys):
     from pythia_probe.__main__ import COMMANDS
     from pythia_probe.__main__ import main as probe
 
-    assert set(COMMANDS) == {"sweep", "stats", "corpus", "toy", "icrecall", "plots", "revisions"}
+    assert set(COMMANDS) == {"sweep", "stats", "corpus", "toy", "icrecall", "plots", "summary",
+                             "revisions"}
     assert probe(["corpus", "inspect", "--docs", "3", "--top", "2"]) == 0
     assert "documents read: 3" in capsys.readouterr().out
     assert probe(["stats", "compute", "--seq-len", "0"]) == 2
@@ -190,3 +191,20 @@ def test_sigint_and_sigterm_are_one_line_with_the_conventional_code(tmp_path, si
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == code and err == "slow: interrupted, rerun to resume\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process is unchanged
+
+
+def test_console_script_help_and_version_import_no_torch():
+    """`pythia-probe --help` and `--version` load no heavy library (measured in a fresh
+    interpreter's sys.modules, not by timing); a command's work loads them when it runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runpy, io, contextlib\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    sys.argv = ['pythia-probe', *argv]\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        runpy.run_module('pythia_probe', run_name='__main__')\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'numpy', 'matplotlib')"
+            " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])

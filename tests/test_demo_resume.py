@@ -76,6 +76,9 @@ def test_demo_training_resumes_after_a_signal(tmp_path, clean, signum):
     loss history as the uninterrupted run."""
     model = tmp_path / "demo-neox"
     interrupt(model, signum)
+    plan = demo.plan_line(demo.DemoConfig(**SMALL), model, tmp_path)
+    assert "for 8 steps" in plan and "(resuming from step 4), 6 checkpoints (0, 1, 2, 4, ..., 8)" \
+        in plan
     info = demo.build_demo_model(demo.DemoConfig(**SMALL), model, progress=False)
     assert info["trained"]
     other = clean / "w" / "demo-neox"
@@ -87,13 +90,17 @@ def test_demo_training_resumes_after_a_signal(tmp_path, clean, signum):
 
 
 @pytest.mark.slow
-def test_killed_demo_rerun_gives_the_uninterrupted_table(tmp_path, clean, monkeypatch):
-    """SIGKILL mid-training, then `--demo` again: the final table equals a clean run's."""
+def test_killed_demo_rerun_gives_the_uninterrupted_table(tmp_path, clean, monkeypatch, capsys):
+    """SIGKILL mid-training, then `--demo` again: the final table equals a clean run's; the
+    plan is printed before the training."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     interrupt(tmp_path / "w" / "demo-neox", signal.SIGKILL)
     for root in (tmp_path, clean):
         assert demo.run_demo(root / "r", demo.DemoConfig(**SMALL), work=root / "w",
                              progress=False) == 0
+        if root == tmp_path:
+            out = capsys.readouterr().out
+            assert 0 <= out.index("demo plan: ") < out.index("trained 8 steps")
     pd.testing.assert_frame_equal(table(tmp_path / "r"), table(clean / "r"))
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Literal
 
 from pythia_probe import corpus, tokenizer
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError
 from pythia_probe.progress import JobProgress
-from pythia_probe.ranks import Ranks
+from pythia_probe.ranks import Ranks, check_device
 from pythia_probe.stats import conventions, kept, plan
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.conventions import Rules

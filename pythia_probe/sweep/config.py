@@ -26,7 +26,8 @@ import torch
 
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError
+from pythia_probe.ranks import check_device
 from pythia_probe.stats.conventions import check as check_conventions
 from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
 from pythia_probe.stats.recipe import RECIPES

@@ -423,8 +423,9 @@ def _bar(parts, groups, work: Work, ranks: Ranks, progress):
     total = sum(1 for g in groups for t in g.tasks if not work.done(t))
     if progress is not None:
         return progress.counter("sweep", total)
-    return tqdm(total=total, desc=f"sweep rank {ranks.rank}", unit="step",
-                disable=not parts.output.progress)
+    share = f" (rank 0's share of {ranks.world})" if ranks.world > 1 else ""
+    return tqdm(total=total, desc=f"sweep{share}", unit="step",  # one display per job
+                disable=not parts.output.progress or not ranks.is_main)
 
 
 def _finish_record(parts, runs, layout: Layout, scorers, record: RunRecord) -> str:

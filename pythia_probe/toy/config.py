@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from pythia_probe.cli import flag
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError
+from pythia_probe.ranks import check_device
 from pythia_probe.toy.data import TOKENIZERS, ToyDataConfig
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
