@@ -308,9 +308,10 @@ def plan_line(cfg: DemoConfig, model: Path, out: Path) -> str:
     steps = checkpoint_steps(cfg.max_step, cfg.save_every)
     state = load_train_state(model, cfg)
     start = (f"resuming from step {state[0]}" if state and state[0] else "from step 0")
+    shown = steps if len(steps) <= 6 else [*steps[:4], "...", steps[-1]]
     return (f"demo plan: train a {cfg.n_layers}-layer GPT-NeoX (d_model {cfg.d_model}) for "
             f"{cfg.max_step} steps on {cfg.n_stories} built-in stories ({start}), "
-            f"{len(steps)} checkpoints ({', '.join(map(str, steps[:4]))}, ..., {steps[-1]}) in "
+            f"{len(steps)} checkpoints ({', '.join(map(str, shown))}) in "
             f"{model}; then the corpus statistics, a sweep of {len(steps)} checkpoints x "
             f"{len(ANALYSES)} analyses into {out / 'run'} and figures into {out / 'plots'}")
 
