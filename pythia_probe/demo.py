@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Demo model and training settings (defaults: ~1-2 minutes on two CPU cores)."""
+    """Demo model and training settings (`bench_defaults.py --runs demo` times --demo)."""
 
     n_stories: int = 3000
     vocab_size: int = 1000  # top-k words; the built-in corpus has fewer types, so no OOV

@@ -22,7 +22,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class TrainConfig:
     """Toy training run. batch_size 0 = full batch; micro_batch 0 = no gradient accumulation;
     log_every 0 = once per epoch; checkpoint_every must be a multiple of log_every. The defaults
-    fit the built-in corpus (a few minutes on a CPU); --preset paper is Table 1's scale."""
+    fit the built-in corpus (benchmarks/bench_defaults.py times them); --preset paper is Table
+    1's scale."""
 
     dataset: str = "builtin"
     """Corpus: 'builtin', a local .txt/.jsonl/.parquet file, or a hub dataset id."""
