@@ -1,8 +1,9 @@
 """What a newcomer waits for: every command's no-flag run (its offline built-in default), the
 README's timed examples, and ``--help`` of every command; wall seconds and peak memory of each.
 
-    python benchmarks/bench_defaults.py                        # everything (~15 CPU-minutes)
+    python benchmarks/bench_defaults.py                        # every default, every --help
     python benchmarks/bench_defaults.py --runs toy,stats,help  # a subset
+    python benchmarks/bench_defaults.py --runs suite           # the whole test suite
 
 Each run is a fresh subprocess in an empty temporary folder (so defaults such as ``runs/toy``
 land there), offline (HF_HUB_OFFLINE=1), importing this checkout. Peak memory is the child's
@@ -34,6 +35,8 @@ RUNS = {
     "icrecall": ["-m", "pythia_probe.toy.icrecall"],
     "icrecall-readme": ["-m", "pythia_probe.toy.icrecall", "--method", "pgd", "--n-train", "8"],
     "demo": ["-m", "pythia_probe.sweep", "--demo"],
+    "suite": ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
+              str(ROOT / "tests")],
 }
 #: modules whose ``--help`` is timed
 HELP = ("sweep", "stats", "corpus", "toy.train", "toy.icrecall", "plots", "summary", "revisions")
@@ -43,8 +46,9 @@ HELP = ("sweep", "stats", "corpus", "toy.train", "toy.icrecall", "plots", "summa
 class BenchConfig:
     """Wall time and peak memory of every command's default run and of every --help."""
 
-    runs: tuple[str, ...] = (*RUNS, "help")
-    """Which to measure: any of toy, stats, corpus, icrecall, icrecall-readme, demo, help."""
+    runs: tuple[str, ...] = (*(r for r in RUNS if r != "suite"), "help")
+    """Which to measure: any of toy, stats, corpus, icrecall, icrecall-readme, demo, help,
+    suite."""
 
 
 def measure(args: list[str]) -> tuple[float, float, float, int]:
