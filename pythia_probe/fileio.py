@@ -12,12 +12,15 @@
   shared by the cooperating holders of one key, e.g. the shards of one sweep).
 - :func:`create_exclusive` (a whole file created only where none is, e.g. a claim) and
   :func:`touch` (a heartbeat).
-- :func:`check_writable`: every command's output folder (or output file's folder), created and
-  proven writable before any work, refused in one line naming the path as the user gave it.
+- :func:`check_writable`: every command's output folder (or output file's folder) proven
+  creatable and writable before any work, refused in one line naming the path as the user gave
+  it; the folders the check had to create are removed again (a command that fails later on
+  leaves nothing behind).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -119,12 +122,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any],
 
 
 def check_writable(path: str | os.PathLike, flag: str = "--out", is_file: bool = False) -> Path:
-    """The folder ``path`` (``is_file``: the folder of the file ``path``) created if missing and a
-    probe file made and removed in it, before any work; any failure is one line naming ``flag``
-    and ``path`` as given (not a temp file's name). Returns the folder."""
+    """Before any work: the folder ``path`` (``is_file``: the folder of the file ``path``) and
+    the folders above it that are missing are created, a probe file is made and removed in it,
+    and the folders made here are removed again (empty, innermost first). Any failure is one
+    line naming ``flag`` and ``path`` as given (not a temp file's name). Returns the folder."""
     folder = Path(path).parent if is_file else Path(path)
+    made: list[Path] = []
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        for part in [*reversed(folder.parents), folder]:
+            if not part.is_dir():
+                part.mkdir()
+                made.append(part)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
         os.close(fd)
         os.unlink(probe)  # the empty file made just above, by name, never a link's target
@@ -132,6 +140,10 @@ def check_writable(path: str | os.PathLike, flag: str = "--out", is_file: bool =
         where = f"its folder {str(folder)!r}" if is_file else "that folder"
         raise BadInputError(f"{flag} {str(path)!r}: cannot create or write {where} "
                             f"({err.strerror or err}); choose a folder you can write") from err
+    finally:
+        for part in reversed(made):
+            with contextlib.suppress(OSError):  # another process wrote into it meanwhile
+                part.rmdir()
     return folder
 
 

@@ -45,7 +45,10 @@ def test_unwritable_output_is_refused_before_any_work(name, blocked, tmp_path, c
     assert [p.name for p in tmp_path.iterdir()] == ["file"]  # nothing trained, nothing written
 
 
-def test_check_writable_creates_the_folder_and_leaves_nothing_else(tmp_path):
+def test_check_writable_leaves_nothing_behind(tmp_path):
+    """The folders it had to create are removed again; folders that were there stay."""
     assert check_writable(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert check_writable(tmp_path / "c" / "f.txt", is_file=True) == tmp_path / "c"
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "c"]
+    (tmp_path / "kept").mkdir()
+    assert check_writable(tmp_path / "kept" / "d") == tmp_path / "kept" / "d"
+    assert [p.name for p in tmp_path.rglob("*")] == ["kept"]
