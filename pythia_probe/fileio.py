@@ -14,13 +14,12 @@
   :func:`touch` (a heartbeat).
 - :func:`check_writable`: every command's output folder (or output file's folder) proven
   creatable and writable before any work, refused in one line naming the path as the user gave
-  it; the folders the check had to create are removed again (a command that fails later on
-  leaves nothing behind).
+  it; it creates nothing (a command that fails later on leaves nothing behind).
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -122,28 +121,24 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any],
 
 
 def check_writable(path: str | os.PathLike, flag: str = "--out", is_file: bool = False) -> Path:
-    """Before any work: the folder ``path`` (``is_file``: the folder of the file ``path``) and
-    the folders above it that are missing are created, a probe file is made and removed in it,
-    and the folders made here are removed again (empty, innermost first). Any failure is one
-    line naming ``flag`` and ``path`` as given (not a temp file's name). Returns the folder."""
+    """Before any work: the folder ``path`` (``is_file``: the folder of the file ``path``), or
+    the nearest folder above it that exists (where the missing ones will be made), must be a
+    folder where a probe file can be made (and is removed at once). Nothing else is created,
+    so ranks may check one folder together and a command failing later leaves nothing. Any
+    failure is one line naming ``flag`` and ``path`` as given (not a temp file's name).
+    Returns the folder."""
     folder = Path(path).parent if is_file else Path(path)
-    made: list[Path] = []
+    there = next(p for p in [folder, *folder.parents] if p.exists() or p.is_symlink())
     try:
-        for part in [*reversed(folder.parents), folder]:
-            if not part.is_dir():
-                part.mkdir()
-                made.append(part)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+        if not there.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{there} is not a folder")
+        fd, probe = tempfile.mkstemp(dir=there, prefix=".write-check-")
         os.close(fd)
         os.unlink(probe)  # the empty file made just above, by name, never a link's target
     except OSError as err:
         where = f"its folder {str(folder)!r}" if is_file else "that folder"
         raise BadInputError(f"{flag} {str(path)!r}: cannot create or write {where} "
                             f"({err.strerror or err}); choose a folder you can write") from err
-    finally:
-        for part in reversed(made):
-            with contextlib.suppress(OSError):  # another process wrote into it meanwhile
-                part.rmdir()
     return folder
 
 

@@ -45,10 +45,21 @@ def test_unwritable_output_is_refused_before_any_work(name, blocked, tmp_path, c
     assert [p.name for p in tmp_path.iterdir()] == ["file"]  # nothing trained, nothing written
 
 
-def test_check_writable_leaves_nothing_behind(tmp_path):
-    """The folders it had to create are removed again; folders that were there stay."""
+def test_check_writable_creates_nothing(tmp_path):
     assert check_writable(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert check_writable(tmp_path / "c" / "f.txt", is_file=True) == tmp_path / "c"
     (tmp_path / "kept").mkdir()
     assert check_writable(tmp_path / "kept" / "d") == tmp_path / "kept" / "d"
     assert [p.name for p in tmp_path.rglob("*")] == ["kept"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_the_issue_cases_name_the_path_given(tmp_path, capsys):
+    """`--demo --out /proc/demo_out` fails before training; `corpus generate --out
+    /proc/stories.txt` names that path, not a temp file beside it."""
+    assert main(["sweep", "--demo", "--out", "/proc/demo_out", "--work", str(tmp_path)]) == 2
+    assert "--out '/proc/demo_out': cannot create or write" in capsys.readouterr().err
+    assert main(["corpus", "generate", "--out", "/proc/stories.txt"]) == 2
+    err = capsys.readouterr().err
+    assert "--out '/proc/stories.txt': cannot create or write its folder '/proc'" in err
+    assert ".tmp" not in err and not any(tmp_path.iterdir())
