@@ -193,18 +193,21 @@ def test_sigint_and_sigterm_are_one_line_with_the_conventional_code(tmp_path, si
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process is unchanged
 
 
-def test_console_script_help_and_version_import_no_torch():
-    """`pythia-probe --help` and `--version` load no heavy library (measured in a fresh
-    interpreter's sys.modules, not by timing); a command's work loads them when it runs."""
+@pytest.mark.parametrize("module,argv,light", [
+    ("pythia_probe", ["--help"], ("torch", "transformers", "pandas", "numpy", "matplotlib")),
+    ("pythia_probe", ["--version"], ("torch", "transformers", "pandas", "numpy")),
+    ("pythia_probe.summary", ["--help"], ("torch", "transformers", "matplotlib"))])
+def test_help_paths_import_no_torch(module, argv, light):
+    """`pythia-probe --help`, `--version` and `summary --help` load none of ``light`` (a fresh
+    interpreter's sys.modules, not a timing); the other commands' --help still load torch
+    (their config dataclasses live in modules that import it)."""
     import subprocess
     import sys
 
     code = ("import sys, runpy, io, contextlib\n"
-            "for argv in (['--help'], ['--version']):\n"
-            "    sys.argv = ['pythia-probe', *argv]\n"
-            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-            "        runpy.run_module('pythia_probe', run_name='__main__')\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'numpy', 'matplotlib')"
-            " if m in sys.modules))\n")
+            f"sys.argv = ['prog', *{argv!r}]\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            f"    runpy.run_module({module!r}, run_name='__main__')\n"
+            f"print(sorted(m for m in {light!r} if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
