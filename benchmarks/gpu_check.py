@@ -36,8 +36,9 @@ from pythia_probe.analysis.plan import StepShape, memory_plan
 from pythia_probe.analysis.rates import measure
 from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.cli import parse_configs, run_main
-from pythia_probe.errors import OutOfRangeError, check_device
+from pythia_probe.errors import OutOfRangeError
 from pythia_probe.fileio import write_text
+from pythia_probe.ranks import check_device
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.sequences import SequencePolicy

@@ -17,6 +17,7 @@ COMMANDS = {
     "toy": "pythia_probe.toy.train",
     "icrecall": "pythia_probe.toy.icrecall.__main__",
     "plots": "pythia_probe.plots",
+    "summary": "pythia_probe.summary",
     "revisions": "pythia_probe.hub.revisions",
 }
 USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] [--version] ...\n"
@@ -26,6 +27,7 @@ USAGE = ("usage: pythia-probe {" + ",".join(COMMANDS) + "} [--help] [--version] 
          "  toy       train the attention-only model of the leading-terms paper\n"
          "  icrecall  the in-context factual recall experiment\n"
          "  plots     heat maps and curves of a results folder\n"
+         "  summary   per layer, the step where agreement peaks and the step it leaves\n"
          "  revisions which checkpoint branches hold duplicate or final weights (no download)\n")
 
 

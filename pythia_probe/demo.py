@@ -11,28 +11,34 @@ Layout (what :mod:`pythia_probe.hub.checkpoints` reads as a local model folder):
     OUT/tokens.safetensors           the training windows (statistics use the same data)
     OUT/step{N}/config.json          GPT-NeoX config
     OUT/step{N}/model.safetensors    weights (safetensors only)
+    OUT/train_state.safetensors      the optimizer's moments, the batch sampler's RNG and the
+                                     losses at the newest checkpoint: training killed by any
+                                     signal resumes from there, to the same weights
 
-``python -m pythia_probe.demo --out DIR`` trains on its own; ``python -m pythia_probe.sweep
---demo`` also computes statistics, sweeps the checkpoints and plots. Every file goes through
+:func:`build_demo_model` trains on its own; ``python -m pythia_probe.sweep --demo`` also
+computes statistics, sweeps the checkpoints and plots. Every file goes through
 :mod:`pythia_probe.fileio`. Under ``torchrun``/``accelerate launch`` rank 0 trains and computes
 the statistics once, every rank sweeps its share of the checkpoints, and rank 0 plots.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from pythia_probe import sweep
 from pythia_probe.builtin_corpus import generate_stories
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError
 from pythia_probe.fileio import (
     atomic_write,
     check_folders,
@@ -40,7 +46,7 @@ from pythia_probe.fileio import (
     write_bytes,
     write_text,
 )
-from pythia_probe.ranks import Ranks
+from pythia_probe.ranks import Ranks, check_device
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.tokenizer import (
@@ -52,11 +58,15 @@ from pythia_probe.tokenizer import (
 )
 
 TOKENS_FILE = "tokens.safetensors"
+STATE_FILE = "train_state.safetensors"
+ANALYSES = ("embedding", "attention", "attention_lnfold", "unembedding", "attention_text")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Demo model and training settings (defaults: ~1-2 minutes on two CPU cores)."""
+    """Demo model and training settings (`bench_defaults.py --runs demo` times --demo)."""
 
     n_stories: int = 3000
     vocab_size: int = 1000  # top-k words; the built-in corpus has fewer types, so no OOV
@@ -154,18 +164,67 @@ def _lr(cfg: DemoConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def save_train_state(out: Path, opt, g: torch.Generator, losses: dict, step: int,
+                     cfg: DemoConfig) -> None:
+    """What an exact resume at ``step`` needs beside that step's weights: AdamW's moments, the
+    batch sampler's RNG state and the losses so far (one file, replaced atomically)."""
+    tensors = {f"opt.{i}.{k}": v.detach().clone() for i, state in opt.state_dict()["state"].items()
+               for k, v in state.items()}
+    tensors["rng"] = g.get_state()
+    tensors["losses"] = torch.tensor([losses[s] for s in range(step)], dtype=torch.float64)
+    save_tensors(tensors, out / STATE_FILE, {"step": str(step), "config": json.dumps(asdict(cfg))})
+
+
+def load_train_state(out: Path, cfg: DemoConfig) -> tuple[int, dict] | None:
+    """(step, tensors) of the state saved by a run of ``cfg`` whose checkpoint at that step is
+    there; None (train from step 0) when there is none, it is another config's or unreadable."""
+    try:
+        with safe_open(out / STATE_FILE, "pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(out / STATE_FILE)
+    except (OSError, SafetensorError):
+        return None
+    step = int(meta.get("step", -1))
+    if meta.get("config") != json.dumps(asdict(cfg)) or \
+            not (out / f"step{step}" / "model.safetensors").is_file():
+        log.info("%s is not a state of these settings; training from step 0", out / STATE_FILE)
+        return None
+    return step, state
+
+
+def _resume(out: Path, cfg: DemoConfig, model, opt, g: torch.Generator) -> tuple[int, dict]:
+    """Restore model, optimizer and RNG from the newest saved state; (start step, losses)."""
+    saved = load_train_state(out, cfg)
+    if saved is None:
+        return 0, {}
+    step, state = saved
+    model.load_state_dict(load_file(out / f"step{step}" / "model.safetensors"))
+    moments: dict[int, dict] = {}
+    for key, value in state.items():
+        if key.startswith("opt."):
+            _, i, name = key.split(".", 2)
+            moments.setdefault(int(i), {})[name] = value
+    opt.load_state_dict({"state": moments, "param_groups": opt.state_dict()["param_groups"]})
+    g.set_state(state["rng"])
+    log.info("resuming the demo's training from its checkpoint at step %d", step)
+    return step, dict(enumerate(state["losses"].tolist()))
+
+
 def train(cfg: DemoConfig, out: str | Path, tokens: torch.Tensor, n_vocab: int,
           progress: bool = True) -> dict:
-    """Train with AdamW on random windows; save checkpoints on the schedule. Returns losses."""
+    """Train with AdamW on random windows, from the newest saved state if any; save checkpoints
+    (and the state to resume from) on the schedule. Returns losses."""
     out = Path(out)
     model = make_model(cfg, n_vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(cfg.seed)
-    saves, losses = set(checkpoint_steps(cfg.max_step, cfg.save_every)), {}
-    for step in tqdm(range(cfg.max_step + 1), desc="demo train", unit="step",
-                     disable=not progress):
+    start, losses = _resume(out, cfg, model, opt, g)
+    saves = set(checkpoint_steps(cfg.max_step, cfg.save_every))
+    for step in tqdm(range(start, cfg.max_step + 1), desc="demo train", unit="step",
+                     initial=start, total=cfg.max_step + 1, disable=not progress):
         if step in saves:
             save_checkpoint(model, out, step)
+            save_train_state(out, opt, g, losses, step, cfg)
         if step == cfg.max_step:
             break
         batch = tokens[torch.randint(len(tokens), (cfg.batch_size,), generator=g)]
@@ -234,6 +293,7 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
     check_folders(out, [*with_subfolders(model), out / "run", *with_subfolders(out / "plots")])
     torch.set_num_threads(1)  # tiny matrices: extra OpenMP threads only add contention
     if ranks.is_main:
+        print(plan_line(cfg, model, out), flush=True)
         info = build_demo_model(cfg, model, progress)
         if "loss_first" in info:
             print(f"trained {cfg.max_step} steps: loss {info['loss_first']:.3f} -> "
@@ -242,12 +302,25 @@ def run_demo(out: str | Path, cfg: DemoConfig | None = None, device: str = "cpu"
     ranks.barrier()  # the other ranks wait for the checkpoints and statistics
     parts = sweep.SweepConfig(
         model=str(model), steps="all", stats=str(work / "stats.safetensors"),
-        analyses=("embedding", "attention", "attention_lnfold", "unembedding", "attention_text"),
+        analyses=ANALYSES,
         text=str(model / TOKENS_FILE), out=str(out / "run"), device=device, dtype="float64",
         progress=progress).split(ranks.device)
     # the sweep writes the summary, the revision ledger and the figures (into out/plots)
     parts = replace(parts, output=replace(parts.output, plots_dir=str(out / "plots")))
     return sweep.run(parts, ranks)
+
+
+def plan_line(cfg: DemoConfig, model: Path, out: Path) -> str:
+    """What --demo is about to do, printed before the minutes of training."""
+    steps = checkpoint_steps(cfg.max_step, cfg.save_every)
+    state = load_train_state(model, cfg)
+    start = (f"resuming from step {state[0]}" if state and state[0] else "from step 0")
+    shown = steps if len(steps) <= 6 else [*steps[:4], "...", steps[-1]]
+    return (f"demo plan: train a {cfg.n_layers}-layer GPT-NeoX (d_model {cfg.d_model}) for "
+            f"{cfg.max_step} steps on {cfg.n_stories} built-in stories ({start}), "
+            f"{len(steps)} checkpoints ({', '.join(map(str, shown))}) in "
+            f"{model}; then the corpus statistics, a sweep of {len(steps)} checkpoints x "
+            f"{len(ANALYSES)} analyses into {out / 'run'} and figures into {out / 'plots'}")
 
 
 def load_tokens(out: str | Path) -> torch.Tensor:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import errno
 
-import torch
-
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -164,24 +162,3 @@ def user_message(err: BaseException) -> str | None:
     if isinstance(err, OSError) and err.filename is not None and err.strerror:
         return f"{err.filename}: {err.strerror}"
     return None
-
-
-def check_device(device: str, flag: str = "--device") -> None:
-    """Refuse a device this torch build or machine does not have (one line, exit 2)."""
-
-    kind = device.split(":")[0]
-    if kind == "cpu":
-        return
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"{flag} {device}: no CUDA device is available here (torch "
-                              f"{torch.__version__}); use {flag} cpu")
-        index = int(device.split(":")[1]) if ":" in device else 0
-        if index >= torch.cuda.device_count():
-            raise DeviceError(f"{flag} {device}: only {torch.cuda.device_count()} CUDA "
-                              f"device(s) here (cuda:0..cuda:{torch.cuda.device_count() - 1})")
-        return
-    if kind == "mps" and torch.backends.mps.is_available():
-        return
-    raise DeviceError(f"{flag} {device}: not available here; valid: cpu"
-                      + (", cuda" if torch.cuda.is_available() else ""))

@@ -15,10 +15,14 @@
   shared by the cooperating holders of one key, e.g. the shards of one sweep).
 - :func:`create_exclusive` (a whole file created only where none is, e.g. a claim) and
   :func:`touch` (a heartbeat).
+- :func:`check_writable`: every command's output folder (or output file's folder) proven
+  creatable and writable before any work, refused in one line naming the path as the user gave
+  it; it creates nothing (a command that fails later on leaves nothing behind).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -34,6 +38,7 @@ from typing import Any
 
 from pythia_probe.errors import (
     DISK_FULL_ERRNOS,
+    BadInputError,
     DiskFullError,
     FolderLockedError,
     UnsafeFileError,
@@ -117,6 +122,28 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any],
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def check_writable(path: str | os.PathLike, flag: str = "--out", is_file: bool = False) -> Path:
+    """Before any work: the folder ``path`` (``is_file``: the folder of the file ``path``), or
+    the nearest folder above it that exists (where the missing ones will be made), must be a
+    folder where a probe file can be made (and is removed at once). Nothing else is created,
+    so ranks may check one folder together and a command failing later leaves nothing. Any
+    failure is one line naming ``flag`` and ``path`` as given (not a temp file's name).
+    Returns the folder."""
+    folder = Path(path).parent if is_file else Path(path)
+    there = next(p for p in [folder, *folder.parents] if p.exists() or p.is_symlink())
+    try:
+        if not there.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{there} is not a folder")
+        fd, probe = tempfile.mkstemp(dir=there, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(probe)  # the empty file made just above, by name, never a link's target
+    except OSError as err:
+        where = f"its folder {str(folder)!r}" if is_file else "that folder"
+        raise BadInputError(f"{flag} {str(path)!r}: cannot create or write {where} "
+                            f"({err.strerror or err}); choose a folder you can write") from err
+    return folder
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

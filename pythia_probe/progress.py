@@ -45,7 +45,8 @@ class JobProgress:
     def __init__(self, stages: list[Stage], disable: bool = False) -> None:
         self.stages = {s.name: s for s in stages}
         self.order = [s.name for s in stages]
-        self.bar = tqdm(total=None, disable=disable, dynamic_ncols=True, unit_scale=True)
+        self.disable = disable
+        self.bar: tqdm | None = None  # drawn when a stage starts: never an empty bar before
         self.current: Stage | None = None
 
     def stage(self, name: str, total: float | None = None):
@@ -56,6 +57,9 @@ class JobProgress:
         s.started = time.monotonic()
         self.current = s
         i = self.order.index(name) + 1
+        if self.bar is None:
+            self.bar = tqdm(total=s.total, disable=self.disable, dynamic_ncols=True,
+                            unit_scale=True)
         self.bar.reset(total=s.total)
         self.bar.unit = s.unit
         self.bar.set_description(f"[{i}/{len(self.order)}] {name}")
@@ -98,7 +102,8 @@ class JobProgress:
 
     def close(self) -> None:
         self.finish()
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pythia_probe import logs
-from pythia_probe.errors import BadInputError
+from pythia_probe.errors import BadInputError, DeviceError
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +143,24 @@ def from_env(device: str = "cpu", array: bool = True) -> Ranks:
     dev = str(state.device) if torch.device(device).type == "cuda" else device
     logs.set_rank(state.process_index)
     return Ranks(state.process_index, state.num_processes, dev, array, arrays)
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """Refuse a device this torch build or machine does not have (one line, exit 2)."""
+
+    kind = device.split(":")[0]
+    if kind == "cpu":
+        return
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"{flag} {device}: no CUDA device is available here (torch "
+                              f"{torch.__version__}); use {flag} cpu")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"{flag} {device}: only {torch.cuda.device_count()} CUDA "
+                              f"device(s) here (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        return
+    if kind == "mps" and torch.backends.mps.is_available():
+        return
+    raise DeviceError(f"{flag} {device}: not available here; valid: cpu"
+                      + (", cuda" if torch.cuda.is_available() else ""))

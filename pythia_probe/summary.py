@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from pythia_probe.cli import parse_config, run_main
 from pythia_probe.errors import ResultsError
-from pythia_probe.fileio import atomic_write
+from pythia_probe.fileio import atomic_write, check_writable
 from pythia_probe.results import check_cells, read_results
 
 log = logging.getLogger(__name__)
@@ -379,7 +379,9 @@ class SummaryConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(SummaryConfig, None if argv is None else list(argv),
                        "python -m pythia_probe.summary")
-    print(report(read_results(cfg.results), cfg.out or cfg.results, heads=cfg.heads))
+    df = read_results(cfg.results)
+    check_writable(cfg.out or cfg.results, "--out" if cfg.out else "--results")
+    print(report(df, cfg.out or cfg.results, heads=cfg.heads))
     return 0
 
 

@@ -83,3 +83,17 @@ def test_one_line_and_exit_2(files, tmp_path, monkeypatch, capsys, command, argv
     assert "Traceback" not in err
     assert sorted(p.name for p in files.iterdir()) == before  # nothing written
     assert not any(tmp_path.iterdir())
+
+
+def test_empty_text_and_random_bytes_parquet_are_one_line_and_nothing_else(tmp_path, capfd):
+    """An empty .txt says "empty corpus" (as `corpus inspect` does), not a --seq-len below 0;
+    a .parquet of random bytes is one line, without the datasets library's own line before."""
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "random.parquet").write_bytes(bytes(range(256)) * 8)
+    for name, says in (("empty.txt", "empty corpus: "), ("random.parquet", "cannot read ")):
+        argv = ["compute", "--dataset", str(tmp_path / name), "--out",
+                str(tmp_path / "s.safetensors"), "--log-level", "warning"]
+        assert run_main(lambda argv=argv: stats_main(argv), "stats") == 2
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"stats: error: {says}"), err
+        assert str(tmp_path / name) in err and "below 0" not in err

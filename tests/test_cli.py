@@ -111,7 +111,8 @@ def test_one_console_script_runs_every_command(capsys):
     from pythia_probe.__main__ import COMMANDS
     from pythia_probe.__main__ import main as probe
 
-    assert set(COMMANDS) == {"sweep", "stats", "corpus", "toy", "icrecall", "plots", "revisions"}
+    assert set(COMMANDS) == {"sweep", "stats", "corpus", "toy", "icrecall", "plots", "summary",
+                             "revisions"}
     assert probe(["corpus", "inspect", "--docs", "3", "--top", "2"]) == 0
     assert "documents read: 3" in capsys.readouterr().out
     assert probe(["stats", "compute", "--seq-len", "0"]) == 2
@@ -190,3 +191,23 @@ def test_sigint_and_sigterm_are_one_line_with_the_conventional_code(tmp_path, si
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == code and err == "slow: interrupted, rerun to resume\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process is unchanged
+
+
+@pytest.mark.parametrize("module,argv,light", [
+    ("pythia_probe", ["--help"], ("torch", "transformers", "pandas", "numpy", "matplotlib")),
+    ("pythia_probe", ["--version"], ("torch", "transformers", "pandas", "numpy")),
+    ("pythia_probe.summary", ["--help"], ("torch", "transformers", "matplotlib"))])
+def test_help_paths_import_no_torch(module, argv, light):
+    """`pythia-probe --help`, `--version` and `summary --help` load none of ``light`` (a fresh
+    interpreter's sys.modules, not a timing); the other commands' --help still load torch
+    (their config dataclasses live in modules that import it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runpy, io, contextlib\n"
+            f"sys.argv = ['prog', *{argv!r}]\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            f"    runpy.run_module({module!r}, run_name='__main__')\n"
+            f"print(sorted(m for m in {light!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])

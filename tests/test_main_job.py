@@ -90,7 +90,7 @@ def test_main_job_as_typed_then_a_rerun_recomputes_nothing(hub_root, tmp_path, m
         assert not [r for r in again if r["path"].endswith((".bin", ".parquet"))], again
         assert {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()} == shards
         assert (tmp_path / m["statistics"]["file"]).stat().st_mtime_ns == stats_mtime
-        assert "154 already done" in capsys.readouterr().out
+        assert "154 done" in capsys.readouterr().out
     assert df.groupby("step").size().nunique() == 1  # every step has every row
     # one number recomputed literally: step 143000, layer 1, post stream vs PhiBT (float64)
     folder = hub_root / "EleutherAI" / "pythia-1.4b" / "step143000"

@@ -43,3 +43,14 @@ def test_unknown_total_gives_no_estimate(clock):
     assert job.eta() is None
     update = job.stage("pass 1", total=20)
     assert job.eta() == pytest.approx(1.0)
+
+
+def test_no_empty_bar_before_the_first_stage(capsys):
+    """The display appears when a stage starts, not as an empty bar during the planning."""
+    job = JobProgress([Stage("sweep", 3, "step")])
+    assert capsys.readouterr().err == ""
+    job.counter("sweep").update(1)
+    job.close()
+    assert "[1/1] sweep" in capsys.readouterr().err
+    JobProgress([Stage("sweep", 3, "step")]).close()
+    assert capsys.readouterr().err == ""

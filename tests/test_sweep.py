@@ -266,8 +266,20 @@ def test_dry_run_counts_duplicates_and_only_bytes_not_yet_cached(setup, tmp_path
                      "--analyses", "embedding", "--dry-run")
         assert sweep_main(argv) == 0
     text = capsys.readouterr().out
-    assert "5 steps: 0 already done, 1 with the weights of an earlier step" in text
+    assert ("5 steps: 0 done, 5 to score: [0, 1, 2, 4, 64] (1 of them with the weights of an "
+            "earlier step") in text
     assert f"download {human_bytes(want)} still" in text
+
+
+def test_resume_plan_lists_only_the_steps_left(setup, tmp_path, capsys):
+    """A sweep that stopped after steps 0 and 1: the rerun's plan counts them done and lists
+    only the three left to score."""
+    root, repo, stats = setup
+    argv = _argv(repo, stats, tmp_path / "out", "--analyses", "embedding")
+    assert sweep_main([*argv, "--steps", "0,1"]) == 0
+    capsys.readouterr()
+    assert sweep_main([*argv, "--dry-run"]) == 0
+    assert "5 steps: 2 done, 3 to score: [2, 4, 64] (" in capsys.readouterr().out
 
 
 def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_path):

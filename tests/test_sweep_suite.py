@@ -169,7 +169,7 @@ def test_the_plan_names_each_model_and_the_totals(suite, one_process, tmp_path, 
         assert not [g for g in hub.requests("GET") if g["path"].endswith(".bin")]
     text = capsys.readouterr().out
     for model in LAYERS:
-        assert f"model {model}: {len(STEPS)} steps: 0 already done, 1 with the weights" in text
+        assert f"model {model}: {len(STEPS)} steps: 0 done, {len(STEPS)} to score" in text
         assert f"revisions of {model}: {len(STEPS) - 1} ok, 1 duplicate" in text
     total = next(line for line in text.splitlines() if line.startswith("all 2 models"))
     assert f"{2 * len(STEPS)} (model, step) tasks" in total and "disk at any time" in total

@@ -13,7 +13,7 @@ from pythia_probe import builtin_corpus
 from pythia_probe.cli import parse_subcommand, run_main
 from pythia_probe.corpus.sources import DOC_SPLITS, SEPARATOR, iter_documents
 from pythia_probe.errors import BadInputError
-from pythia_probe.fileio import atomic_write
+from pythia_probe.fileio import atomic_write, check_writable
 from pythia_probe.tokenizer import word_tokens
 
 
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     command, cfg = parse_subcommand(COMMANDS, argv, "python -m pythia_probe.corpus",
                                     __doc__)
     if command == "generate":
+        check_writable(cfg.out, is_file=True)
         n_tokens = generate(cfg)
         print(f"wrote {cfg.stories} stories, {n_tokens} word-level tokens to {cfg.out}")
     else:

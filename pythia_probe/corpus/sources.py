@@ -28,6 +28,7 @@ from __future__ import annotations
 import glob as globlib
 import hashlib
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -246,7 +247,10 @@ def _text_of(record: object, text_field: str, where: str) -> str:
 
 def _open_parquet(data_file: str, text_field: str, name: str):
     import datasets
+    chatty = logging.getLogger("datasets")  # logs its own line before raising: ours says it
+    level = chatty.level
     try:
+        chatty.setLevel(logging.CRITICAL)
         ds = datasets.load_dataset("parquet", data_files=[data_file], split="train",
                                    streaming=True)
         features = ds.features
@@ -255,6 +259,8 @@ def _open_parquet(data_file: str, text_field: str, name: str):
     except Exception as e:  # noqa: BLE001 - pyarrow/datasets raise many kinds for bad files
         raise CorruptFileError(f"cannot read {name} as parquet ({type(e).__name__}: {e}); "
                               "expected a valid .parquet file with a string text column") from e
+    finally:
+        chatty.setLevel(level)
     if features is not None and text_field not in features:
         raise BadInputError(f"{name} has no text field {text_field!r}; columns present: "
                                 f"{sorted(features)} (choose one with text_field=...)")

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError, CorruptFileError, HubNotFoundError
-from pythia_probe.fileio import atomic_write
+from pythia_probe.fileio import atomic_write, check_writable
 from pythia_probe.hub.checkpoints import CheckpointSource, FileInfo, Revision, confirm_shared
 from pythia_probe.hub.steps import parse_steps
 from pythia_probe.hub.weights import WEIGHT_SUFFIXES, weights_digest
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command: parse, build the ledger, write it, print the counts."""
     [fields] = parse_configs([RevisionsConfig], argv, PROG)
     cfg = RevisionsConfig(**fields)
+    check_writable(cfg.out, is_file=True)
     df = ledger(CheckpointSource(cfg.model, cache_dir=cfg.cache_dir), cfg.steps)
     print(f"wrote {write_ledger(df, cfg.out)}\n{summary(df)}")
     return 0

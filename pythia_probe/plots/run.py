@@ -19,7 +19,7 @@ import pandas as pd
 
 from pythia_probe.cli import parse_config
 from pythia_probe.errors import BadInputError
-from pythia_probe.fileio import check_folders, with_subfolders
+from pythia_probe.fileio import check_folders, check_writable, with_subfolders
 from pythia_probe.plots import figures
 from pythia_probe.plots.compare import compare_run
 from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, paper_figures
@@ -113,9 +113,11 @@ class PlotsConfig:
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw the figures of a results folder and print their paths."""
     cfg = parse_config(PlotsConfig, argv, "python -m pythia_probe.plots")
+    figures = cfg.out or Path(cfg.results) / "plots"
     df = read_results(cfg.results)
-    check_folders(cfg.results, with_subfolders(cfg.out or Path(cfg.results) / "plots"))
-    paths = plot_run(df, cfg.out or Path(cfg.results) / "plots", manifest=run_manifest(
+    check_folders(cfg.results, with_subfolders(figures))
+    check_writable(figures, "--out" if cfg.out else "--results")
+    paths = plot_run(df, figures, manifest=run_manifest(
         cfg.results), head_layers=cfg.head_layers or None, paper=True,
         every_metric=not cfg.paper)
     if not paths:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from pythia_probe.cli import parse_subcommand, run_main
+from pythia_probe.fileio import check_writable
 from pythia_probe.ranks import from_env
 from pythia_probe.stats import top
 from pythia_probe.stats.job import StatsConfig, compute
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "top":
         print(top.render(cfg))
         return 0
+    check_writable(cfg.out, is_file=True)
     stats = compute(cfg, from_env(cfg.device))
     if stats is not None:
         c = stats.meta["counts"]

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Literal
 
 from pythia_probe import corpus, tokenizer
-from pythia_probe.errors import BadInputError, check_device
+from pythia_probe.errors import BadInputError
 from pythia_probe.progress import JobProgress
-from pythia_probe.ranks import Ranks
+from pythia_probe.ranks import Ranks, check_device
 from pythia_probe.stats import conventions, kept, plan
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.conventions import Rules
@@ -148,12 +148,15 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     if shards is None:
         shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
                                       doc_split=cfg.doc_split, **_builtin_opts(cfg))
+    bytes_ = _text_bytes(shards)
+    if bytes_ == 0:  # as `corpus inspect` says it
+        raise BadInputError(f"empty corpus: {cfg.dataset!r} is 0 bytes (a .txt corpus needs "
+                            "non-blank text between <|endoftext|> lines)")
     tok = tok if tok is not None else _tokenizer(cfg, shards, rules)
     name = rules.name  # recorded as asked; what applies depends on the tokenizer's kind
     rules = rules.for_tokenizer(tokenizer.is_word_tokenizer(tok))
     if not rules.windows:
         extra = (cfg.bos is not None) + (cfg.eos is not None)
-        bytes_ = _text_bytes(shards)
         plan.check_window_length(cfg.seq_len, bytes_, extra * (1 if cfg.mode == "first" else
                                                                (bytes_ or 0)))
     unk = cfg.oov == "unk" and tokenizer.is_word_tokenizer(tok)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pythia_probe import demo
 from pythia_probe.cli import flag, parse_configs, run_main
 from pythia_probe.errors import BadInputError
+from pythia_probe.fileio import check_writable
 from pythia_probe.ranks import from_env
 from pythia_probe.sweep.config import SweepConfig
 from pythia_probe.sweep.runner import run
@@ -59,13 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SweepConfig(**fields)  # validates every flag (and the device) before joining ranks
     if flags.demo:
         check_demo_flags(argv)
+        out = fields["out"] or DEMO_OUT
+        check_writable(out)
+        check_writable(flags.work, "--work")
         ranks = from_env(cfg.device)
         dcfg = demo.DemoConfig(**({"max_step": flags.demo_max_step} if flags.demo_max_step
                                   else {}))
-        return demo.run_demo(fields["out"] or DEMO_OUT, dcfg, device=ranks.device,
+        return demo.run_demo(out, dcfg, device=ranks.device,
                              work=flags.work, ranks=ranks, progress=cfg.progress)
     ranks = from_env(cfg.device, array=cfg.shard is None)  # --shard wins over a Slurm array
-    return run(cfg.split(ranks.device), ranks, argv)
+    parts = cfg.split(ranks.device)
+    if not cfg.dry_run:
+        check_writable(parts.output.out)
+    return run(parts, ranks, argv)
 
 
 if __name__ == "__main__":

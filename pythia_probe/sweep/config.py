@@ -16,7 +16,7 @@ passes it beside the parts.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -24,8 +24,9 @@ import torch
 
 from pythia_probe.analysis import get_analyses
 from pythia_probe.analysis.cosine import DEFAULT_CHUNK
-from pythia_probe.errors import BadInputError, StepError, check_device
+from pythia_probe.errors import BadInputError, StepError
 from pythia_probe.hub import parse_steps
+from pythia_probe.ranks import check_device
 from pythia_probe.stats.conventions import check as check_conventions
 from pythia_probe.stats.groups import DEFAULT_GROUPS, check_groups
 from pythia_probe.stats.kept import parse_top_k

@@ -176,9 +176,10 @@ def plan_lines(src: SourceConfig, sc: ScoringConfig, run, dl: Downloads,
     plan = checkpoint_plan(sc, run.config, rows, targets, nnz, groups)
     limit = "" if dl.limit is None else (f"; the loader's limit {human_bytes(dl.limit)} "
                                          f"({dl.limit_why})")
-    lines = [f"model {run.model}: {len(steps)} steps: {len(steps) - len(dl.todo)} already done, "
-             f"{dl.copied} with the weights of an earlier step (copied, not downloaded), "
-             f"{len(dl.fetch)} to score: {steps[:6]}{' ...' if len(steps) > 6 else ''}",
+    left = sorted(dl.todo)
+    lines = [f"model {run.model}: {len(steps)} steps: {len(steps) - len(left)} done, {len(left)} "
+             f"to score: {left[:6]}{' ...' if len(left) > 6 else ''} ({dl.copied} of them with "
+             f"the weights of an earlier step: copied, not downloaded)",
              f"download {human_bytes(dl.bytes)} still (cached files excluded); disk at any time "
              f"<= {human_bytes(dl.held(src.prefetch))} ({src.prefetch + 1} checkpoints){limit}",
              f"targets: {targets.mode} ({targets.why})", intervals_line(sc, groups)]

@@ -387,7 +387,7 @@ def _sweep(parts, runs, plan, layout, analyses, lazies, targets, record: RunReco
                         min((d.limit for d in dls.values() if d.limit is not None),
                             default=None), claims, ranks.rank)
             outcome = sweep_share(mine, work, run_step, stream, load_weights,
-                                  _bar(parts, mine, work, ranks, progress))
+                                  _bar(mine, work, progress))
     except KeyboardInterrupt:
         record.end("interrupted", "stopped by a signal (SIGINT/SIGTERM); rerun to resume")
         raise
@@ -419,12 +419,12 @@ def _scorers(parts, runs, analyses, lazies, targets, ranks) -> dict:
     return {r.source.model: built[r.stats.path] for r in runs}
 
 
-def _bar(parts, groups, work: Work, ranks: Ranks, progress):
+def _bar(groups, work: Work, progress):
     total = sum(1 for g in groups for t in g.tasks if not work.done(t))
     if progress is not None:
         return progress.counter("sweep", total)
-    return tqdm(total=total, desc=f"sweep rank {ranks.rank}", unit="step",
-                disable=not parts.output.progress)
+    # no job display: --no-progress, or a rank other than 0 (rank 0's is the job's one display)
+    return tqdm(total=total, disable=True)
 
 
 def _finish_record(parts, runs, layout: Layout, scorers, record: RunRecord) -> str:

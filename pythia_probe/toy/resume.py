@@ -18,7 +18,7 @@ from pythia_probe.results import MANIFEST, read_manifest
 from pythia_probe.toy.config import TrainConfig, saved_config
 
 #: config fields that may change between a run and its resumption
-RESUMABLE = ("epochs", "out", "resume", "device")
+RESUMABLE = ("epochs", "out", "resume", "device", "preset")
 
 
 def save_checkpoint(out: Path, state: dict[str, Tensor], step: int) -> Path:

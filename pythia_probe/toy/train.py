@@ -15,15 +15,14 @@ every batch, gradients summed through the :class:`~pythia_probe.ranks.Ranks` bui
 On CPU, subnormal floats are flushed to zero while training (tiny gradient products at small
 lr otherwise slow every step tens of times; values below 1e-38 only).
 
-Paper scale (Table 1):  python -m pythia_probe.toy.train --dataset roneneldan/TinyStories
-  --layers 3 --tokenizer word:3000 --seq-len 200 --n-seqs 65536 --batch-size 2048 --micro-batch 512
-  --epochs 100 --lr 0.005 --out runs/toy_paper
+Paper scale (Table 1):  python -m pythia_probe.toy.train --preset paper  (toy/config.py PRESETS)
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -37,6 +36,7 @@ from tqdm import tqdm
 from pythia_probe import theory
 from pythia_probe.cli import parse_config, run_main
 from pythia_probe.errors import BadInputError, MissingFileError, OutOfRangeError
+from pythia_probe.fileio import check_writable
 from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.ranks import Ranks, from_env
 from pythia_probe.results import (
@@ -57,6 +57,7 @@ from pythia_probe.toy.config import (  # noqa: F401 - the trainer's public names
     make_schedule,
     parse_tokenizer,
     saved_config,
+    with_preset,
 )
 from pythia_probe.toy.data import load_toy_data
 from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
@@ -219,7 +220,7 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, ranks: Ranks | None = N
     A finished run (its last checkpoint at the final step) is left untouched.
     """
     ranks = ranks or Ranks(device=resolve_device(cfg.device))
-    out, started = Path(cfg.out), datetime.now(timezone.utc)
+    out, started = check_writable(cfg.out), datetime.now(timezone.utc)
     data = load_toy_data(cfg.data_config(), cache_dir=out / "data")
     sched = make_schedule(cfg, len(data.tokens))
     if sched.batch % ((cfg.micro_batch or 1) * ranks.world):
@@ -281,7 +282,8 @@ def load_run(out: str | Path) -> tuple[TrainConfig, AttnOnlyTransformer, dict[st
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns a process exit code."""
-    cfg = parse_config(TrainConfig, argv, "python -m pythia_probe.toy.train")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = parse_config(TrainConfig, with_preset(argv), "python -m pythia_probe.toy.train")
     ranks = from_env(resolve_device(cfg.device))
     out = run(cfg, argv=argv, ranks=ranks)
     if ranks.is_main:

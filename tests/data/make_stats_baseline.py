@@ -23,10 +23,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from pythia_probe.stats.accumulate import CountAccumulator
 from safetensors.torch import save_file
 
 from pythia_probe.stats import batch_stats, checkpoint, run, sparse_run
-from pythia_probe.stats.accumulate import CountAccumulator
 from pythia_probe.stats.job import StatsConfig, compute
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import SparseCountAccumulator

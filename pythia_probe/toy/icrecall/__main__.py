@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from pythia_probe.cli import parse_configs, run_main
+from pythia_probe.fileio import check_writable
 from pythia_probe.results import new_run_id, write_manifest, write_shard
 from pythia_probe.toy.icrecall.experiment import (
     EvalConfig,
@@ -52,6 +53,7 @@ CONFIGS = (TaskConfig, MemoryConfig, TrainConfig, EvalConfig, RunFlags)
 def main(argv: list[str] | None = None) -> int:
     values = parse_configs(CONFIGS, argv, "python -m pythia_probe.toy.icrecall", __doc__)
     task, mem, train, ev, flags = (cls(**v) for cls, v in zip(CONFIGS, values, strict=True))
+    check_writable(flags.out)
     torch.set_num_threads(flags.threads)
     started, run_id = datetime.now(timezone.utc), new_run_id()
     out = run_experiment(task, mem, train, ev, progress=flags.progress)
