@@ -271,6 +271,8 @@ class CorpusStats:
             check_tokenizer(meta, expect, path)
         if verify if verify is not None else Path(path).stat().st_size < VERIFY_LIMIT:
             _verify(tensors, meta.get("sha256", {}), path)
+        if meta["format"] == FORMAT:  # the values against the header, after their digests
+            _check(path, meta, tensors)
         if meta["format"] == DENSE_FORMAT:
             return cls(tensors, meta)
         try:
@@ -388,13 +390,21 @@ def _read(path: Path, device: str, header_only: bool = False) -> tuple[dict, dic
         raise CorruptFileError(f"{path} is corrupt or not a safetensors statistics file: {e}"
                                ) from e
     if meta["format"] == FORMAT:
-        try:
-            check_factored(shapes, meta, None if header_only else tensors)
-        except (KeyError, ValueError, IndexError, TypeError) as e:
-            raise _corrupt(path, e) from e
+        _check(path, meta, shapes)
     if meta["format"] == DENSE_FORMAT and device != "cpu":
         tensors = {k: v.to(device) for k, v in tensors.items()}
     return meta, tensors
+
+
+def _check(path: Path, meta: dict, found: dict) -> None:
+    """A factored file's header against its tensors' shapes (``found``: name -> shape) or, given
+    the tensors, their values too: one 'corrupt, recompute' line."""
+    shapes = {k: tuple(v.shape) if isinstance(v, Tensor) else v for k, v in found.items()}
+    tensors = found if all(isinstance(v, Tensor) for v in found.values()) else None
+    try:
+        check_factored(shapes, meta, tensors)
+    except (KeyError, ValueError, IndexError, TypeError) as e:
+        raise _corrupt(path, e) from e
 
 
 def _corrupt(path: Any, e: Exception) -> CorruptFileError:
