@@ -416,6 +416,20 @@ def test_the_demo_refuses_a_link_below_its_out_before_training(tmp_path):
     assert _tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("folder", ["rows", "data", "checkpoints"])
+def test_the_toy_trainer_refuses_a_link_below_its_out_before_training(tmp_path, folder):
+    from pythia_probe.toy.train import main as toy_main
+
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "step00000001.parquet").write_bytes(b"mine")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / folder).symlink_to(tmp_path / "user", target_is_directory=True)
+    before = _tree(tmp_path)
+    with pytest.raises(UnsafeFileError, match=f"{tmp_path / 'o' / folder} is a symbolic link"):
+        toy_main(["--out", str(tmp_path / "o")])
+    assert _tree(tmp_path) == before
+
+
 def test_toy_checkpoints_are_never_written_or_pruned_through_a_link(tmp_path):
     """save_checkpoint deletes the older checkpoints beside the new one: a linked
     OUT/checkpoints would delete a user's step*.safetensors there."""

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from pythia_probe import theory
 from pythia_probe.cli import parse_config, run_main
 from pythia_probe.errors import BadInputError, MissingFileError, OutOfRangeError
-from pythia_probe.fileio import check_writable
+from pythia_probe.fileio import check_folders, check_writable
 from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.ranks import Ranks, from_env
 from pythia_probe.results import (
@@ -221,6 +221,7 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, ranks: Ranks | None = N
     """
     ranks = ranks or Ranks(device=resolve_device(cfg.device))
     out, started = check_writable(cfg.out), datetime.now(timezone.utc)
+    check_folders(out, [out / "rows", out / "data", out / "checkpoints"])  # never through a link
     data = load_toy_data(cfg.data_config(), cache_dir=out / "data")
     sched = make_schedule(cfg, len(data.tokens))
     if sched.batch % ((cfg.micro_batch or 1) * ranks.world):
