@@ -12,7 +12,9 @@ from pythia_probe import arch
 from pythia_probe.errors import UnsafeFileError, UserError
 from pythia_probe.fileio import remove
 from pythia_probe.hub import io as hubio
+from pythia_probe.hub.cache import HubCache
 from pythia_probe.hub.checkpoints import CheckpointSource, RetryPolicy
+from pythia_probe.hub.weights import FileInfo
 from pythia_probe.testing.caches import hf_populate, tree_snapshot
 from pythia_probe.testing.repos import build_pythia_like_repo, random_state_dict, tiny_config
 
@@ -109,6 +111,47 @@ def test_two_sources_share_a_cache_without_deleting_each_others_files(hub, tmp_p
     assert blobs(cache) == []  # the last user of each blob deleted it
     leases = cache / ".locks" / "pythia_probe" / f"models--{REPO.replace('/', '--')}" / "leases"
     assert not [p for p in leases.rglob("*") if p.is_file()]
+
+
+def test_a_release_never_removes_the_snapshot_folder_another_source_is_linking_into(
+        tmp_path, monkeypatch):
+    """The CI failure of session 8 (FileNotFoundError, 1 in ~50 runs): source B made the
+    snapshot folder, source A found it empty and removed it, B's symlink had nowhere to go.
+    Here B is paused between the two and A's release runs meanwhile: it must wait for B."""
+    a, b = HubCache(tmp_path, REPO), HubCache(tmp_path, REPO)
+    commit, f = "c" * 40, FileInfo("model.safetensors", 3, "a" * 64, None)
+    made, go, errors = threading.Event(), threading.Event(), []
+    real = HubCache._snapshot_dir
+
+    def paused(self, c):
+        real(self, c)
+        if self is b:
+            made.set()
+            go.wait(5)
+
+    monkeypatch.setattr(HubCache, "_snapshot_dir", paused)
+
+    def link():
+        try:
+            b.link(commit, f, b.put_blob(f.etag, part))
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    part = hubio.partial_path(b.blob(f.etag))
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"abc")
+    t = threading.Thread(target=link)
+    t.start()
+    assert made.wait(5), errors
+    releaser = threading.Thread(target=a.release, args=(commit, "step0", [], lambda _: False))
+    releaser.start()
+    releaser.join(0.3)  # without the snapshot lock it has removed the folder by now
+    go.set()
+    t.join(5)
+    releaser.join(5)
+    assert not errors, errors
+    assert b.pointer(commit, f.path).is_symlink()
+    assert b.pointer(commit, f.path).read_bytes() == b"abc"
 
 
 def test_keep_then_offline_reads_the_tools_files_and_later_runs_may_evict_them(hub, tmp_path,

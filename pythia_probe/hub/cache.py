@@ -12,6 +12,7 @@ Layout: huggingface_hub's own, so its tools (``scan_cache_dir``, ``HF_HUB_OFFLIN
         owned/<path in the repo folder>.owned   ledger: what the tool created
         leases/<hash>/<host>-<pid>-<nonce>      sources (any process) now using a blob
         locks/<hash>.lock                       one fetcher or evicter of a blob at a time
+        locks/snapshot-<commit>.lock            one creator or remover of a snapshot folder
         trees/<commit>.json                     the hub's sizes and hashes of fetched commits,
                                                 so offline reads are verified too
 
@@ -172,17 +173,22 @@ class HubCache:
         pointer = self.pointer(commit, f.path)
         if found == pointer:
             return pointer
-        if os.path.lexists(pointer) and not self.delete(pointer):
-            raise CorruptFileError(f"{pointer} is a broken or stale entry that pythia_probe did "
-                                   "not create; delete it (or use another cache folder)")
-        self._snapshot_dir(commit)
-        self.own(pointer)
-        if not constants.HF_HUB_DISABLE_SYMLINKS:
-            try:
-                os.symlink(os.path.relpath(found, pointer.parent), pointer)
-                return pointer
-            except OSError:
-                pass
+        with self.lock(f"snapshot-{commit}"):  # release() may remove an empty folder
+            if os.path.lexists(pointer) and not self.delete(pointer):
+                raise CorruptFileError(f"{pointer} is a broken or stale entry that pythia_probe "
+                                       "did not create; delete it (or use another cache folder)")
+            self._snapshot_dir(commit)
+            self.own(pointer)
+            if not constants.HF_HUB_DISABLE_SYMLINKS:
+                try:
+                    os.symlink(os.path.relpath(found, pointer.parent), pointer)
+                    return pointer
+                except OSError:
+                    pass
+            return self._plain(f, found, pointer)
+
+    def _plain(self, f: FileInfo, found: Path, pointer: Path) -> Path:
+        """The snapshot entry as the file itself (no symlinks here)."""
         if found == self.blob(f.etag) and self.owns(found) and not self.others_hold(f.etag):
             os.replace(found, pointer)  # plain layout: the snapshot entry is the file
             self.delete(found)
@@ -200,10 +206,12 @@ class HubCache:
         """``refs/<branch>`` -> ``commit`` for later offline runs; a ref the tool did not write
         is left as it is."""
         ref = self.ref(branch)
-        if ref.exists() and (not self.owns(ref) or ref.read_text().strip() == commit):
-            return
-        self.own(ref)
-        write_text(ref, commit)
+        with self.lock(f"snapshot-{commit}"):
+            now = _read(ref)
+            if now is not None and (not self.owns(ref) or now == commit):
+                return
+            self.own(ref)
+            write_text(ref, commit)
 
     # ---- eviction ------------------------------------------------------------------------------
     def release(self, commit: str, branch: str, files: list[FileInfo],
@@ -212,8 +220,9 @@ class HubCache:
         caller has dropped its leases). ``still_used(hash)``: whether the caller still needs a
         blob for another commit, asked under the blob's lock so a fetch cannot slip in."""
         ref = self.ref(branch)
-        if self.owns(ref) and ref.is_file() and ref.read_text().strip() == commit:
-            self.delete(ref)  # first: a ref to a half-deleted snapshot upsets scan_cache_dir
+        with self.lock(f"snapshot-{commit}"):
+            if self.owns(ref) and _read(ref) == commit:
+                self.delete(ref)  # first: a ref to a half-deleted snapshot upsets scan_cache_dir
         for f in files:
             if self.others_hold(f.etag):
                 continue  # no waiting on another process's download of it
@@ -221,8 +230,9 @@ class HubCache:
                 if not self.others_hold(f.etag):
                     self._drop(commit, f, not still_used(f.etag), keep_partial)
         folder = self.storage / "snapshots" / commit
-        if folder.is_dir() and not any(folder.iterdir()):
-            self.delete(folder)
+        with self.lock(f"snapshot-{commit}"):  # not while another source links a file in it
+            if folder.is_dir() and not any(folder.iterdir()):
+                self.delete(folder)
 
     def _drop(self, commit: str, f: FileInfo, blob_too: bool, keep_partial: bool) -> None:
         self.delete(self.pointer(commit, f.path))
@@ -360,6 +370,14 @@ class Holdings:
         """Whether a commit still held needs the blob ``etag``."""
         with self._lock:
             return etag in self._used()
+
+
+def _read(ref: Path) -> str | None:
+    """A ref's commit id; None when there is none (another source may delete it meanwhile)."""
+    try:
+        return ref.read_text().strip() if ref.is_file() else None
+    except FileNotFoundError:
+        return None
 
 
 def _hex(s: str) -> bool:
