@@ -107,6 +107,10 @@ class HubCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(str(path))
 
+    def snapshot_lock(self, commit: str) -> FileLock:
+        """One creator or remover of ``commit``'s snapshot folder (and its ref) at a time."""
+        return self.lock(f"snapshot-{check_oid(commit, 'a commit id')}")
+
     def lease(self, etag: str) -> None:
         """Mark ``etag`` as in use by this source (so no other process evicts it meanwhile)."""
         path = self.state / "leases" / etag / self.token
@@ -173,7 +177,7 @@ class HubCache:
         pointer = self.pointer(commit, f.path)
         if found == pointer:
             return pointer
-        with self.lock(f"snapshot-{commit}"):  # release() may remove an empty folder
+        with self.snapshot_lock(commit):  # release() may remove an empty folder
             if os.path.lexists(pointer) and not self.delete(pointer):
                 raise CorruptFileError(f"{pointer} is a broken or stale entry that pythia_probe "
                                        "did not create; delete it (or use another cache folder)")
@@ -206,7 +210,7 @@ class HubCache:
         """``refs/<branch>`` -> ``commit`` for later offline runs; a ref the tool did not write
         is left as it is."""
         ref = self.ref(branch)
-        with self.lock(f"snapshot-{commit}"):
+        with self.snapshot_lock(commit):
             now = _read(ref)
             if now is not None and (not self.owns(ref) or now == commit):
                 return
@@ -220,7 +224,7 @@ class HubCache:
         caller has dropped its leases). ``still_used(hash)``: whether the caller still needs a
         blob for another commit, asked under the blob's lock so a fetch cannot slip in."""
         ref = self.ref(branch)
-        with self.lock(f"snapshot-{commit}"):
+        with self.snapshot_lock(commit):
             if self.owns(ref) and _read(ref) == commit:
                 self.delete(ref)  # first: a ref to a half-deleted snapshot upsets scan_cache_dir
         for f in files:
@@ -230,7 +234,7 @@ class HubCache:
                 if not self.others_hold(f.etag):
                     self._drop(commit, f, not still_used(f.etag), keep_partial)
         folder = self.storage / "snapshots" / commit
-        with self.lock(f"snapshot-{commit}"):  # not while another source links a file in it
+        with self.snapshot_lock(commit):  # not while another source links a file in it
             if folder.is_dir() and not any(folder.iterdir()):
                 self.delete(folder)
 
