@@ -60,9 +60,22 @@ def prog_name(default: str) -> str:
     return _PROG.get() or default
 
 
+#: ``ast.parse`` is not safe to call from two threads at once on CPython 3.11 (``SystemError: AST
+#: constructor recursion depth mismatch``): two sweeps in one process parse their configs here
+_PARSE_LOCK = threading.Lock()
+_FIELD_DOCS: dict[type, dict[str, str]] = {}
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings of a dataclass (the string right under each field), base classes
-    first."""
+    first; parsed once per class, under a lock."""
+    with _PARSE_LOCK:
+        if cls not in _FIELD_DOCS:
+            _FIELD_DOCS[cls] = _parse_field_docs(cls)
+        return dict(_FIELD_DOCS[cls])
+
+
+def _parse_field_docs(cls: type) -> dict[str, str]:
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__[:-1]):
         try:

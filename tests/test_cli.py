@@ -211,3 +211,44 @@ def test_help_paths_import_no_torch(module, argv, light):
             f"print(sorted(m for m in {light!r} if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+
+
+def test_field_docs_never_parses_from_two_threads_at_once(monkeypatch):
+    """``ast.parse`` from two threads at once can raise SystemError on CPython 3.11 (two sweeps
+    in one process): field_docs parses under a lock, and once per class."""
+    import ast
+    import dataclasses
+    import threading
+    import time
+
+    from pythia_probe import cli
+
+    @dataclasses.dataclass
+    class Config:
+        alpha: int = 1
+        """the first field"""
+        beta: str = "b"
+        """the second field"""
+
+    inside, most, real_parse = [0], [0], ast.parse
+
+    def slow_parse(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        try:
+            return real_parse(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(cli.ast, "parse", slow_parse)
+    monkeypatch.setattr(cli, "_FIELD_DOCS", {})
+    got: list[dict[str, str]] = []
+    threads = [threading.Thread(target=lambda: got.append(cli.field_docs(Config)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
+    assert got == [{"alpha": "the first field", "beta": "the second field"}] * 8
