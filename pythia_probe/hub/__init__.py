@@ -15,22 +15,25 @@ The public face (what the sweep and the ``revisions`` command use)::
   one retry policy, the bytes from the hub to disk) and :mod:`.net` (timeouts and transport).
 """
 
-from pythia_probe.hub.checkpoints import (
-    CheckpointSource,
-    DownloadPlan,
-    Group,
-    Loaded,
-    RetryPolicy,
-    Revision,
-    Task,
-    plan_downloads,
-    stream_plan,
-)
-from pythia_probe.hub.io import endpoint, offline_hint
-from pythia_probe.hub.revisions import ledger, read_ledger, write_ledger
-from pythia_probe.hub.steps import PYTHIA_STEPS, is_pythia, parse_steps
-from pythia_probe.hub.weights import read_json
+from pythia_probe.lazy import faces
 
 __all__ = ["PYTHIA_STEPS", "CheckpointSource", "DownloadPlan", "Group", "Loaded", "RetryPolicy",
            "Revision", "Task", "endpoint", "is_pythia", "ledger", "offline_hint", "parse_steps",
            "plan_downloads", "read_json", "read_ledger", "stream_plan", "write_ledger"]
+__getattr__, __dir__ = faces(__name__, {
+    ".checkpoints": (
+        "CheckpointSource",
+        "DownloadPlan",
+        "Group",
+        "Loaded",
+        "RetryPolicy",
+        "Revision",
+        "Task",
+        "plan_downloads",
+        "stream_plan",
+    ),
+    ".io": ("endpoint", "offline_hint"),
+    ".revisions": ("ledger", "read_ledger", "write_ledger"),
+    ".steps": ("PYTHIA_STEPS", "is_pythia", "parse_steps"),
+    ".weights": ("read_json",),
+})
