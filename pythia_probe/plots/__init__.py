@@ -31,7 +31,8 @@ __getattr__, __dir__ = faces(__name__, {
     ),
     ".figures": ("curve_figure", "head_figure", "layer_figure", "layerless_figure"),
     ".paper": ("PAPER_HEAD_LAYERS", "figure6", "figure7", "paper_figures"),
-    ".run": ("PlotsConfig", "main", "metric_figures", "plot_run"),
+    ".config": ("PlotsConfig",),
+    ".run": ("main", "metric_figures", "plot_run"),
     ".table": ("PAPER_STEPS", "pivot"),
     "pythia_probe.summary": ("paper_layers",),
 })
