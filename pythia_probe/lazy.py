@@ -46,3 +46,16 @@ def _keeping(names: set[str]) -> type[types.ModuleType]:
             super().__setattr__(name, value)
 
     return Face
+
+
+def forwarding(module: str, target: str) -> Callable[[str], object]:
+    """The module ``__getattr__`` of a command module kept light (``module``, the command, its
+    flags and ``main``): every other name is read from ``target`` (its library, imported on
+    first use), so ``module.NAME`` and ``from module import NAME`` work as before."""
+
+    def __getattr__(name: str) -> object:
+        if name.startswith("__"):  # import-system and tool probes (__path__, __wrapped__)
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(target), name)
+
+    return __getattr__

@@ -10,11 +10,11 @@ Only the flags are read here, so ``--help`` imports no torch; every name of the 
 
 from __future__ import annotations
 
-import importlib
 import sys
 from dataclasses import asdict
 
 from pythia_probe.cli import parse_config, run_main
+from pythia_probe.lazy import forwarding
 from pythia_probe.toy.flags import TrainFlags, with_preset
 
 
@@ -26,10 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     return trainer.command(trainer.TrainConfig(**asdict(flags)), argv)
 
 
-def __getattr__(name: str) -> object:
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module("pythia_probe.toy.trainer"), name)
+__getattr__ = forwarding(__name__, "pythia_probe.toy.trainer")
 
 
 if __name__ == "__main__":
