@@ -110,6 +110,20 @@ def test_imports_at_module_top():
     assert not lazy, "imports inside functions:\n" + "\n".join(lazy)
 
 
+def test_deferred_imports_are_in_command_modules_only():
+    """``# deferred: --help`` marks imports in the modules of ``pythia-probe``'s commands (the
+    functions that run a command), nowhere else."""
+    from pythia_probe.__main__ import COMMANDS
+
+    commands = set()
+    for module in COMMANDS.values():
+        path = PACKAGE.joinpath(*module.split(".")[1:])
+        commands.add(path / "__init__.py" if path.is_dir() else path.with_suffix(".py"))
+    marked = [path.relative_to(PACKAGE) for path in PACKAGE.rglob("*.py")
+              if DEFERRED in path.read_text() and path not in commands]
+    assert not marked, f"{DEFERRED} outside the command modules: {marked}"
+
+
 def _deferred(lines: list[str], node: ast.stmt) -> bool:
     """An import marked ``# deferred: --help`` (on its first or last line)."""
     return any(lines[n - 1].rstrip().endswith(DEFERRED) for n in (node.lineno, node.end_lineno))
