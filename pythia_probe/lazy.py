@@ -10,6 +10,7 @@ In a package's ``__init__``::
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from collections.abc import Callable, Iterable
@@ -22,8 +23,10 @@ def faces(package: str, modules: dict[str, Iterable[str]]
     where = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> object:
-        if name not in where:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        if name not in where:  # a submodule the eager package had imported (pkg.steps.X)
+            if name.startswith("__") or importlib.util.find_spec(f"{package}.{name}") is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            return importlib.import_module(f"{package}.{name}")
         value = getattr(importlib.import_module(where[name], package), name)
         setattr(sys.modules[package], name, value)  # later reads skip this function
         return value
