@@ -34,5 +34,5 @@ __getattr__, __dir__ = faces(__name__, {
     ".config": ("PlotsConfig",),
     ".run": ("main", "metric_figures", "plot_run"),
     ".table": ("PAPER_STEPS", "pivot"),
-    "pythia_probe.summary": ("paper_layers",),
+    "pythia_probe.summary.table": ("paper_layers",),
 })

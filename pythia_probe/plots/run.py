@@ -26,7 +26,7 @@ from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, paper_figures
 from pythia_probe.plots.table import head_layers as clip_layers
 from pythia_probe.plots.table import series
 from pythia_probe.results import MANIFEST, ResultsError, read_manifest, read_results
-from pythia_probe.summary import paper_layers
+from pythia_probe.summary.table import paper_layers
 
 
 def metric_figures(df: pd.DataFrame, out_dir: str | os.PathLike, *,
