@@ -39,7 +39,8 @@ RUNS = {
               str(ROOT / "tests")],
 }
 #: modules whose ``--help`` is timed
-HELP = ("sweep", "stats", "corpus", "toy.train", "toy.icrecall", "plots", "summary", "revisions")
+HELP = ("sweep", "stats", "corpus", "toy.train", "toy.icrecall", "plots", "summary",
+        "hub.revisions")
 
 
 @dataclass(frozen=True)

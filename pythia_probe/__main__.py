@@ -16,7 +16,7 @@ COMMANDS = {
     "corpus": "pythia_probe.corpus.__main__",
     "toy": "pythia_probe.toy.train",
     "icrecall": "pythia_probe.toy.icrecall.__main__",
-    "plots": "pythia_probe.plots",
+    "plots": "pythia_probe.plots.__main__",
     "summary": "pythia_probe.summary",
     "revisions": "pythia_probe.hub.revisions",
 }

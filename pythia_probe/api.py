@@ -26,7 +26,7 @@ from pythia_probe.errors import BadInputError, MissingFileError, ResultsError
 from pythia_probe.ranks import from_env
 from pythia_probe.results import MANIFEST, read_manifest, read_results
 from pythia_probe.stats import CorpusStats
-from pythia_probe.summary import summary_table
+from pythia_probe.summary.table import summary_table
 from pythia_probe.sweep import SweepConfig
 from pythia_probe.sweep.runner import build_statistics
 from pythia_probe.sweep.runner import run as run_parts

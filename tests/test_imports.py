@@ -27,11 +27,14 @@ LAYERS = [
     "cli",
     "logs",
     "fileio",
-    "errors",
+    "errors | lazy",
 ]
 #: imported inside functions on purpose: each costs seconds at import or is needed only by one
 #: command path (multi-process runs, the text forward pass, hub datasets)
 HEAVY = {"transformers", "datasets", "accelerate"}
+#: the one other allowance: a command's entry point imports what its run needs inside the
+#: function that runs it, marked on the line, so that ``--help`` loads no torch (issue 30)
+DEFERRED = "# deferred: --help"
 
 
 def build(package: str):
@@ -94,15 +97,36 @@ def test_the_graph_sees_imports_under_type_checking(tmp_path, monkeypatch):
 def test_imports_at_module_top():
     lazy = []
     for path in PACKAGE.rglob("*.py"):
-        tree = ast.parse(path.read_text())
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
         functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
         for fn in functions:
             for node in ast.walk(fn):
                 if isinstance(node, ast.Import | ast.ImportFrom):
                     mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-                    if mod.split(".")[0] not in HEAVY:
+                    if mod.split(".")[0] not in HEAVY and not _deferred(lines, node):
                         lazy.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {mod}")
     assert not lazy, "imports inside functions:\n" + "\n".join(lazy)
+
+
+def test_deferred_imports_are_in_command_modules_only():
+    """``# deferred: --help`` marks imports in the modules of ``pythia-probe``'s commands (the
+    functions that run a command), nowhere else."""
+    from pythia_probe.__main__ import COMMANDS
+
+    commands = set()
+    for module in COMMANDS.values():
+        path = PACKAGE.joinpath(*module.split(".")[1:])
+        commands.add(path / "__init__.py" if path.is_dir() else path.with_suffix(".py"))
+    marked = [path.relative_to(PACKAGE) for path in PACKAGE.rglob("*.py")
+              if DEFERRED in path.read_text() and path not in commands]
+    assert not marked, f"{DEFERRED} outside the command modules: {marked}"
+
+
+def _deferred(lines: list[str], node: ast.stmt) -> bool:
+    """An import marked ``# deferred: --help`` (on its first or last line)."""
+    return any(lines[n - 1].rstrip().endswith(DEFERRED) for n in (node.lineno, node.end_lineno))
 
 
 def test_importing_a_module_has_no_side_effect():

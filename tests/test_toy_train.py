@@ -14,6 +14,7 @@ from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.results import read_manifest, read_results, validate
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.toy import train as tt
+from pythia_probe.toy import trainer
 from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
 
 D_VOCAB, T, N = 12, 6, 16
@@ -300,7 +301,8 @@ def test_a_cosine_outside_its_range_is_refused_not_written(tmp_path, monkeypatch
     a = torch.ones(3, 3)
     assert tt.checked_cosine(a, a, "x") == pytest.approx(1.0)
     assert math.isnan(tt.checked_cosine(a, torch.zeros(3, 3), "x"))  # no direction: no row
-    monkeypatch.setattr(tt, "frobenius_cosine", lambda a, b: 2.5e54)  # e.g. corrupt statistics
+    # the trainer's own module (toy.train is the light command that reads its names)
+    monkeypatch.setattr(trainer, "frobenius_cosine", lambda a, b: 2.5e54)  # corrupt statistics
     with pytest.raises(OutOfRangeError, match="cosine of W_O layer None is 2.5e"):
         run_train(config(tmp_path, epochs=1))
     assert not (tmp_path / "rows").exists()

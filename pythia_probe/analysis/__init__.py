@@ -7,17 +7,12 @@ Each declares what it needs (:class:`Needs`) and costs (:class:`Cost`): see
 :mod:`pythia_probe.analysis.base` and the registry in :mod:`pythia_probe.analysis.registry`.
 """
 
-from pythia_probe.analysis.base import (
-    Analysis,
-    Cost,
-    Needs,
-    Options,
-    Shape,
-    StepTensors,
-    combined_needs,
-)
-from pythia_probe.analysis.registry import REGISTRY, get_analyses
-from pythia_probe.analysis.targets import target_matrix
+from pythia_probe.lazy import faces
 
 __all__ = ["REGISTRY", "Analysis", "Cost", "Needs", "Options", "Shape", "StepTensors",
            "combined_needs", "get_analyses", "target_matrix"]
+__getattr__, __dir__ = faces(__name__, {
+    ".base": ("Analysis", "Cost", "Needs", "Options", "Shape", "StepTensors", "combined_needs"),
+    ".registry": ("REGISTRY", "get_analyses"),
+    ".targets": ("target_matrix",),
+})

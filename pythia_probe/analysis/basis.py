@@ -27,7 +27,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-DEFAULT_CHUNK = 4096
+from pythia_probe.analysis.defaults import DEFAULT_CHUNK
+
 GRAM_BLOCK = 1100  # column block of a Gram's upper triangle (d + 1 = 2,049: two blocks)
 GRAM_ROWS = 8192  # rows per block product of a Gram (at least; a deep product keeps the peak)
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from pythia_probe import builtin_corpus
 from pythia_probe.cli import parse_subcommand, run_main
-from pythia_probe.corpus.sources import DOC_SPLITS, SEPARATOR, iter_documents
 from pythia_probe.errors import BadInputError
 from pythia_probe.fileio import atomic_write, check_writable
-from pythia_probe.tokenizer import word_tokens
 
 
 @dataclass(frozen=True)
@@ -67,6 +64,7 @@ class InspectConfig:
         if self.docs < 1 or self.top < 1 or self.min_chars < 0 or self.sample_chars < 1:
             raise BadInputError("need --docs >= 1, --top >= 1, --min-chars >= 0 and "
                                 "--sample-chars >= 1")
+        from pythia_probe.corpus.sources import DOC_SPLITS  # deferred: --help
         if self.doc_split not in DOC_SPLITS:
             raise BadInputError(f"--doc-split {self.doc_split!r}; valid: {', '.join(DOC_SPLITS)}")
 
@@ -74,6 +72,7 @@ class InspectConfig:
 def generate(cfg: GenerateConfig) -> int:
     """Write the stories, each followed by a "<|endoftext|>" line, through the one atomic
     writer (a temp file beside ``out``, renamed when complete); returns the token count."""
+    from pythia_probe.corpus.sources import SEPARATOR  # deferred: --help
     n_tokens = 0
 
     def write(tmp: Path) -> None:
@@ -91,7 +90,10 @@ def generate(cfg: GenerateConfig) -> int:
 
 def summarise(cfg: InspectConfig) -> str:
     """The report `inspect` prints (every number computed from the documents read)."""
+    import numpy as np  # deferred: --help
 
+    from pythia_probe.corpus.sources import iter_documents  # deferred: --help
+    from pythia_probe.tokenizer import word_tokens  # deferred: --help
     docs = list(iter_documents(cfg.dataset, text_field=cfg.text_field, min_chars=cfg.min_chars,
                                max_docs=cfg.docs, split=cfg.split, doc_split=cfg.doc_split))
     toks = [word_tokens(d) for d in docs]

@@ -14,21 +14,25 @@
 - :mod:`.run`: :func:`plot_run` (every figure of a table) and ``python -m pythia_probe.plots``.
 """
 
-from pythia_probe.plots.compare import (
-    compare_figure,
-    compare_run,
-    compare_table,
-    format_compare,
-    model_size,
-    order_models,
-)
-from pythia_probe.plots.figures import curve_figure, head_figure, layer_figure, layerless_figure
-from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, figure6, figure7, paper_figures
-from pythia_probe.plots.run import PlotsConfig, main, metric_figures, plot_run
-from pythia_probe.plots.table import PAPER_STEPS, pivot
-from pythia_probe.summary import paper_layers
+from pythia_probe.lazy import faces
 
 __all__ = ["PAPER_HEAD_LAYERS", "PAPER_STEPS", "PlotsConfig", "compare_figure", "compare_run",
            "compare_table", "curve_figure", "figure6", "figure7", "format_compare",
            "head_figure", "layer_figure", "layerless_figure", "main", "metric_figures",
            "model_size", "order_models", "paper_figures", "paper_layers", "pivot", "plot_run"]
+__getattr__, __dir__ = faces(__name__, {
+    ".compare": (
+        "compare_figure",
+        "compare_run",
+        "compare_table",
+        "format_compare",
+        "model_size",
+        "order_models",
+    ),
+    ".figures": ("curve_figure", "head_figure", "layer_figure", "layerless_figure"),
+    ".paper": ("PAPER_HEAD_LAYERS", "figure6", "figure7", "paper_figures"),
+    ".config": ("PlotsConfig",),
+    ".run": ("main", "metric_figures", "plot_run"),
+    ".table": ("PAPER_STEPS", "pivot"),
+    "pythia_probe.summary.table": ("paper_layers",),
+})

@@ -27,7 +27,13 @@ from pythia_probe.plots import figures, heatmap, stepaxis
 from pythia_probe.plots.describe import color_range, statistics_label, what
 from pythia_probe.plots.scale import EFFECT_CMAP, EFFECT_RANGE, Second, label_effect_bar
 from pythia_probe.plots.table import pivot, safe_name, short_model, step_status
-from pythia_probe.summary import EFFECT, effect_column, paper_layers, step_label, summary_table
+from pythia_probe.summary.table import (
+    EFFECT,
+    effect_column,
+    paper_layers,
+    step_label,
+    summary_table,
+)
 
 log = logging.getLogger(__name__)
 

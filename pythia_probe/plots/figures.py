@@ -28,7 +28,7 @@ from pythia_probe.fileio import atomic_write
 from pythia_probe.plots import curves, heatmap, scale, stepaxis
 from pythia_probe.plots.describe import color_range, range_words, statistics_label, title, what
 from pythia_probe.plots.table import OPTIONAL_FLOATS, pivots, select, short_model, step_status
-from pythia_probe.summary import ABOVE_RULES, above_chance_rule
+from pythia_probe.summary.table import ABOVE_RULES, above_chance_rule
 
 DPI = 120
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,12 @@ from pythia_probe.errors import BadInputError
 from pythia_probe.fileio import check_folders, check_writable, with_subfolders
 from pythia_probe.plots import figures
 from pythia_probe.plots.compare import compare_run
+from pythia_probe.plots.config import PlotsConfig
 from pythia_probe.plots.paper import PAPER_HEAD_LAYERS, paper_figures
 from pythia_probe.plots.table import head_layers as clip_layers
 from pythia_probe.plots.table import series
 from pythia_probe.results import MANIFEST, ResultsError, read_manifest, read_results
-from pythia_probe.summary import paper_layers
+from pythia_probe.summary.table import paper_layers
 
 
 def metric_figures(df: pd.DataFrame, out_dir: str | os.PathLike, *,
@@ -89,30 +89,13 @@ def run_manifest(results: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-@dataclass(frozen=True)
-class PlotsConfig:
-    """Draw the figures of a results folder: the paper's Figures 6 and 7, and a picture of
-    every metric (heat maps and curves over all steps, per-head maps, layerless curves)."""
-
-    results: str
-    """Folder of Parquet result shards (a sweep's --out)."""
-    out: str | None = None
-    """Where the PNGs go (default: RESULTS/plots)."""
-    head_layers: tuple[int, ...] = ()
-    """Layers for the per-head maps, numbered from 1 as the paper (default: 2,13,24, clipped
-    to the model's layers)."""
-    paper: bool = False
-    """Only the paper's Figures 6 and 7 (steps 0, 1, 2, 4, ..., 512)."""
-
-    def __post_init__(self):
-        if any(layer < 1 for layer in self.head_layers):
-            raise BadInputError(f"--head-layers are numbered from 1 (the paper's layers), got "
-                                f"{','.join(map(str, self.head_layers))}")
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw the figures of a results folder and print their paths."""
-    cfg = parse_config(PlotsConfig, argv, "python -m pythia_probe.plots")
+    return draw(parse_config(PlotsConfig, argv, "python -m pythia_probe.plots"))
+
+
+def draw(cfg: PlotsConfig) -> int:
+    """The command once its flags are parsed: draw the figures, print their paths."""
     figures = cfg.out or Path(cfg.results) / "plots"
     df = read_results(cfg.results)
     check_folders(cfg.results, with_subfolders(figures))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from pythia_probe.analysis.intervals import Z_ABOVE
-from pythia_probe.summary import ABOVE, EFFECT
+from pythia_probe.summary.table import ABOVE, EFFECT
 
 EFFECT_CMAP = "BrBG"
 EFFECT_RANGE = (-1.0, 1.0)

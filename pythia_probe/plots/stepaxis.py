@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.transforms import ScaledTranslation
 
-from pythia_probe.summary import step_label as label
+from pythia_probe.summary.table import step_label as label
 
 #: closest two tick labels may sit, in octaves
 MIN_TICK_GAP = 0.45

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.summary import FLAGGED, above_chance_column, column, effect_column
+from pythia_probe.summary.table import FLAGGED, above_chance_column, column, effect_column
 
 OPTIONAL_FLOATS = ("chance", "chance_sd", "ceiling", "ceiling_half", "ci_low", "ci_high",
                    "effect", "above_chance")

@@ -13,15 +13,18 @@ their torch / numpy twins, chosen inside).
 Memory plans: ``stats/MEMORY.md``.
 """
 
-from pythia_probe.stats.dense.count import CountAccumulator
-from pythia_probe.stats.dense.first import first_pass
-from pythia_probe.stats.dense.second import QAccumulator
-from pythia_probe.stats.driver import batch_stats, compute_stats
-from pythia_probe.stats.engine import Engine, top_k_ids
-from pythia_probe.stats.result import CorpusStats, read_meta
-from pythia_probe.stats.sequences import SequencePolicy
-from pythia_probe.stats.sparse.count import SparseCountAccumulator
+from pythia_probe.lazy import faces
 
 __all__ = ["CorpusStats", "CountAccumulator", "Engine", "QAccumulator", "SequencePolicy",
            "SparseCountAccumulator", "batch_stats", "compute_stats", "first_pass", "read_meta",
            "top_k_ids"]
+__getattr__, __dir__ = faces(__name__, {
+    ".dense.count": ("CountAccumulator",),
+    ".dense.first": ("first_pass",),
+    ".dense.second": ("QAccumulator",),
+    ".driver": ("batch_stats", "compute_stats"),
+    ".engine": ("Engine", "top_k_ids"),
+    ".result": ("CorpusStats", "read_meta"),
+    ".sequences": ("SequencePolicy",),
+    ".sparse.count": ("SparseCountAccumulator",),
+})

@@ -7,20 +7,25 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from pythia_probe.cli import parse_subcommand, run_main
 from pythia_probe.fileio import check_writable
-from pythia_probe.ranks import from_env
-from pythia_probe.stats import top
-from pythia_probe.stats.job import StatsConfig, compute
+from pythia_probe.stats.config import StatsFlags, TopFlags
 
-COMMANDS = {"compute": StatsConfig, "top": top.TopConfig}
+#: the flags of each subcommand (light: ``--help`` imports no torch); main validates them
+COMMANDS = {"compute": StatsFlags, "top": TopFlags}
 
 
 def main(argv: list[str] | None = None) -> int:
-    command, cfg = parse_subcommand(COMMANDS, argv, "python -m pythia_probe.stats", __doc__)
+    command, flags = parse_subcommand(COMMANDS, argv, "python -m pythia_probe.stats", __doc__)
     if command == "top":
-        print(top.render(cfg))
+        from pythia_probe.stats import top  # deferred: --help
+        print(top.render(top.TopConfig(**asdict(flags))))
         return 0
+    from pythia_probe.ranks import from_env  # deferred: --help
+    from pythia_probe.stats.job import StatsConfig, compute  # deferred: --help
+    cfg = StatsConfig(**asdict(flags))
     check_writable(cfg.out, is_file=True)
     stats = compute(cfg, from_env(cfg.device))
     if stats is not None:

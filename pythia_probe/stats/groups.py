@@ -35,10 +35,9 @@ from torch import Tensor
 from pythia_probe.errors import BadInputError
 from pythia_probe.fileio import remove
 from pythia_probe.stats.checkpoint import load_state, save_state
+from pythia_probe.stats.config import DEFAULT_GROUPS as DEFAULT_GROUPS  # re-exported
 from pythia_probe.stats.factors import Factors, SparseQ
 from pythia_probe.stats.tables import CountTable, FixedTable
-
-DEFAULT_GROUPS = 10
 
 
 def q_tensors(prefix: str, q: SparseQ | None) -> dict[str, Tensor]:

@@ -13,30 +13,14 @@ import pandas as pd
 import torch
 
 from pythia_probe.errors import BadInputError
+from pythia_probe.stats.config import TopFlags
 from pythia_probe.stats.result import MATRICES, CorpusStats
 from pythia_probe.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
-class TopConfig:
-    """List the top associated tokens of each row of Bbar, SigmaB and Phibar (Figure 5)."""
-
-    stats: str
-    """Path of a stats .safetensors file."""
-    matrices: tuple[str, ...] = ("Bbar", "SigmaB", "Phibar")
-    """Matrices to list (Figure 5: Bbar, SigmaB, Phibar)."""
-    rows: tuple[str, ...] = ()
-    """Row tokens: as shown in the table (a leading space shown as ␣: ␣the is " the"), the
-    token's text itself (" the"), the tokenizer's own string (Ġthe), or an integer id;
-    default: the most frequent."""
-    n_rows: int = 10
-    """Rows listed when --rows is not given (the most frequent tokens)."""
-    k: int = 5
-    """Entries per row."""
-    tokenizer: str | None = None
-    """Tokenizer to name tokens (default: the one saved next to / recorded in the stats)."""
-    keep_self: bool = False
-    """Keep the row's own token among its top entries (default: excluded)."""
+class TopConfig(TopFlags):
+    __doc__ = TopFlags.__doc__  # the flags and their help: stats/config.py
 
     def __post_init__(self) -> None:
         bad = [m for m in self.matrices if m not in MATRICES or m == "Delta"]

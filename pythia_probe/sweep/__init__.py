@@ -31,8 +31,11 @@ lacks, statistics from another tokenizer or with ids the model lacks, layers it 
 rejected before any weight is downloaded.
 """
 
-from pythia_probe.sweep.config import SweepConfig, SweepParts
-from pythia_probe.sweep.runner import run, run_step
-from pythia_probe.sweep.scoring import Scorer
+from pythia_probe.lazy import faces
 
 __all__ = ["Scorer", "SweepConfig", "SweepParts", "run", "run_step"]
+__getattr__, __dir__ = faces(__name__, {
+    ".config": ("SweepConfig", "SweepParts"),
+    ".runner": ("run", "run_step"),
+    ".scoring": ("Scorer",),
+})

@@ -5,13 +5,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from pythia_probe import demo
 from pythia_probe.cli import flag, parse_configs, run_main
 from pythia_probe.errors import BadInputError
 from pythia_probe.fileio import check_writable
-from pythia_probe.ranks import from_env
-from pythia_probe.sweep.config import SweepConfig
-from pythia_probe.sweep.runner import run
+from pythia_probe.sweep.flags import SweepFlags
 
 #: --demo writes here (untracked); `--demo --out results/demo` regenerates the committed copy
 DEMO_OUT = "runs/demo"
@@ -55,8 +52,10 @@ def check_demo_flags(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; the only place that knows about process ranks."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    fields, flags = parse_configs([SweepConfig, DemoFlags], argv, "python -m pythia_probe.sweep")
+    fields, flags = parse_configs([SweepFlags, DemoFlags], argv, "python -m pythia_probe.sweep")
     flags = DemoFlags(**flags)
+    from pythia_probe.ranks import from_env  # deferred: --help
+    from pythia_probe.sweep.config import SweepConfig  # deferred: --help
     cfg = SweepConfig(**fields)  # validates every flag (and the device) before joining ranks
     if flags.demo:
         check_demo_flags(argv)
@@ -64,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         check_writable(out)
         check_writable(flags.work, "--work")
         ranks = from_env(cfg.device)
+        from pythia_probe import demo  # deferred: --help
         dcfg = demo.DemoConfig(**({"max_step": flags.demo_max_step} if flags.demo_max_step
                                   else {}))
         return demo.run_demo(out, dcfg, device=ranks.device,
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = cfg.split(ranks.device)
     if not cfg.dry_run:
         check_writable(parts.output.out)
+    from pythia_probe.sweep.runner import run  # deferred: --help
     return run(parts, ranks, argv)
 
 

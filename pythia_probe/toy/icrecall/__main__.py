@@ -17,21 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.fileio import check_writable
-from pythia_probe.results import new_run_id, write_manifest, write_shard
-from pythia_probe.toy.icrecall.experiment import (
-    EvalConfig,
-    history_rows,
-    metric_rows,
-    run_experiment,
-)
-from pythia_probe.toy.icrecall.memory import MemoryConfig
-from pythia_probe.toy.icrecall.paper import comparison_lines
-from pythia_probe.toy.icrecall.task import TaskConfig
-from pythia_probe.toy.icrecall.train import TrainConfig
+from pythia_probe.toy.icrecall.config import EvalConfig, MemoryConfig, TaskConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -54,6 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     values = parse_configs(CONFIGS, argv, "python -m pythia_probe.toy.icrecall", __doc__)
     task, mem, train, ev, flags = (cls(**v) for cls, v in zip(CONFIGS, values, strict=True))
     check_writable(flags.out)
+    import torch  # deferred: --help
+
+    from pythia_probe.results import new_run_id, write_manifest, write_shard  # deferred: --help
+    from pythia_probe.toy.icrecall.experiment import (  # deferred: --help
+        history_rows,
+        metric_rows,
+        run_experiment,
+    )
+    from pythia_probe.toy.icrecall.paper import comparison_lines  # deferred: --help
     torch.set_num_threads(flags.threads)
     started, run_id = datetime.now(timezone.utc), new_run_id()
     out = run_experiment(task, mem, train, ev, progress=flags.progress)

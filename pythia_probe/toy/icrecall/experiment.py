@@ -9,6 +9,7 @@ import torch
 
 from pythia_probe.errors import BadInputError
 from pythia_probe.results import make_rows
+from pythia_probe.toy.icrecall.config import EvalConfig
 from pythia_probe.toy.icrecall.evaluate import evaluate, pattern_metrics
 from pythia_probe.toy.icrecall.memory import ConstructedMemory, MemoryConfig
 from pythia_probe.toy.icrecall.model import ICRecallModel
@@ -17,22 +18,6 @@ from pythia_probe.toy.icrecall.task import KnowledgeBase, TaskConfig, make_kb, s
 from pythia_probe.toy.icrecall.train import TrainConfig, TrainResult, train
 
 MODEL = "icrecall"
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """n_test fresh prompts (seed test_seed, disjoint from training seeds by construction of the
-    stream), n_monitor prompts for the curves (0 = none), decoding temperature (0 = argmax)."""
-
-    n_test: int = 20000
-    test_seed: int = 10**6
-    n_monitor: int = 1000
-    temperature: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.n_test < 1 or self.n_monitor < 0 or self.temperature < 0:
-            raise BadInputError(f"need n_test >= 1, n_monitor >= 0, temperature >= 0; got "
-                             f"{self.n_test}, {self.n_monitor}, {self.temperature}")
 
 
 @dataclass

@@ -17,83 +17,17 @@ h E^T (so large vocabularies fit); votes are gathered per triple in batch chunks
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.toy.icrecall.config import (  # noqa: F401 - the memory's names
+    BETA_DEFAULT,
+    EMBEDDINGS,
+    ROW_LAWS,
+    VOTES,
+    MemoryConfig,
+)
 from pythia_probe.toy.icrecall.task import KnowledgeBase
-
-VOTES = ("product", "minpow", "andprod")
-ROW_LAWS = ("softmax", "dirichlet")  # pre-training's attention-like rows (pretrained.py)
-EMBEDDINGS = ("random", "onehot")
-BETA_DEFAULT = {"constructed": 400.0, "pretrained": 2.0}
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    """kind: constructed | pretrained. embedding: random | onehot; d_model for random.
-    vote, threshold, power, smooth: the constructed memory's AND unit (see module doc).
-    beta: inverse temperature applied to memory logits (None: the kind's default, BETA_DEFAULT:
-    400 for the constructed votes; 2 for the pre-trained MLP, i.e. twice its logits as trained,
-    sharp enough that sampling from the ideal row is near-certain). Pre-trained MLP: d_hidden,
-    pretrain_epochs, pretrain_lr, pretrain_mix (fraction of the pair examples that are two-pair
-    prompts), pretrain_rows (fraction of all relation and answer examples that are whole prompts,
-    s3 and '?' included, read through a random attention row), pretrain_threshold (a pair counts
-    in a relation example's label when the product of its two weights exceeds it; none counted:
-    the blank label, uniform over relations), pretrain_row_law ('softmax': rows softmax(s z),
-    s ~ U(0, pretrain_row_sigma); 'dirichlet': Dirichlet(1) rows); see pretrained.py."""
-
-    kind: str = "constructed"
-    embedding: str = "random"
-    d_model: int = 1024
-    vote: str = "andprod"
-    threshold: float = 0.035
-    power: float = 1.0
-    smooth: float = 0.0025
-    beta: float | None = None
-    d_hidden: int = 1024
-    pretrain_epochs: int = 300
-    pretrain_lr: float = 1e-2
-    pretrain_mix: float = 0.75
-    pretrain_rows: float = 0.5
-    pretrain_threshold: float = 0.05
-    pretrain_row_law: str = "softmax"
-    pretrain_row_sigma: float = 3.0
-    seed: int = field(default=0, metadata={"flag": "memory_seed"})
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("constructed", "pretrained"):
-            raise BadInputError("memory kind must be 'constructed' or 'pretrained', "
-                             f"got {self.kind!r}")
-        if self.embedding not in EMBEDDINGS:
-            raise BadInputError(f"embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
-        if self.vote not in VOTES:
-            raise BadInputError(f"vote must be one of {VOTES}, got {self.vote!r}")
-        if self.kind == "pretrained" and self.embedding != "random":
-            raise BadInputError("the pre-trained memory needs embedding='random'")
-        for name in ("d_model", "d_hidden", "pretrain_epochs"):
-            if getattr(self, name) < 1:
-                raise BadInputError(f"{name} must be >= 1, got {getattr(self, name)}")
-        bad_beta = self.beta is not None and self.beta <= 0
-        if bad_beta or self.power <= 0 or self.threshold < 0 or self.smooth < 0:
-            raise BadInputError("beta and power must be > 0 and threshold, smooth >= 0, got "
-                             f"beta={self.beta}, power={self.power}, threshold={self.threshold}, "
-                             f"smooth={self.smooth}")
-        if self.pretrain_row_law not in ROW_LAWS:
-            raise BadInputError(f"pretrain_row_law must be one of {ROW_LAWS}, got "
-                                f"{self.pretrain_row_law!r}")
-        if self.pretrain_row_sigma < 0:
-            raise BadInputError(f"pretrain_row_sigma must be >= 0, got {self.pretrain_row_sigma}")
-        for name in ("pretrain_mix", "pretrain_rows", "pretrain_threshold"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise BadInputError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-
-    @property
-    def inverse_temperature(self) -> float:
-        """beta, or the kind's default when beta is None."""
-        return BETA_DEFAULT[self.kind] if self.beta is None else float(self.beta)
 
 
 def make_embeddings(kb: KnowledgeBase, cfg: MemoryConfig, dtype=torch.float32) -> torch.Tensor:

@@ -13,55 +13,12 @@ relation draws from the same ``N_A`` answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from pythia_probe.errors import BadInputError
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Knowledge base and prompt shape.
-
-    n_subjects: |S|; n_relations: |R| (even: relations are paired r <-> r^1); n_answers: N_A,
-    shared by all relations; rho: probability that a subject has the same answer under r and its
-    partner; k_pairs: in-context (subject, answer) pairs per prompt; seed: knowledge-base seed.
-    """
-
-    n_subjects: int = 100
-    n_relations: int = 20
-    n_answers: int = 1000
-    rho: float = 0.2
-    k_pairs: int = 2
-    seed: int = field(default=0, metadata={"flag": "kb_seed"})
-
-    def __post_init__(self) -> None:
-        if self.n_relations < 2 or self.n_relations % 2:
-            raise BadInputError(f"n_relations must be even and >= 2, got {self.n_relations}")
-        if self.n_subjects < self.k_pairs + 1:
-            raise BadInputError(f"n_subjects must be >= k_pairs + 1 = {self.k_pairs + 1}, "
-                             f"got {self.n_subjects}")
-        if self.n_answers < 2:
-            raise BadInputError(f"n_answers must be >= 2, got {self.n_answers}")
-        if not 0.0 <= self.rho < 1.0:
-            raise BadInputError(f"rho must be in [0, 1), got {self.rho}")
-        if self.k_pairs < 1:
-            raise BadInputError(f"k_pairs must be >= 1, got {self.k_pairs}")
-
-    @property
-    def n_triples(self) -> int:
-        """n = |S| |R| stored triples."""
-        return self.n_subjects * self.n_relations
-
-    @property
-    def d_vocab(self) -> int:
-        return self.n_subjects + self.n_answers + self.n_relations + 1
-
-    @property
-    def seq_len(self) -> int:
-        """Positions s1 a1 .. sk ak s_{k+1} ? r*."""
-        return 2 * self.k_pairs + 3
+from pythia_probe.toy.icrecall.config import TaskConfig
 
 
 @dataclass(frozen=True)

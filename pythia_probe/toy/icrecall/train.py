@@ -11,43 +11,14 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from pythia_probe.errors import BadInputError
+from pythia_probe.toy.icrecall.config import (  # noqa: F401 - the trainer's names
+    METHODS,
+    PERTURBATIONS,
+    TrainConfig,
+)
 from pythia_probe.toy.icrecall.evaluate import pattern_metrics
 from pythia_probe.toy.icrecall.model import ICRecallModel
 from pythia_probe.toy.icrecall.task import Prompts
-
-METHODS = ("pgd", "gd")
-PERTURBATIONS = ("ball", "gaussian")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """method: pgd | gd. n_train: N fine-tuning prompts (fixed, full batch). steps: total gradient
-    steps (the large step counts as one). eta: small step size; eta0: PGD's first step; rho_p:
-    perturbation radius; perturb: ball | gaussian. answer_weight: weight of the answer loss.
-    log_every: history interval (steps). seed: training prompts and perturbation."""
-
-    method: str = "pgd"
-    n_train: int = 8
-    steps: int = 2000
-    eta: float = 0.1
-    eta0: float = 2.0
-    rho_p: float = 0.5
-    perturb: str = "ball"
-    answer_weight: float = 1.0
-    log_every: int = 20
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise BadInputError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.perturb not in PERTURBATIONS:
-            raise BadInputError(f"perturb must be one of {PERTURBATIONS}, got {self.perturb!r}")
-        if self.n_train < 1 or self.steps < 1 or self.log_every < 1:
-            raise BadInputError("n_train, steps and log_every must be >= 1, got "
-                             f"{self.n_train}, {self.steps}, {self.log_every}")
-        if self.eta <= 0 or self.eta0 <= 0 or self.rho_p < 0 or self.answer_weight < 0:
-            raise BadInputError("eta, eta0 must be > 0 and rho_p, answer_weight >= 0")
 
 
 @dataclass

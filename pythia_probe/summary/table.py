@@ -30,14 +30,15 @@ Per (model, settings, analysis, metric, layer, head), over the steps sorted, on 
 
 ``layer`` is numbered from 1, as the paper; tables written before that convention (a layer 0
 present) are shifted by one with a warning (:func:`paper_layers`).
+
+Every name here is also ``pythia_probe.summary.NAME`` (the package reads it on first use);
+the command is ``python -m pythia_probe.summary`` (:func:`pythia_probe.summary.main`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,10 +46,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pythia_probe.cli import parse_config, run_main
 from pythia_probe.errors import ResultsError
-from pythia_probe.fileio import atomic_write, check_writable
-from pythia_probe.results import check_cells, read_results
+from pythia_probe.fileio import atomic_write
+from pythia_probe.results import check_cells
 
 log = logging.getLogger(__name__)
 
@@ -359,31 +359,3 @@ def report(df: pd.DataFrame, out_dir: str | os.PathLike, *, heads: bool = False)
     summary = summary_table(df)
     path = write_summary(summary, out_dir)
     return f"{format_summary(summary, heads=heads)}\n\nwrote {path}"
-
-
-@dataclass(frozen=True)
-class SummaryConfig:
-    """Per layer (and head) of a results folder: the step where agreement with the theory
-    peaks and the first step after it below half of the peak, on the effect scale (0 =
-    chance, 1 = ceiling) where the table has a ceiling, else on value - chance, with
-    intervals; written to OUT/summary.parquet and printed."""
-
-    results: str
-    """Folder of Parquet result shards (a sweep's --out)."""
-    out: str | None = None
-    """Where summary.parquet goes (default: RESULTS)."""
-    heads: bool = False
-    """Print the per-head rows too (always written)."""
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(SummaryConfig, None if argv is None else list(argv),
-                       "python -m pythia_probe.summary")
-    df = read_results(cfg.results)
-    check_writable(cfg.out or cfg.results, "--out" if cfg.out else "--results")
-    print(report(df, cfg.out or cfg.results, heads=cfg.heads))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(run_main(main, "python -m pythia_probe.summary"))
