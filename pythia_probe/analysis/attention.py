@@ -46,7 +46,7 @@ from torch import Tensor
 
 from pythia_probe.analysis.base import Cost, Needs, Options, Shape, StepTensors
 from pythia_probe.analysis.basis import Basis
-from pythia_probe.analysis.cosine import Factors
+from pythia_probe.analysis.cosine import ModelCovariance
 from pythia_probe.analysis.layers import (
     Cell,
     Layer,
@@ -70,7 +70,7 @@ def _heads_cat(W: Tensor, scale: Tensor | None) -> Tensor:
 
 
 def attention_factors(basis: Basis, W_Q: Tensor, W_K: Tensor, heads: Sequence[int] = (),
-                      ln1_w: Tensor | None = None) -> list[Factors]:
+                      ln1_w: Tensor | None = None) -> list[ModelCovariance]:
     """Factors of cov(E mean_h(W_Q^h W_K^h^T) E^T), then of each head in ``heads``;
     ``ln1_w`` given: E replaced by (E P) diag(ln1_w) (the LN-folded variant)."""
     _check(W_Q, W_K, basis.d)
@@ -78,10 +78,10 @@ def attention_factors(basis: Basis, W_Q: Tensor, W_K: Tensor, heads: Sequence[in
     coef = basis.whole if ln1_w is None else basis.centred
     Wq, Wk = coef(_heads_cat(W_Q, ln1_w)), coef(_heads_cat(W_K, ln1_w))
     S = Wk.T @ (basis.moments()[1] @ Wk)  # Gc^T Gc of G = E W_K (heads side by side)
-    out = [Factors(basis, Wq / n_heads, S)]
+    out = [ModelCovariance(basis, Wq / n_heads, S)]
     for h in heads:
         cols = slice(h * d_head, (h + 1) * d_head)
-        out.append(Factors(basis, Wq[:, cols], S[cols, cols]))
+        out.append(ModelCovariance(basis, Wq[:, cols], S[cols, cols]))
     return out
 
 
