@@ -25,6 +25,7 @@ from pythia_probe.errors import BadInputError, KernelError, MismatchError, Resou
 from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native, plan
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.native import sparsecount
+from pythia_probe.stats.native.sparsecount import Correction, PassSums, Tile, TokenWindows
 from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import engine as sparse_engine
@@ -204,7 +205,8 @@ def test_the_product_sums_each_entry_in_the_order_of_the_sparse_entries():
                 acc += val[p] * X[col[p], c]
             want[r, c] = (acc - u[r] * v[c]) * scale
     for threads in (1, 2):
-        got = sparsecount.spmm(ip, col.astype(np.int64), val, X, threads, True, u, v, scale)
+        got = sparsecount.spmm((ip, col.astype(np.int64), val), X, threads, True,
+                               Correction(u, v, scale))
         assert np.array_equal(got, want.T)
 
 
@@ -216,14 +218,14 @@ def test_compiled_kernels_equal_their_numpy_twins():
     want = A @ X
     u, v = g.standard_normal(37), g.standard_normal(45)
     for threads in (1, 3):
-        got = sparsecount.spmm(ip, col, A.data, X, threads)
+        got = sparsecount.spmm((ip, col, A.data), X, threads)
         np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
-        np.testing.assert_allclose(sparsecount.spmm(ip, col, A.data, X, threads, True), want.T,
+        np.testing.assert_allclose(sparsecount.spmm((ip, col, A.data), X, threads, True), want.T,
                                    rtol=1e-15, atol=1e-15)
-        fused = sparsecount.spmm(ip, col, A.data, X, threads, True, u, v, 0.5)
+        fused = sparsecount.spmm((ip, col, A.data), X, threads, True, Correction(u, v, 0.5))
         np.testing.assert_allclose(fused, ((want - np.outer(u, v)) * 0.5).T, rtol=1e-14,
                                    atol=1e-14)
-        ones = sparsecount.spmm(ip, col, A.data, X, threads, False, None, v)
+        ones = sparsecount.spmm((ip, col, A.data), X, threads, False, Correction(None, v))
         np.testing.assert_allclose(ones, want - v[None, :], rtol=1e-14, atol=1e-14)
     for size in (0, 7, 8, 63, 64, 65, 1000):  # the tile compaction: numpy's flatnonzero
         block, mask = g.standard_normal(size), g.random(size) < 0.2
@@ -281,15 +283,15 @@ def test_kernels_refuse_bad_input():
     with pytest.raises(KernelError, match="pair buffer"):
         sparsecount.pairs(bad, np.array([4]), 9, 3, out[:2])
     with pytest.raises(KernelError, match="S: need"):
-        sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
-                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
-                          np.zeros(1), np.zeros(3), np.zeros(3), np.zeros(9),
-                          np.zeros(1, dtype=np.uint64))
+        sparsecount.sweep(TokenWindows(bad.astype(np.int32), np.array([4])),
+                          Tile(np.array([0]), np.zeros(9, dtype=np.int64), None, 9, -1),
+                          np.zeros((1, 9)), PassSums(np.zeros(1), np.zeros(3), np.zeros(3)),
+                          np.zeros(9), np.zeros(1, dtype=np.uint64))
     with pytest.raises(KernelError, match="touched: need"):
-        sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
-                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
-                          np.zeros(3), np.zeros(3), np.zeros(3), np.zeros(9),
-                          np.zeros(9))
+        sparsecount.sweep(TokenWindows(bad.astype(np.int32), np.array([4])),
+                          Tile(np.array([0]), np.zeros(9, dtype=np.int64), None, 9, -1),
+                          np.zeros((1, 9)), PassSums(np.zeros(3), np.zeros(3), np.zeros(3)),
+                          np.zeros(9), np.zeros(9))
 
 
 # -- the automatic choice --------------------------------------------------------------------

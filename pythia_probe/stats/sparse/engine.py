@@ -81,14 +81,14 @@ class SparseEngine(Engine):
         sweeps: list[second.Sweep] = []
         for sel in split_rows(groups, spec.groups):
             t, n = (tokens, lengths) if sel is None else (tokens[sel], lengths[sel])
-            t, n = np.ascontiguousarray(t), np.ascontiguousarray(n)
+            w = sparsecount.TokenWindows(np.ascontiguousarray(t), np.ascontiguousarray(n))
             for target in TARGETS:
-                sweeps.append(second.Sweep(fp, t, n, rows, width, sweeps[-1] if sweeps else None,
+                sweeps.append(second.Sweep(fp, w, rows, width, sweeps[-1] if sweeps else None,
                                            target, ctx))
         ckpt = Checkpoint(_path(spec, d), _identity(spec, fp, width, ids),
                           seconds=CHECKPOINT_SECONDS)
-        sums = _resume(ckpt, len(sweeps)) or [second.TileSums.zeros(s.tokens.shape[0], fp.T)
-                                              for s in sweeps]
+        sums = _resume(ckpt, len(sweeps)) or [
+            second.TileSums.zeros(s.windows.tokens.shape[0], fp.T) for s in sweeps]
         tiles = sweeps[0].groups
         todo = [i for i in range(len(tiles)) if i % d.world == d.rank]
         shown = bar(spec, "statistics pass 2", d, unit="tile", total=len(todo))
@@ -101,7 +101,7 @@ class SparseEngine(Engine):
         out = []
         for sweep, s in zip(sweeps, sums, strict=True):
             reduce.sum_(d, s.S)  # complete S on every rank (after the last checkpoint)
-            n = sweep.tokens.shape[0]
+            n = sweep.windows.tokens.shape[0]
             parts, D = second.finish(sweep, s, (n * d.rank // d.world,
                                                 n * (d.rank + 1) // d.world))
             reduce.sum_(d, D)

@@ -110,19 +110,19 @@ class Sweep:
     tiles, a token's place in the current tile and one reusable Qbar block. ``target``: the
     statistic it accumulates ('Qbar' or 'QbarHead': which tile of Gc it sweeps with)."""
 
-    def __init__(self, fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
-                 rows: QRows, width: int, shared: Sweep | None = None,
-                 target: str = "Qbar", ctx: np.ndarray | None = None) -> None:
+    def __init__(self, fp: SparseFirstPass, windows: sparsecount.TokenWindows, rows: QRows,
+                 width: int, shared: Sweep | None = None, target: str = "Qbar",
+                 ctx: np.ndarray | None = None) -> None:
         """``shared``: another sweep (of other windows, or another target) whose occurrences
         (when of the same windows), tiles, block and scratch this one reuses (the groups and
         targets of one pass 2: one block in memory); ``ctx``: the key tokens to tile (default
         every context token; the kept ones when composing over kept ids)."""
-        self.fp, self.tokens, self.lengths, self.rows = fp, tokens, lengths, rows
+        self.fp, self.windows, self.rows = fp, windows, rows
         self.target = target
-        if shared is not None and shared.tokens is tokens:
+        if shared is not None and shared.windows.tokens is windows.tokens:
             self.occ, self.occ_tok = shared.occ, shared.occ_tok
         else:
-            self.occ, self.occ_tok = occurrences(tokens, lengths)
+            self.occ, self.occ_tok = occurrences(*windows)
             if ctx is not None:  # only the tiled keys' occurrences (kept ids: not a range)
                 mine = np.isin(self.occ_tok, ctx)
                 self.occ, self.occ_tok = self.occ[mine], self.occ_tok[mine]
@@ -135,10 +135,13 @@ class Sweep:
         self.block = np.zeros(width * rows.side)
         self.touched = np.zeros(sparsecount.bitmap_words(width * rows.side), dtype=np.uint64)
 
-    def occurrences_of(self, cols: np.ndarray) -> np.ndarray:
+    def tile(self, cols: np.ndarray) -> sparsecount.Tile:
+        """The tile of key tokens ``cols`` (their places set in ``col_of``) as the kernels
+        read it: their occurrences, and where Qbar's rows live."""
         a = np.searchsorted(self.occ_tok, cols[0], side="left")
         b = np.searchsorted(self.occ_tok, cols[-1], side="right")
-        return self.occ[a:b]
+        return sparsecount.Tile(self.occ[a:b], self.col_of, self.rows.row_of, self.rows.side,
+                                self.rows.dummy)
 
     def first(self, i: int, sums: TileSums, GcT: np.ndarray | None = None) -> None:
         """Tile i: S, Delta and its Qbar block from its Gbar columns (``GcT``: already
@@ -146,9 +149,7 @@ class Sweep:
         cols = self.groups[i]
         GcT = gc_tile(self.fp, cols) if GcT is None else GcT
         self.col_of[cols] = np.arange(cols.size)
-        sparsecount.sweep(self.tokens, self.lengths, self.occurrences_of(cols), self.col_of,
-                          GcT, self.rows.row_of, self.rows.side, self.rows.dummy, sums.S,
-                          sums.Delta, sums.Dc, self.block, self.touched)
+        sparsecount.sweep(self.windows, self.tile(cols), GcT, sums, self.block, self.touched)
         self.col_of[cols] = -1
         sums.parts[i] = TilePart(*sparsecount.compact(self.block, self.touched))
 
@@ -156,9 +157,8 @@ class Sweep:
         """Tile i once S is complete: its centring term subtracted on its pairs."""
         cols = self.groups[i]
         self.col_of[cols] = np.arange(cols.size)
-        sparsecount.centre_tile(self.tokens, self.lengths, self.occurrences_of(cols),
-                                self.col_of, self.rows.row_of, self.rows.side, self.rows.dummy,
-                                S, self.block, part.flat, part.vals)
+        sparsecount.centre_tile(self.windows, self.tile(cols), S, self.block, part.flat,
+                                part.vals)
         self.col_of[cols] = -1
 
 
@@ -188,7 +188,7 @@ def finish(sweep: Sweep, sums: TileSums, seqs: tuple[int, int]) -> tuple[dict[in
     sequences ``seqs``; returns (the finished tiles, Delta sum)."""
     for i, part in sums.parts.items():
         sweep.centre(i, part, sums.S)
-    sparsecount.centre(sweep.tokens, sweep.lengths, sums.S, sums.Delta, sums.Dc, seqs)
+    sparsecount.centre(sweep.windows, sums, seqs)
     return sums.parts, sums.Delta + sums.Dc
 
 
