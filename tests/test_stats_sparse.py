@@ -28,7 +28,6 @@ from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.native.sparsecount import Correction, PassSums, Tile, TokenWindows
 from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
-from pythia_probe.stats.sparse import engine as sparse_engine
 from pythia_probe.stats.sparse import second
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
 from pythia_probe.testing.dist import stats_in_processes
@@ -354,7 +353,7 @@ def test_driver_sparse_equals_dense(tmp_path, top_k):
 
 
 def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
-    monkeypatch.setattr(sparse_engine, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(second, "CHECKPOINT_SECONDS", 0.0)
     shards = make_shards()
     kw = {"budget_bytes": 1}  # the narrowest tiles: several tiles to resume between
     clean = run.compute_stats(shards, spec(tmp_path / "clean", "sparse", **kw), {})

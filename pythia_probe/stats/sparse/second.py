@@ -21,11 +21,16 @@ Gbar tile and one block at a time, the pairs that occur (12 B each), the windows
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import MismatchError
+from pythia_probe.ranks import Ranks
+from pythia_probe.stats import kept
+from pythia_probe.stats.checkpoint import Checkpoint
 from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.sparse.first import SparseFirstPass, gc_tile
@@ -227,3 +232,62 @@ def pass2_tokens(tokens: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np
     x = tokens.to(torch.int64).masked_fill(torch.arange(L)[None, :] >= lengths[:, None], 0)
     return (np.ascontiguousarray(x.numpy().astype(np.int32)),
             np.ascontiguousarray(lengths.to(torch.int64).numpy()))
+
+
+CHECKPOINT_SECONDS = 300.0
+"""A pass-2 checkpoint at most this often (and after the last tile)."""
+SUMS = ("S", "Delta", "Dc")
+KIND = "sparse_q2h"
+"""A pass-2 checkpoint's kind (one written by an older layout is refused)."""
+
+
+def checkpoint(spec, d: Ranks, fp: SparseFirstPass, width: int, ids: Tensor | None
+               ) -> Checkpoint:
+    """This rank's pass-2 checkpoint (none without a work folder), named by what decides its
+    sums: the run, the pass-1 checksum, the tile width and the kept ids."""
+    return Checkpoint(_path(spec, d), _identity(spec, fp, width, ids),
+                      seconds=CHECKPOINT_SECONDS)
+
+
+def _path(spec, d: Ranks):
+    if spec.work_dir is None:
+        return None
+    return spec.work_dir / f"pass2-sparse-rank{d.rank}-of{d.world}.safetensors"
+
+
+def _identity(spec, fp: SparseFirstPass, width: int, ids: Tensor | None) -> dict:
+    return dict(spec.identity, checksum=fp.checksum, tile_width=width,
+                ids=None if ids is None else ids.tolist(),
+                compose=getattr(spec, "compose", kept.FULL))
+
+
+def state(sums: list[TileSums]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A pass-2 checkpoint: per group and target (Qbar, QbarHead; one group without groups)
+    S, Delta and the pairs of every tile done (its places and sums, one tensor each: nothing
+    is copied to write them)."""
+    tensors = {}
+    for g, s in enumerate(sums):
+        tensors.update({f"{k}.{g}": torch.from_numpy(getattr(s, k)) for k in SUMS})
+        for i, part in s.parts.items():
+            tensors[f"flat.{g}.{i}"] = torch.from_numpy(part.flat)
+            tensors[f"vals.{g}.{i}"] = torch.from_numpy(part.vals)
+    return tensors, {"kind": KIND, "done": sums[0].done, "parts": len(sums)}
+
+
+def resume(ckpt: Checkpoint, n_parts: int) -> list[TileSums] | None:
+    """Each group's and target's sums of a pass-2 checkpoint (None: none written)."""
+    found = ckpt.load()
+    if found is None:
+        return None
+    tensors, state = found
+    if state.get("kind") != KIND or state.get("parts") != n_parts:
+        raise MismatchError(f"{ckpt.path} is a pass-2 checkpoint of an older version; delete "
+                            "it to run pass 2 again")
+    out = []
+    for g in range(n_parts):
+        sums = TileSums(*(tensors[f"{k}.{g}"].numpy() for k in SUMS))  # owned
+        for i in state["done"]:
+            sums.parts[i] = TilePart(tensors[f"flat.{g}.{i}"].numpy(),
+                                            tensors[f"vals.{g}.{i}"].numpy())
+        out.append(sums)
+    return out
