@@ -107,8 +107,7 @@ FOLDED_SPEC = LayerSpec("Qbar", partial(_cells, folded=True), ("pre",), TARGETS)
 
 
 def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence[Tensor],
-                   target, *, per_head: bool | Sequence[int] = True,
-                   chunk: int = 4096, max_rank: int = 0,
+                   target, *, options: Options | None = None,
                    ln1_w: Sequence[Tensor] | None = None,
                    authors: Mapping[str, object] | None = None) -> list[dict]:
     """Rows per layer (head null, metric cos_mean) and per head (metric cos_head) against the
@@ -119,17 +118,17 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
 
     ``ln1_w``: per-layer LayerNorm weights [d_model]; given, the rows are the authors'
     LN-folded, centred variant (analysis ``attention_lnfold``), else raw (``attention``).
-    ``per_head``: True for every layer, False for none, or a list of layers numbered from 1.
-    ``max_rank``: score several layers per pass over the target while the stacked width of
-    their bases stays below it (0: one layer per pass, the least memory).
+    ``options`` (default :class:`Options`): ``per_head`` True for every layer, False for none,
+    or a list of layers numbered from 1; ``chunk``; ``max_rank``: score several layers per
+    pass over the target while the stacked width of their bases stays below it (0: one layer
+    per pass, the least memory).
     """
     if ln1_w is not None and len(ln1_w) != len(E_pre):
         raise ValueError(f"need one ln1_w per layer: {len(ln1_w)} for {len(E_pre)} layers")
     name = "attention" if ln1_w is None else "attention_lnfold"
     x = StepTensors({"pre": list(E_pre)}, list(W_Q), list(W_K), ln1_w=list(ln1_w or []))
-    opts = Options(chunk=chunk, per_head=per_head if isinstance(per_head, bool)
-                   else list(per_head), max_rank=max_rank)
-    layers = layers_of(x, target.d_vocab, target.dtype, chunk)
+    opts = options or Options()
+    layers = layers_of(x, target.d_vocab, target.dtype, opts.chunk)
     spec = FOLDED_SPEC if ln1_w is not None else RAW_SPEC
     return score_layers(layers, [(name, spec)], {"Qbar": target, **(authors or {})},
                         opts)[name]

@@ -48,6 +48,10 @@ class Engine(ABC):
     counts_kind: ClassVar[str]
     """The ``kind`` its pass-1 checkpoints record (a resumed run keeps its engine)."""
 
+    def available(self) -> bool:
+        """Whether this engine can run here (its compiled kernels are built)."""
+        return True
+
     @abstractmethod
     def counter(self, d_vocab: int, T: int, device: str | torch.device) -> Any:
         """An empty pass-1 accumulator."""

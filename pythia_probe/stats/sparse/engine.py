@@ -38,6 +38,9 @@ class SparseEngine(Engine):
     name = "sparse"
     counts_kind = SparseCountAccumulator.kind
 
+    def available(self) -> bool:
+        return sparsecount.available()
+
     def counter(self, d_vocab: int, T: int, device) -> SparseCountAccumulator:
         return SparseCountAccumulator(d_vocab, T, device)
 
