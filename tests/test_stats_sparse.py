@@ -25,7 +25,7 @@ from pythia_probe.errors import BadInputError, KernelError, MismatchError, Resou
 from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native, plan
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.native import sparsecount
-from pythia_probe.stats.native.sparsecount import Correction, PassSums, Tile, TokenWindows
+from pythia_probe.stats.native.sparsecount import Correction, Tile, TokenWindows
 from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import second
@@ -284,12 +284,12 @@ def test_kernels_refuse_bad_input():
     with pytest.raises(KernelError, match="S: need"):
         sparsecount.sweep(TokenWindows(bad.astype(np.int32), np.array([4])),
                           Tile(np.array([0]), np.zeros(9, dtype=np.int64), None, 9, -1),
-                          np.zeros((1, 9)), PassSums(np.zeros(1), np.zeros(3), np.zeros(3)),
+                          np.zeros((1, 9)), second.TileSums(np.zeros(1), np.zeros(3), np.zeros(3)),
                           np.zeros(9), np.zeros(1, dtype=np.uint64))
     with pytest.raises(KernelError, match="touched: need"):
         sparsecount.sweep(TokenWindows(bad.astype(np.int32), np.array([4])),
                           Tile(np.array([0]), np.zeros(9, dtype=np.int64), None, 9, -1),
-                          np.zeros((1, 9)), PassSums(np.zeros(3), np.zeros(3), np.zeros(3)),
+                          np.zeros((1, 9)), second.TileSums(np.zeros(3), np.zeros(3), np.zeros(3)),
                           np.zeros(9), np.zeros(9))
 
 

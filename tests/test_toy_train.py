@@ -13,7 +13,7 @@ from pythia_probe import theory
 from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.results import read_manifest, read_results, validate
 from pythia_probe.stats.reference import reference_stats
-from pythia_probe.toy import leading
+from pythia_probe.toy import leading, paper
 from pythia_probe.toy import train as tt
 from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
 
@@ -146,7 +146,7 @@ def test_cli_end_to_end_and_resume(tmp_path, capsys):
     ceiling = df[df["analysis"] == "toy_batch_ceiling"].set_index("metric")["value"]
     whole = reference_stats(data.tokens, data.d_vocab)
     assert len(ceiling) == 4
-    for w, suffix in leading.PAIRS.items():
+    for w, suffix in paper.PAIRS.items():
         term = theory.LEADING_TERM[w]
         want = frobenius_cosine(first[term], whole[term])
         assert ceiling[f"batch_ceiling_{suffix}"] == pytest.approx(want, abs=1e-5), w

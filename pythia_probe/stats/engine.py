@@ -88,21 +88,14 @@ class Engine(ABC):
         ``ids``; with the groups' counts and sums as they are, ``stats/groups.py``). ``Q``:
         the pass-2 sums by name (a lone SparseQ: Qbar, no QbarHead)."""
         P = fp.n_positions
-        qs = divided(Q, P)
+        qs = Q if isinstance(Q, dict) else {"Qbar": Q}
+        for q in qs.values():
+            q.vals /= P  # in place
         kernel = self.kernel(fp, spec)
         compose = getattr(spec, "compose", kept.FULL)
         store = FactoredStore(fp.factors, qs["Qbar"], D.double() / P, ids, groups,
                               qbar_head=qs.get("QbarHead"), compose=compose)
         return CorpusStats(store, stats_meta(meta, ids, fp.factors.d_vocab, fp, kernel, compose))
-
-
-def divided(Q: SparseQ | dict[str, SparseQ], P: int) -> dict[str, SparseQ]:
-    """Pass 2's sums by name (a lone SparseQ is Qbar), each divided by the positions P in
-    place."""
-    qs = Q if isinstance(Q, dict) else {"Qbar": Q}
-    for q in qs.values():
-        q.vals /= P
-    return qs
 
 
 def check_mergeable(a: Any, b: Any) -> None:

@@ -16,8 +16,6 @@ from pythia_probe.stats import batch_stats
 from pythia_probe.toy import paper
 from pythia_probe.toy.model import AttnOnlyTransformer
 
-PAIRS = paper.PAIRS
-
 
 def leading_terms(tokens: Tensor, d_vocab: int, device: torch.device
                   ) -> tuple[dict[str, Tensor], str]:
@@ -41,7 +39,7 @@ def weight_rows(model: AttnOnlyTransformer, stats: dict[str, Tensor], step: int,
     layers numbered 1..L as in the paper (W_O has no layer)."""
     pred = theory.predicted_weights(stats, step, lr)
     rows = []
-    for w, suffix in PAIRS.items():
+    for w, suffix in paper.PAIRS.items():
         term = stats[theory.LEADING_TERM[w]]
         weights = model.W_O[None] if w == "W_O" else getattr(model, w)
         for i, weight in enumerate(weights.detach().cpu()):
@@ -63,7 +61,7 @@ def batch_ceiling_rows(first: dict[str, Tensor], whole: dict[str, Tensor]) -> li
     """Per weight: cosine of its first-batch leading term with the whole-set term (the batch
     ceiling, toy/paper.py)."""
     rows = []
-    for w, suffix in PAIRS.items():
+    for w, suffix in paper.PAIRS.items():
         term = theory.LEADING_TERM[w]
         c = checked_cosine(first[term], whole[term], f"first-batch vs whole-set {term}")
         if math.isfinite(c):

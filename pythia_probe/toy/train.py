@@ -47,11 +47,9 @@ from pythia_probe.results import (
 from pythia_probe.toy import paper
 from pythia_probe.toy.config import (  # noqa: F401 - the trainer's public names
     DTYPES,
-    LEGACY_FIELDS,
     Schedule,
     TrainConfig,
     make_schedule,
-    parse_tokenizer,
     saved_config,
     with_preset,
 )
@@ -63,7 +61,6 @@ from pythia_probe.toy.resume import (  # noqa: F401 - the trainer's public names
     earlier_run_ids,
     latest_checkpoint,
     load_tensors,
-    run_manifest,
     save_checkpoint,
     save_tensors,
     saved_train_config,

@@ -133,13 +133,9 @@ class QAccumulator:
 def checkpoint(spec, d: Ranks, fp) -> Checkpoint:
     """This rank's pass-2 checkpoint (none without a work folder), named by the run and the
     pass-1 checksum of ``fp``."""
-    return Checkpoint(_path(spec, d), _identity(spec, fp), every=spec.checkpoint_every)
-
-
-def _path(spec, d: Ranks):
-    if spec.work_dir is None:
-        return None
-    return spec.work_dir / f"pass2-rank{d.rank}-of{d.world}.safetensors"
+    path = spec.work_dir and spec.work_dir / f"pass2-rank{d.rank}-of{d.world}.safetensors"
+    return Checkpoint(path, dict(spec.identity, checksum=fp.checksum),
+                      every=spec.checkpoint_every)
 
 
 def state(qs: list[QAccumulator]) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -164,7 +160,3 @@ def load_all(qs: list[QAccumulator], tensors: dict[str, Tensor], meta: dict[str,
     for g, q in enumerate(qs[1:], 1):
         q.load_state({k: tensors[f"{k}.{g}"] for k in ("Qbar_sum", "Delta_sum")},
                      dict(meta, n_positions=meta[f"n_positions.{g}"], ledger=[]))
-
-
-def _identity(spec, fp) -> dict[str, Any]:
-    return dict(spec.identity, checksum=fp.checksum)

@@ -192,12 +192,17 @@ class Correction(NamedTuple):
     scale: float = 1.0
 
 
-NONE = Correction()
-"""No rank-one term, scale 1."""
+def _in_parts(part: Callable[[int], None], threads: int) -> None:
+    """``part(0..threads-1)``, in a thread each when more than one (ctypes releases the GIL)."""
+    if threads == 1:
+        part(0)
+        return
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(part, range(threads)))
 
 
 def spmm(a: tuple[np.ndarray, np.ndarray, np.ndarray], X: np.ndarray, threads: int = 1,
-         transposed: bool = False, correction: Correction = NONE,
+         transposed: bool = False, correction: Correction | None = None,
          x_transposed: bool = False) -> np.ndarray:
     """(A @ X - u v^T) * scale (``correction``) for a CSR matrix A = (int64 indptr, int64 col,
     float64 val) and dense X [*, w]; ``transposed``: the result's transpose, [w, rows]
@@ -206,8 +211,8 @@ def spmm(a: tuple[np.ndarray, np.ndarray, np.ndarray], X: np.ndarray, threads: i
 
     The caller guarantees 0 <= col < X's rows (checked once where the CSR is built)."""
     if not use_c():
-        return twins.spmm(a, X, transposed, correction, x_transposed)
-    (indptr, col, val), (u, v, scale) = a, correction
+        return twins.spmm(a, X, transposed, correction or Correction(), x_transposed)
+    (indptr, col, val), (u, v, scale) = a, correction or Correction()
     X = _contig(X, np.float64)
     nx, w = (X.shape[1], X.shape[0]) if x_transposed else X.shape
     rows = indptr.size - 1
@@ -230,11 +235,7 @@ def spmm(a: tuple[np.ndarray, np.ndarray, np.ndarray], X: np.ndarray, threads: i
                     cuts[i + 1], _p(pack), _p(out), int(transposed), _p(u), _p(v),
                     float(scale), int(x_transposed))
 
-    if threads == 1:
-        part(0)
-    else:
-        with ThreadPoolExecutor(threads) as ex:
-            list(ex.map(part, range(threads)))
+    _in_parts(part, threads)
     return out
 
 
@@ -274,11 +275,7 @@ def spgemm_dense(a: tuple[np.ndarray, np.ndarray, np.ndarray],
         lib.sc_spgemm_dense(cuts[i], cuts[i + 1], _p(ai), _p(ac), _p(av), _p(bi), _p(bc),
                             _p(bv), ncols, _p(out), _p(u), _p(v))
 
-    if threads == 1:
-        part(0)
-    else:
-        with ThreadPoolExecutor(threads) as ex:
-            list(ex.map(part, range(threads)))
+    _in_parts(part, threads)
     return out
 
 
@@ -303,21 +300,12 @@ class Tile(NamedTuple):
     dummy: int
 
 
-class PassSums(NamedTuple):
-    """Pass 2's running sums, updated in place: S [n * (L - 1)] (M summed per position), Delta
-    [L - 1] and Dc, its compensation (Delta + Dc is the sum). ``second.TileSums`` has the same
-    three fields and is passed as it is."""
-
-    S: np.ndarray
-    Delta: np.ndarray
-    Dc: np.ndarray
-
-
-def sweep(windows: TokenWindows, tile: Tile, GcT: np.ndarray, sums: PassSums,
-          block: np.ndarray, touched: np.ndarray) -> None:
-    """One tile of pass 2 (``_sparsecount.c``: sc_sweep): ``sums`` (S, Delta + Dc, a
-    compensated sum) and the tile's Qbar block [width, side] (``touched``, a uint64 bitmap of
-    the block: bit j of the whole marks entry j, set where a pair landed), in place."""
+def sweep(windows: TokenWindows, tile: Tile, GcT: np.ndarray, sums, block: np.ndarray,
+          touched: np.ndarray) -> None:
+    """One tile of pass 2 (``_sparsecount.c``: sc_sweep), in place: ``sums`` (pass 2's running
+    sums, ``second.TileSums``: S [n * (L - 1)] per position, Delta [L - 1] and Dc, its
+    compensation) and the tile's Qbar block [width, side] (``touched``, a uint64 bitmap of the
+    block: bit j of the whole marks entry j, set where a pair landed)."""
     (tokens, lengths), (occ, col_of, row_of, side, dummy) = windows, tile
     S, Delta, Dc = sums.S, sums.Delta, sums.Dc
     n, L = tokens.shape
@@ -360,7 +348,7 @@ def centre_tile(windows: TokenWindows, tile: Tile, S: np.ndarray, block: np.ndar
                                  _p(vals), flat.size))
 
 
-def centre(windows: TokenWindows, sums: PassSums, rows: tuple[int, int] | None = None) -> None:
+def centre(windows: TokenWindows, sums, rows: tuple[int, int] | None = None) -> None:
     """The centring term of Q subtracted from ``sums``' Delta for sequences ``rows`` (default
     all)."""
     tokens, lengths = windows

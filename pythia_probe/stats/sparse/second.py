@@ -58,10 +58,6 @@ class QRows:
         return x.astype(np.int64) if self.row_of is None else self.row_of[x]
 
 
-FLAT = np.int32
-"""A pair's place in a tile's block (width x side < 2^31 at any vocabulary: 4096 x 50,277)."""
-
-
 @dataclass
 class TilePart:
     """The Qbar entries of one tile's keys on the pairs that occur: ``flat`` = place of the key
@@ -245,20 +241,11 @@ def checkpoint(spec, d: Ranks, fp: SparseFirstPass, width: int, ids: Tensor | No
                ) -> Checkpoint:
     """This rank's pass-2 checkpoint (none without a work folder), named by what decides its
     sums: the run, the pass-1 checksum, the tile width and the kept ids."""
-    return Checkpoint(_path(spec, d), _identity(spec, fp, width, ids),
-                      seconds=CHECKPOINT_SECONDS)
-
-
-def _path(spec, d: Ranks):
-    if spec.work_dir is None:
-        return None
-    return spec.work_dir / f"pass2-sparse-rank{d.rank}-of{d.world}.safetensors"
-
-
-def _identity(spec, fp: SparseFirstPass, width: int, ids: Tensor | None) -> dict:
-    return dict(spec.identity, checksum=fp.checksum, tile_width=width,
-                ids=None if ids is None else ids.tolist(),
-                compose=getattr(spec, "compose", kept.FULL))
+    path = spec.work_dir and spec.work_dir / f"pass2-sparse-rank{d.rank}-of{d.world}.safetensors"
+    identity = dict(spec.identity, checksum=fp.checksum, tile_width=width,
+                    ids=None if ids is None else ids.tolist(),
+                    compose=getattr(spec, "compose", kept.FULL))
+    return Checkpoint(path, identity, seconds=CHECKPOINT_SECONDS)
 
 
 def state(sums: list[TileSums]) -> tuple[dict[str, Tensor], dict[str, Any]]:
