@@ -30,6 +30,7 @@ from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
 from pythia_probe.stats.sparse import second
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
+from pythia_probe.testing.counts import as_dense
 from pythia_probe.testing.dist import stats_in_processes
 from pythia_probe.testing.shards import IdShard, encode_ids
 
@@ -122,7 +123,7 @@ def test_sparse_pass1_is_the_dense_state_bit_for_bit(data):
         with native.use_backend(backend):
             acc = sparse_counts(tokens, lengths, V, rng)
             want = dense_state(dense)
-            for k, v in dense_state(acc.to_dense()).items():
+            for k, v in dense_state(as_dense(acc)).items():
                 assert torch.equal(v, want[k]), (backend, k)
             assert acc.checksum() == dense.checksum()
             assert (acc.n_positions, acc.n_tokens) == (dense.n_positions, dense.n_tokens)
@@ -148,7 +149,7 @@ def test_merge_in_any_order_and_checkpoints_are_exact(data, seed):
     assert merged.checksum() == dense.checksum()
     from_dense = SparseCountAccumulator.from_state(*dense.state())  # a dense checkpoint
     assert from_dense.checksum() == dense.checksum()
-    for k, v in dense_state(from_dense.to_dense()).items():
+    for k, v in dense_state(as_dense(from_dense)).items():
         assert torch.equal(v, dense_state(dense)[k]), k
 
 
@@ -244,7 +245,7 @@ def test_compiled_kernels_equal_their_numpy_twins():
             with native.use_backend(backend):
                 acc = SparseCountAccumulator(11, 7, buffer_pairs=5, head=head)
                 acc.update(tokens, lengths).update(tokens[:4], lengths[:4])
-                tensors = acc.to_dense().state()[0]
+                tensors = as_dense(acc).state()[0]
             ref = CountAccumulator(11, 7).update(tokens, lengths).update(tokens[:4], lengths[:4])
             for k, v in dense_state(ref).items():
                 assert torch.equal(tensors[k], v), (head, backend, k)
