@@ -4,8 +4,8 @@
 ``merge``, ``state``/``from_state`` checkpoints, ``ledger``, ``checksum``) and the same integers:
 bigram counts C[x, y] and context weights W[y, a] = sum of round(2^42 / t) over every (target y
 at position t, context a at position m <= t), as fixed point hi + lo 2^-42 (0 <= lo < 2^42).
-Densified, its state equals the dense accumulator's bit for bit (``testing.counts.as_dense``), and its
-``checksum`` is the dense one, so both engines give the same ``stats_id``.
+Densified (``testing.counts.as_dense``), its state equals the dense accumulator's bit for bit,
+and its ``checksum`` is the dense one, so both engines give the same ``stats_id``.
 
 Storage (section 6 of the algebra: the counts live on the pairs the corpus holds; the tables
 in ``stats/tables.py``; pair codes are made and reduced by ``native.sparsecount``):
