@@ -12,7 +12,7 @@ in the run.
    ``embedding`` cos_pre/cos_attn/cos_post) on random weights against two dense targets: the
    seconds of the pass of each basis over its target (``fill_target_grams``), of the cells'
    r-space algebra with value and chance (``_score``), and of the row pass ``chance_sd`` adds
-   (``Factors.null_terms``, once per factor however many target sets it is scored against),
+   (``ModelCovariance.null_terms``, once per factor however many target sets it is scored against),
    with the row pass's multiply-adds beside the target pass's. Then the same multiply-adds for
    pythia-1.4b's shapes (computed, not timed).
 2. Calibration. Random weights (a Gaussian residual stream, or random W_Q W_K on one) against

@@ -108,8 +108,6 @@ TOPICS: dict[str, Topic] = {
                     ("climb", "roar", "swing")),
 }
 
-OTHER_NOUNS = ("day", "friend", "mom", "dad", "home", "sun", "game", "way", "end")
-
 
 @dataclass(frozen=True)
 class PlantedGroup:

@@ -33,10 +33,11 @@ def _rows(x: np.ndarray, row_of: np.ndarray | None) -> np.ndarray:
     return x.astype(np.int64) if row_of is None else row_of[x]
 
 
-def sweep(tokens, lengths, occ, col_of, GcT, row_of, side, dummy, S, Delta, Dc, block,
-          touched) -> None:
+def sweep(windows, tile, GcT, sums, block, touched) -> None:
     """sc_sweep: M = Gc[y_t, x_k] into S[s, t]; M / (t+1) into Delta[t - k] (compensated) and
     block[col(x_k), r(x_t)] (its bit set in the bitmap ``touched``)."""
+    (tokens, lengths), (occ, col_of, row_of, side, dummy) = windows, tile
+    S, Delta, Dc = sums.S, sums.Delta, sums.Dc
     L = tokens.shape[1]
     T = L - 1
     x = tokens.reshape(-1)
@@ -54,17 +55,17 @@ def sweep(tokens, lengths, occ, col_of, GcT, row_of, side, dummy, S, Delta, Dc, 
                                                            (flat & 63).astype(np.uint64)))
 
 
-def centre_tile(tokens, lengths, occ, col_of, row_of, side, dummy, S, block, flat,
-                vals) -> None:
+def centre_tile(windows, tile, S, block, flat, vals) -> None:
     """sc_centre_tile: the kept entries (``flat``, ``vals``) put into the cleared block,
     block[col(x_k), r(x_t)] -= S[s, t] / (t+1)^2 on the same pairs, read back into vals."""
     block[flat] = vals
-    _centre_block(tokens, lengths, occ, col_of, row_of, side, dummy, S, block)
+    _centre_block(windows, tile, S, block)
     vals[:] = block[flat]
     block[flat] = 0.0
 
 
-def _centre_block(tokens, lengths, occ, col_of, row_of, side, dummy, S, block) -> None:
+def _centre_block(windows, tile, S, block) -> None:
+    (tokens, lengths), (occ, col_of, row_of, side, dummy) = windows, tile
     L = tokens.shape[1]
     T = L - 1
     x = tokens.reshape(-1)
@@ -79,8 +80,9 @@ def _centre_block(tokens, lengths, occ, col_of, row_of, side, dummy, S, block) -
                                            torch.from_numpy(-c[keep]))
 
 
-def centre(tokens, lengths, S, Delta, Dc, rows=None) -> None:
+def centre(windows, sums, rows=None) -> None:
     """sc_centre: Delta[r] -= sum over positions t >= r of S[s, t] / (t+1)^2."""
+    (tokens, lengths), (S, Delta, Dc) = windows, (sums.S, sums.Delta, sums.Dc)
     n, L = tokens.shape
     T = L - 1
     s0, s1 = rows if rows is not None else (0, n)

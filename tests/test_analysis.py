@@ -94,7 +94,7 @@ def test_attention_rows_equal_the_paper_procedure():
     x, V = _tiny()
     Q = _rand(V, V, seed=9)
     rows = attention_rows(x.residuals["pre"], x.W_Q, x.W_K, prepare_target("Qbar", Q, chunk=6),
-                          per_head=[2], chunk=6)
+                          options=Options(chunk=6, per_head=[2]))
     assert len(rows) == 3 + 2  # mean for 3 layers + 2 heads of layer 2 (numbered from 1)
     assert [r["layer"] for r in rows] == [1, 2, 2, 2, 3]
     for row in rows:

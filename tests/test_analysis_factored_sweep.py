@@ -14,9 +14,9 @@ from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.errors import BadInputError
 from pythia_probe.stats.reference import reference_stats
 from pythia_probe.sweep.config import ScoringConfig, StatisticsConfig
+from pythia_probe.sweep.held import held_targets, targets_cache
 from pythia_probe.sweep.scoring import Scorer
 from pythia_probe.sweep.statistics import choose_vocab
-from pythia_probe.sweep.targets import held_targets, targets_cache
 from pythia_probe.testing.dense import DenseTarget
 from pythia_probe.testing.repos import random_state_dict, tiny_config
 
@@ -231,7 +231,7 @@ def test_prepare_scale_gives_the_same_columns_every_way(step, tmp_path):
     oracle's cosine of the halves) and the same intervals, each holding its value."""
     from pythia_probe.analysis.intervals import ceiling
     from pythia_probe.stats import batch_stats
-    from pythia_probe.sweep.targets import prepare_scale
+    from pythia_probe.sweep.held import prepare_scale
 
     _, _, weights = step
     tokens, G = _corpus(V, N=12), 4
@@ -266,7 +266,7 @@ def test_no_groups_or_intervals_off_give_no_scale(step, tmp_path):
     from dataclasses import replace
 
     from pythia_probe.stats import batch_stats
-    from pythia_probe.sweep.targets import prepare_scale
+    from pythia_probe.sweep.held import prepare_scale
 
     st = batch_stats(_corpus(V), V)
     sc = ScoringConfig(("attention",), dtype="float64")
@@ -290,8 +290,8 @@ def test_a_grouped_statistics_file_gives_the_ceiling_and_intervals(step, tmp_pat
     from separately built halves; every row then carries an interval holding its value."""
     from pythia_probe.analysis.intervals import ceiling
     from pythia_probe.stats import batch_stats, read_meta
+    from pythia_probe.sweep.held import prepare_scale
     from pythia_probe.sweep.statistics import LazyStats
-    from pythia_probe.sweep.targets import prepare_scale
 
     _, _, weights = step
     tokens, G = _corpus(V, N=12), 4

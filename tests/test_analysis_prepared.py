@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from pythia_probe.analysis import Options
 from pythia_probe.analysis.attention import attention_rows
 from pythia_probe.analysis.cosine import (
     cosine,
@@ -77,8 +78,8 @@ def test_analyses_factored_equal_the_oracle(tmp_path):
     pt = prepare_target("Qbar", T, chunk=6)
     oracle = DenseTarget("Qbar", T)
     for fn in (lambda th, k: embedding_rows(res, th, chunk=6, max_rank=k),
-               lambda th, k: attention_rows(res["pre"], WQ, WK, th, per_head=[1], chunk=6,
-                                            max_rank=k)):
+               lambda th, k: attention_rows(res["pre"], WQ, WK, th,
+                                            options=Options(chunk=6, per_head=[1], max_rank=k))):
         b = fn(oracle, 0)
         for a in (fn(pt, 0), fn(pt, 10**6), fn(oracle, 20)):  # packed layers: same numbers
             assert [(r["layer"], r["metric"], r.get("head")) for r in a] == \

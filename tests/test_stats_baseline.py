@@ -33,6 +33,7 @@ from pythia_probe.stats import (
 )
 from pythia_probe.stats.driver import RunSpec
 from pythia_probe.stats.job import StatsConfig, compute
+from pythia_probe.testing.counts import as_dense
 from pythia_probe.testing.shards import encode_ids
 
 BASELINE = Path(__file__).parent / "data" / "stats_baseline.safetensors"
@@ -72,7 +73,7 @@ def pass1_of_batch(engine: str, tokens, lengths, V: int) -> dict[str, torch.Tens
     T = tokens.shape[1] - 1
     if engine == "dense":
         return dense_state(CountAccumulator(V, T).update(tokens, lengths))
-    return dense_state(SparseCountAccumulator(V, T).update(tokens, lengths).to_dense())
+    return dense_state(as_dense(SparseCountAccumulator(V, T).update(tokens, lengths)))
 
 
 def stats_of_batch(engine: str, tokens, lengths, V: int, top_k):
@@ -83,7 +84,7 @@ def pass1_of_work(work: Path) -> dict[str, torch.Tensor]:
     tensors, meta = checkpoint.load_state(work / "pass1-rank0-of1.safetensors")
     if meta["state"]["kind"] == "count":
         return tensors
-    return dense_state(SparseCountAccumulator.from_state(tensors, meta["state"]).to_dense())
+    return dense_state(as_dense(SparseCountAccumulator.from_state(tensors, meta["state"])))
 
 
 def builtin(engine: str, top_k, tmp: Path):

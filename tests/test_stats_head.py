@@ -20,7 +20,6 @@ from pythia_probe.stats.checkpoint import write_atomic
 from pythia_probe.stats.pass1 import Windows
 from pythia_probe.stats.reference import reference_q_given, reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy, Sequencer
-from pythia_probe.stats.sparse import engine as sparse_engine
 from pythia_probe.stats.sparse import second
 from pythia_probe.testing.shards import IdShard, encode_ids
 
@@ -166,7 +165,7 @@ def test_groups_and_a_pass_2_killed_and_resumed(tmp_path, monkeypatch, engine):
     """Four shards, pass 2 killed after some work and resumed: every statistic bit for bit a
     clean run's; the totals and each subset's QbarHead equal the literal reference with the
     full corpus's GbarHead."""
-    monkeypatch.setattr(sparse_engine, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(second, "CHECKPOINT_SECONDS", 0.0)
     docs = documents()
     kw = {"budget_bytes": 1} if engine == "sparse" else {}  # several tiles to resume between
     clean = run.compute_stats(shards_of(docs, 4), spec(tmp_path / "c", engine, **kw), {})

@@ -25,11 +25,12 @@ from pythia_probe.errors import BadInputError, KernelError, MismatchError, Resou
 from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native, plan
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.native import sparsecount
+from pythia_probe.stats.native.sparsecount import Correction, Tile, TokenWindows
 from pythia_probe.stats.reference import reference_stats_ragged
 from pythia_probe.stats.sequences import SequencePolicy
-from pythia_probe.stats.sparse import engine as sparse_engine
 from pythia_probe.stats.sparse import second
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
+from pythia_probe.testing.counts import as_dense
 from pythia_probe.testing.dist import stats_in_processes
 from pythia_probe.testing.shards import IdShard, encode_ids
 
@@ -122,7 +123,7 @@ def test_sparse_pass1_is_the_dense_state_bit_for_bit(data):
         with native.use_backend(backend):
             acc = sparse_counts(tokens, lengths, V, rng)
             want = dense_state(dense)
-            for k, v in dense_state(acc.to_dense()).items():
+            for k, v in dense_state(as_dense(acc)).items():
                 assert torch.equal(v, want[k]), (backend, k)
             assert acc.checksum() == dense.checksum()
             assert (acc.n_positions, acc.n_tokens) == (dense.n_positions, dense.n_tokens)
@@ -148,7 +149,7 @@ def test_merge_in_any_order_and_checkpoints_are_exact(data, seed):
     assert merged.checksum() == dense.checksum()
     from_dense = SparseCountAccumulator.from_state(*dense.state())  # a dense checkpoint
     assert from_dense.checksum() == dense.checksum()
-    for k, v in dense_state(from_dense.to_dense()).items():
+    for k, v in dense_state(as_dense(from_dense)).items():
         assert torch.equal(v, dense_state(dense)[k]), k
 
 
@@ -204,7 +205,8 @@ def test_the_product_sums_each_entry_in_the_order_of_the_sparse_entries():
                 acc += val[p] * X[col[p], c]
             want[r, c] = (acc - u[r] * v[c]) * scale
     for threads in (1, 2):
-        got = sparsecount.spmm(ip, col.astype(np.int64), val, X, threads, True, u, v, scale)
+        got = sparsecount.spmm((ip, col.astype(np.int64), val), X, threads, True,
+                               Correction(u, v, scale))
         assert np.array_equal(got, want.T)
 
 
@@ -216,14 +218,14 @@ def test_compiled_kernels_equal_their_numpy_twins():
     want = A @ X
     u, v = g.standard_normal(37), g.standard_normal(45)
     for threads in (1, 3):
-        got = sparsecount.spmm(ip, col, A.data, X, threads)
+        got = sparsecount.spmm((ip, col, A.data), X, threads)
         np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
-        np.testing.assert_allclose(sparsecount.spmm(ip, col, A.data, X, threads, True), want.T,
+        np.testing.assert_allclose(sparsecount.spmm((ip, col, A.data), X, threads, True), want.T,
                                    rtol=1e-15, atol=1e-15)
-        fused = sparsecount.spmm(ip, col, A.data, X, threads, True, u, v, 0.5)
+        fused = sparsecount.spmm((ip, col, A.data), X, threads, True, Correction(u, v, 0.5))
         np.testing.assert_allclose(fused, ((want - np.outer(u, v)) * 0.5).T, rtol=1e-14,
                                    atol=1e-14)
-        ones = sparsecount.spmm(ip, col, A.data, X, threads, False, None, v)
+        ones = sparsecount.spmm((ip, col, A.data), X, threads, False, Correction(None, v))
         np.testing.assert_allclose(ones, want - v[None, :], rtol=1e-14, atol=1e-14)
     for size in (0, 7, 8, 63, 64, 65, 1000):  # the tile compaction: numpy's flatnonzero
         block, mask = g.standard_normal(size), g.random(size) < 0.2
@@ -243,7 +245,7 @@ def test_compiled_kernels_equal_their_numpy_twins():
             with native.use_backend(backend):
                 acc = SparseCountAccumulator(11, 7, buffer_pairs=5, head=head)
                 acc.update(tokens, lengths).update(tokens[:4], lengths[:4])
-                tensors = acc.to_dense().state()[0]
+                tensors = as_dense(acc).state()[0]
             ref = CountAccumulator(11, 7).update(tokens, lengths).update(tokens[:4], lengths[:4])
             for k, v in dense_state(ref).items():
                 assert torch.equal(tensors[k], v), (head, backend, k)
@@ -281,15 +283,15 @@ def test_kernels_refuse_bad_input():
     with pytest.raises(KernelError, match="pair buffer"):
         sparsecount.pairs(bad, np.array([4]), 9, 3, out[:2])
     with pytest.raises(KernelError, match="S: need"):
-        sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
-                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
-                          np.zeros(1), np.zeros(3), np.zeros(3), np.zeros(9),
-                          np.zeros(1, dtype=np.uint64))
+        sparsecount.sweep(TokenWindows(bad.astype(np.int32), np.array([4])),
+                          Tile(np.array([0]), np.zeros(9, dtype=np.int64), None, 9, -1),
+                          np.zeros((1, 9)), second.TileSums(np.zeros(1), np.zeros(3), np.zeros(3)),
+                          np.zeros(9), np.zeros(1, dtype=np.uint64))
     with pytest.raises(KernelError, match="touched: need"):
-        sparsecount.sweep(bad.astype(np.int32), np.array([4]), np.array([0]),
-                          np.zeros(9, dtype=np.int64), np.zeros((1, 9)), None, 9, -1,
-                          np.zeros(3), np.zeros(3), np.zeros(3), np.zeros(9),
-                          np.zeros(9))
+        sparsecount.sweep(TokenWindows(bad.astype(np.int32), np.array([4])),
+                          Tile(np.array([0]), np.zeros(9, dtype=np.int64), None, 9, -1),
+                          np.zeros((1, 9)), second.TileSums(np.zeros(3), np.zeros(3), np.zeros(3)),
+                          np.zeros(9), np.zeros(9))
 
 
 # -- the automatic choice --------------------------------------------------------------------
@@ -352,7 +354,7 @@ def test_driver_sparse_equals_dense(tmp_path, top_k):
 
 
 def test_sparse_driver_kill_and_resume_is_bit_identical(tmp_path, monkeypatch):
-    monkeypatch.setattr(sparse_engine, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(second, "CHECKPOINT_SECONDS", 0.0)
     shards = make_shards()
     kw = {"budget_bytes": 1}  # the narrowest tiles: several tiles to resume between
     clean = run.compute_stats(shards, spec(tmp_path / "clean", "sparse", **kw), {})

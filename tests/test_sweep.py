@@ -333,7 +333,7 @@ def test_target_norms_are_cached_by_stats_id_never_by_path(setup, clean_run, tmp
 
     from pythia_probe.analysis import factored_cache
     from pythia_probe.stats import read_meta
-    from pythia_probe.sweep.targets import targets_cache
+    from pythia_probe.sweep.held import targets_cache
 
     root, repo, stats = setup
     stats_id = read_meta(stats)["stats_id"]

@@ -87,7 +87,7 @@ def test_a_target_cache_with_flipped_bytes_is_rebuilt_not_used(setup, clean, tmp
     """Same size, same header, other bytes: caught by the content digest, rebuilt; the table
     equals the clean run's."""
     from pythia_probe.stats import read_meta
-    from pythia_probe.sweep.targets import targets_cache
+    from pythia_probe.sweep.held import targets_cache
 
     root, repo, stats = setup
     files = list(targets_cache(read_meta(stats)["stats_id"]).glob("*.safetensors"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from toy_reference_model import reference_logits, reference_loss
 
 from pythia_probe.toy.model import (
     PATHS_MAX_FRACTION,
@@ -13,7 +14,6 @@ from pythia_probe.toy.model import (
     forward_flops,
     positional_bias,
 )
-from pythia_probe.toy.reference_model import reference_logits, reference_loss
 
 
 def random_model(d_vocab: int, T: int, L: int, seed: int = 0,

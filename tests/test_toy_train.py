@@ -13,8 +13,8 @@ from pythia_probe import theory
 from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.results import read_manifest, read_results, validate
 from pythia_probe.stats.reference import reference_stats
+from pythia_probe.toy import leading, paper
 from pythia_probe.toy import train as tt
-from pythia_probe.toy import trainer
 from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
 
 D_VOCAB, T, N = 12, 6, 16
@@ -35,7 +35,7 @@ def run_train(cfg: tt.TrainConfig, start: AttnOnlyTransformer | None = None, sta
     sched = tt.make_schedule(cfg, N)
     stats = reference_stats(tt.theory_batch(seqs, sched), D_VOCAB)
     model = start or AttnOnlyTransformer(ToyConfig(D_VOCAB, T, cfg.layers))
-    tt.train(model, seqs, stats, cfg, sched, Path(cfg.out), start_step=start_step, run_id="r")
+    tt.train(model, seqs, stats, cfg, sched, tt.TrainRun(Path(cfg.out), start_step, "r"))
     return model
 
 
@@ -146,7 +146,7 @@ def test_cli_end_to_end_and_resume(tmp_path, capsys):
     ceiling = df[df["analysis"] == "toy_batch_ceiling"].set_index("metric")["value"]
     whole = reference_stats(data.tokens, data.d_vocab)
     assert len(ceiling) == 4
-    for w, suffix in tt.PAIRS.items():
+    for w, suffix in paper.PAIRS.items():
         term = theory.LEADING_TERM[w]
         want = frobenius_cosine(first[term], whole[term])
         assert ceiling[f"batch_ceiling_{suffix}"] == pytest.approx(want, abs=1e-5), w
@@ -299,10 +299,9 @@ def test_a_cosine_outside_its_range_is_refused_not_written(tmp_path, monkeypatch
     from pythia_probe.errors import OutOfRangeError
 
     a = torch.ones(3, 3)
-    assert tt.checked_cosine(a, a, "x") == pytest.approx(1.0)
-    assert math.isnan(tt.checked_cosine(a, torch.zeros(3, 3), "x"))  # no direction: no row
-    # the trainer's own module (toy.train is the light command that reads its names)
-    monkeypatch.setattr(trainer, "frobenius_cosine", lambda a, b: 2.5e54)  # corrupt statistics
+    assert leading.checked_cosine(a, a, "x") == pytest.approx(1.0)
+    assert math.isnan(leading.checked_cosine(a, torch.zeros(3, 3), "x"))  # no direction: no row
+    monkeypatch.setattr(leading, "frobenius_cosine", lambda a, b: 2.5e54)  # e.g. corrupt statistics
     with pytest.raises(OutOfRangeError, match="cosine of W_O layer None is 2.5e"):
         run_train(config(tmp_path, epochs=1))
     assert not (tmp_path / "rows").exists()

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from pythia_probe.analysis.base import Cost, Needs, Options, Shape, StepTensors
 from pythia_probe.analysis.basis import Basis
-from pythia_probe.analysis.cosine import Factors
+from pythia_probe.analysis.cosine import ModelCovariance
 from pythia_probe.analysis.layers import (
     Cell,
     Layer,
@@ -70,7 +70,7 @@ def _heads_cat(W: Tensor, scale: Tensor | None) -> Tensor:
 
 
 def attention_factors(basis: Basis, W_Q: Tensor, W_K: Tensor, heads: Sequence[int] = (),
-                      ln1_w: Tensor | None = None) -> list[Factors]:
+                      ln1_w: Tensor | None = None) -> list[ModelCovariance]:
     """Factors of cov(E mean_h(W_Q^h W_K^h^T) E^T), then of each head in ``heads``;
     ``ln1_w`` given: E replaced by (E P) diag(ln1_w) (the LN-folded variant)."""
     _check(W_Q, W_K, basis.d)
@@ -78,10 +78,10 @@ def attention_factors(basis: Basis, W_Q: Tensor, W_K: Tensor, heads: Sequence[in
     coef = basis.whole if ln1_w is None else basis.centred
     Wq, Wk = coef(_heads_cat(W_Q, ln1_w)), coef(_heads_cat(W_K, ln1_w))
     S = Wk.T @ (basis.moments()[1] @ Wk)  # Gc^T Gc of G = E W_K (heads side by side)
-    out = [Factors(basis, Wq / n_heads, S)]
+    out = [ModelCovariance(basis, Wq / n_heads, S)]
     for h in heads:
         cols = slice(h * d_head, (h + 1) * d_head)
-        out.append(Factors(basis, Wq[:, cols], S[cols, cols]))
+        out.append(ModelCovariance(basis, Wq[:, cols], S[cols, cols]))
     return out
 
 
@@ -107,8 +107,7 @@ FOLDED_SPEC = LayerSpec("Qbar", partial(_cells, folded=True), ("pre",), TARGETS)
 
 
 def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence[Tensor],
-                   target, *, per_head: bool | Sequence[int] = True,
-                   chunk: int = 4096, max_rank: int = 0,
+                   target, *, options: Options | None = None,
                    ln1_w: Sequence[Tensor] | None = None,
                    authors: Mapping[str, object] | None = None) -> list[dict]:
     """Rows per layer (head null, metric cos_mean) and per head (metric cos_head) against the
@@ -119,17 +118,17 @@ def attention_rows(E_pre: Sequence[Tensor], W_Q: Sequence[Tensor], W_K: Sequence
 
     ``ln1_w``: per-layer LayerNorm weights [d_model]; given, the rows are the authors'
     LN-folded, centred variant (analysis ``attention_lnfold``), else raw (``attention``).
-    ``per_head``: True for every layer, False for none, or a list of layers numbered from 1.
-    ``max_rank``: score several layers per pass over the target while the stacked width of
-    their bases stays below it (0: one layer per pass, the least memory).
+    ``options`` (default :class:`Options`): ``per_head`` True for every layer, False for none,
+    or a list of layers numbered from 1; ``chunk``; ``max_rank``: score several layers per
+    pass over the target while the stacked width of their bases stays below it (0: one layer
+    per pass, the least memory).
     """
     if ln1_w is not None and len(ln1_w) != len(E_pre):
         raise ValueError(f"need one ln1_w per layer: {len(ln1_w)} for {len(E_pre)} layers")
     name = "attention" if ln1_w is None else "attention_lnfold"
     x = StepTensors({"pre": list(E_pre)}, list(W_Q), list(W_K), ln1_w=list(ln1_w or []))
-    opts = Options(chunk=chunk, per_head=per_head if isinstance(per_head, bool)
-                   else list(per_head), max_rank=max_rank)
-    layers = layers_of(x, target.d_vocab, target.dtype, chunk)
+    opts = options or Options()
+    layers = layers_of(x, target.d_vocab, target.dtype, opts.chunk)
     spec = FOLDED_SPEC if ln1_w is not None else RAW_SPEC
     return score_layers(layers, [(name, spec)], {"Qbar": target, **(authors or {})},
                         opts)[name]

@@ -38,7 +38,7 @@ top-k or first-format statistics file's, a hand-built one) as its own single fac
 Every score comes with its chance level and that level's spread
 (:mod:`pythia_probe.analysis.chance`: the exact mean and standard deviation of the cosine over a
 random relabelling of the statistics' tokens), from the same products, the target's ``trace``,
-``total`` and ``null_terms``, and one pass over the rows of each factor (:attr:`Factors.
+``total`` and ``null_terms``, and one pass over the rows of each factor (:attr:`ModelCovariance.
 null_terms`, computed once per factor however many targets it is scored against).
 
 Cost of ``chance_sd`` per cell: the row pass, about V r (d + 1) + V r^2 multiply-adds for a
@@ -100,7 +100,7 @@ def materialised_cosine(M: Tensor, T: Tensor) -> float:
 
 
 @dataclass(frozen=True, eq=False)
-class Factors:
+class ModelCovariance:
     """cov(M) up to a positive scale as F S F^T with F = basis.Y W (float64 coefficients, see
     :class:`~pythia_probe.analysis.basis.Basis`); W None means row_centre(E) itself, S None
     the identity. Build with :func:`tall`, :func:`product` or :func:`product_on`."""
@@ -127,27 +127,27 @@ class Factors:
         return factor_terms(Gc, s, self.S, q, r0, b.V)
 
 
-def tall(E: Tensor | Basis, dtype: torch.dtype = torch.float64) -> Factors:
+def tall(E: Tensor | Basis, dtype: torch.dtype = torch.float64) -> ModelCovariance:
     """Factors of cov(E) for a tall matrix E [V, d] (rows = tokens), or of a basis's E."""
-    return Factors(E if isinstance(E, Basis) else Basis(E, dtype))
+    return ModelCovariance(E if isinstance(E, Basis) else Basis(E, dtype))
 
 
-def product_on(basis: Basis, Wf: Tensor, Wg: Tensor, centred: bool = False) -> Factors:
+def product_on(basis: Basis, Wf: Tensor, Wg: Tensor, centred: bool = False) -> ModelCovariance:
     """Factors of cov(F G^T) with F = E Wf, G = E Wg on one basis (``centred``: F = C_E Wf,
     G = C_E Wg with C_E = row_centre(E)); S = Gc^T Gc = Wg'^T (Yc^T Yc) Wg'."""
     coef = basis.centred if centred else basis.whole
     Wg = coef(Wg)
-    return Factors(basis, coef(Wf), Wg.T @ (basis.moments()[1] @ Wg))
+    return ModelCovariance(basis, coef(Wf), Wg.T @ (basis.moments()[1] @ Wg))
 
 
-def product(F: Tensor, G: Tensor, dtype: torch.dtype = torch.float64) -> Factors:
+def product(F: Tensor, G: Tensor, dtype: torch.dtype = torch.float64) -> ModelCovariance:
     """Factors of cov(F G^T) for F, G [V, r] without forming the V x V product."""
     basis = Basis(F, dtype)
     Gc = G.to(dtype) - G.to(dtype).mean(dim=0, keepdim=True)
-    return Factors(basis, basis.whole(), (Gc.T @ Gc).to(torch.float64))
+    return ModelCovariance(basis, basis.whole(), (Gc.T @ Gc).to(torch.float64))
 
 
-def _row_terms(f: Factors) -> tuple[Tensor, Tensor]:
+def _row_terms(f: ModelCovariance) -> tuple[Tensor, Tensor]:
     """(q, r0), float64 [V]: q_i = a_ii - fbar^T S fbar and r0 = A_0 1 = V Fc S fbar of
     A = F S F^T, F = Y W, over row blocks of the basis's token-centred Yc = Y - 1 ybar^T:
     L = Yc W (rank r) and Z = L S give q_i = z_i.l_i + 2 z_i.fbar, r0_i = V z_i.fbar; where
@@ -188,7 +188,7 @@ class Score(NamedTuple):
     chance_sd: float
 
 
-def _moments(f: Factors, target) -> tuple[Tensor, Tensor, Tensor]:
+def _moments(f: ModelCovariance, target) -> tuple[Tensor, Tensor, Tensor]:
     """(P P^T, H = F^T F, F^T 1) of a factor against ``target`` (float64, r x r)."""
     M = f.basis.target_gram(target)
     G, _, e = f.basis.moments()
@@ -198,7 +198,7 @@ def _moments(f: Factors, target) -> tuple[Tensor, Tensor, Tensor]:
     return f.W.T @ (M @ f.W), f.W.T @ (G @ f.W), f.W.T @ e
 
 
-def _score(f: Factors, target) -> Score:
+def _score(f: ModelCovariance, target) -> Score:
     PPt, H, s = _moments(f, target)
     if f.S is None:
         cross, norm2 = PPt.trace(), (H * H).sum()
@@ -213,7 +213,7 @@ def _score(f: Factors, target) -> Score:
                  chance_sd(f.null_terms, target.null_terms, norm, target.norm, V))
 
 
-def scores(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> list[Score]:
+def scores(factors: Sequence[ModelCovariance], target, chunk: int = DEFAULT_CHUNK) -> list[Score]:
     """Covariance cosines, with their chance levels, of several model matrices against one
     target: every basis not yet projected on the target is, in one pass over it.
 
@@ -224,17 +224,17 @@ def scores(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> li
     return [_score(f, target) for f in factors]
 
 
-def cosines(factors: Sequence[Factors], target, chunk: int = DEFAULT_CHUNK) -> list[float]:
+def cosines(factors: Sequence[ModelCovariance], target, chunk: int = DEFAULT_CHUNK) -> list[float]:
     """The values of :func:`scores` (no chance levels)."""
     return [s.value for s in scores(factors, target, chunk)]
 
 
-def cosine(f: Factors, target, chunk: int = DEFAULT_CHUNK) -> float:
+def cosine(f: ModelCovariance, target, chunk: int = DEFAULT_CHUNK) -> float:
     """Covariance cosine of one factored model matrix against a prepared target."""
     return cosines([f], target, chunk)[0]
 
 
-def packed_scores(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFAULT_CHUNK,
+def packed_scores(groups: Iterable[Sequence[ModelCovariance]], target, chunk: int = DEFAULT_CHUNK,
                   max_rank: int = 0) -> Iterator[list[Score]]:
     """:func:`scores` of each group (e.g. one layer's factors), in order.
 
@@ -243,7 +243,7 @@ def packed_scores(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFA
     pass's factors are alive: memory grows with ``max_rank``, passes over the target shrink
     with it.
     """
-    pending: list[Sequence[Factors]] = []
+    pending: list[Sequence[ModelCovariance]] = []
     for group in groups:
         bases = {id(f.basis): f.basis for g in (*pending, group) for f in g}
         width = sum(b.width for b in bases.values() if not b.has(target))
@@ -255,14 +255,14 @@ def packed_scores(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFA
         yield from _split(scores([f for g in pending for f in g], target, chunk), pending)
 
 
-def packed_cosines(groups: Iterable[Sequence[Factors]], target, chunk: int = DEFAULT_CHUNK,
+def packed_cosines(groups: Iterable[Sequence[ModelCovariance]], target, chunk: int = DEFAULT_CHUNK,
                    max_rank: int = 0) -> Iterator[list[float]]:
     """The values of :func:`packed_scores`."""
     for group in packed_scores(groups, target, chunk, max_rank):
         yield [s.value for s in group]
 
 
-def _split(values: list, groups: Sequence[Sequence[Factors]]) -> Iterator[list]:
+def _split(values: list, groups: Sequence[Sequence[ModelCovariance]]) -> Iterator[list]:
     i = 0
     for g in groups:
         yield values[i:i + len(g)]

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from pythia_probe.analysis.base import Analysis, Cost, Needs, Options, Shape, StepTensors
 from pythia_probe.analysis.basis import Basis, fill_target_grams
-from pythia_probe.analysis.cosine import Factors, scores
+from pythia_probe.analysis.cosine import ModelCovariance, scores
 
 KINDS = ("pre", "attn", "post")
 
@@ -41,7 +41,7 @@ class Layer:
 
 class Cell(NamedTuple):
     row: dict
-    factors: Factors
+    factors: ModelCovariance
 
 
 class LayerSpec(NamedTuple):

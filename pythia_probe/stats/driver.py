@@ -33,7 +33,6 @@ from pythia_probe.stats.groups import (
     empty_groups,
     spilled,
 )
-from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.pass1 import (
     RunSpec,
     Windows,
@@ -206,7 +205,7 @@ def resolve(spec: RunSpec, d: Ranks) -> plan.EngineChoice:
     choice = plan.choose_engine(spec.engine, spec.d_vocab, spec.policy.seq_len, spec.top_k,
                                 spec.device, checkpoint_kind=checkpoint_kind(pass1_path(spec, d)),
                                 tile_budget=spec.budget_bytes, docs=spec.max_docs,
-                                sparse_built=sparsecount.available(), groups=spec.groups)
+                                sparse_built=ENGINES["sparse"].available(), groups=spec.groups)
     choice = d.gather(choice)[0]
     if choice.resolved == "sparse":
         plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)

@@ -32,8 +32,10 @@ from torch import Tensor
 
 from pythia_probe.errors import BadInputError, MismatchError
 from pythia_probe.ranks import Ranks
+from pythia_probe.stats import kept
 from pythia_probe.stats.factors import SparseQ
-from pythia_probe.stats.result import CorpusStats
+from pythia_probe.stats.result import CorpusStats, stats_meta
+from pythia_probe.stats.stores import FactoredStore
 
 SPARSE_KIND = "sparse_count"
 """The sparse pass-1 accumulator's kind in its checkpoints (the planner reads it to resume)."""
@@ -45,6 +47,10 @@ class Engine(ABC):
     name: ClassVar[str]
     counts_kind: ClassVar[str]
     """The ``kind`` its pass-1 checkpoints record (a resumed run keeps its engine)."""
+
+    def available(self) -> bool:
+        """Whether this engine can run here (its compiled kernels are built)."""
+        return True
 
     @abstractmethod
     def counter(self, d_vocab: int, T: int, device: str | torch.device) -> Any:
@@ -71,21 +77,25 @@ class Engine(ABC):
         GbarHead, else None) over every rank's windows, on rank 0 at least."""
 
     @abstractmethod
+    def kernel(self, fp: Any, spec: Any) -> dict[str, Any]:
+        """Which kernels ran (recorded in the metadata, not part of the identity)."""
+
     def assemble(self, fp: Any, Q: SparseQ | dict[str, SparseQ], D: Tensor,
                  meta: dict[str, Any], ids: Tensor | None, spec: Any,
                  groups: list | None = None) -> CorpusStats:
-        """The frozen statistics (divided by the positions; restricted to ``ids``; with the
-        groups' counts and sums, ``stats/groups.py``). ``Q``: the pass-2 sums by name (a
-        lone SparseQ: Qbar, no QbarHead)."""
-
-
-def divided(Q: SparseQ | dict[str, SparseQ], P: int) -> dict[str, SparseQ]:
-    """Pass 2's sums by name (a lone SparseQ is Qbar), each divided by the positions P in
-    place."""
-    qs = Q if isinstance(Q, dict) else {"Qbar": Q}
-    for q in qs.values():
-        q.vals /= P
-    return qs
+        """The frozen statistics, the same file from both engines: the factors of pass 1,
+        Qbar's and QbarHead's non-zeros and Delta, divided by the positions (restricted to
+        ``ids``; with the groups' counts and sums as they are, ``stats/groups.py``). ``Q``:
+        the pass-2 sums by name (a lone SparseQ: Qbar, no QbarHead)."""
+        P = fp.n_positions
+        qs = Q if isinstance(Q, dict) else {"Qbar": Q}
+        for q in qs.values():
+            q.vals /= P  # in place
+        kernel = self.kernel(fp, spec)
+        compose = getattr(spec, "compose", kept.FULL)
+        store = FactoredStore(fp.factors, qs["Qbar"], D.double() / P, ids, groups,
+                              qbar_head=qs.get("QbarHead"), compose=compose)
+        return CorpusStats(store, stats_meta(meta, ids, fp.factors.d_vocab, fp, kernel, compose))
 
 
 def check_mergeable(a: Any, b: Any) -> None:

@@ -67,8 +67,8 @@ class Csr:
         rank-one term), by the compiled kernel in one pass, else scipy; ``transposed``: the
         result's transpose as a contiguous [w, rows] array; ``x_transposed``: X is given as
         its transpose [w, n_cols]."""
-        return sparsecount.spmm(self.indptr, self.col, self.val, X, torch.get_num_threads(),
-                                transposed, u, v, scale, x_transposed)
+        return sparsecount.spmm((self.indptr, self.col, self.val), X, torch.get_num_threads(),
+                                transposed, sparsecount.Correction(u, v, scale), x_transposed)
 
     def scipy(self) -> scipy.sparse.csr_matrix:
         return scipy.sparse.csr_matrix((self.val, self.col, self.indptr),

@@ -67,10 +67,6 @@ class FixedPoint:
         self.lo += other.lo.to(self.lo.device)
         self.normalize()
 
-    def to_float(self, rows: slice) -> Tensor:
-        """float64 values of a slice of the flat state."""
-        return self.hi[rows].double() + self.lo[rows].double() * 2.0 ** -self.F
-
 
 def reduce_equal(keys: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, ...]:
     """Sorted keys with repeats -> unique keys and the exact sum of each value per key."""

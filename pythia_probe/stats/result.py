@@ -45,10 +45,6 @@ DENSE_FORMAT = "pythia_probe.stats/1"
 MATRICES = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "GbarHead", "QbarHead",
             "Delta")
 PRODUCTS = ("Bbar", "Phibar", "SigmaB", "PhiBT", "Gbar", "Qbar", "GbarHead", "QbarHead")
-DERIVED = ("SigmaB", "PhiBT", "Gbar", "GbarHead")
-"""Never stored: composed from the factors when read (the one stored-or-recomposed policy)."""
-DERIVED_LIMIT = 16384
-"""The d_vocab up to which a first-format (dense) file stored the derived matrices too."""
 VERIFY_LIMIT = 4 << 30
 
 

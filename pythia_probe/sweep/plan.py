@@ -22,8 +22,8 @@ from pythia_probe.hub import PYTHIA_STEPS, DownloadPlan, is_pythia, parse_steps
 from pythia_probe.resources import human_bytes, memory_budget
 from pythia_probe.sweep.config import ScoringConfig, SourceConfig
 from pythia_probe.sweep.estimate import Rate, estimate
+from pythia_probe.sweep.held import uncached
 from pythia_probe.sweep.layout import Layout
-from pythia_probe.sweep.targets import uncached
 
 
 class Held(NamedTuple):

@@ -42,6 +42,7 @@ from pythia_probe.stats.recipe import ensure
 from pythia_probe.stats.result import part_counts
 from pythia_probe.sweep.claims import Claims, one_builder
 from pythia_probe.sweep.config import SweepParts
+from pythia_probe.sweep.held import prepare_scale, prepare_targets
 from pythia_probe.sweep.layout import CLAIMS, FAILED, SHARDS, Layout
 from pythia_probe.sweep.manifest import (
     RunRecord,
@@ -82,7 +83,6 @@ from pythia_probe.sweep.source import (
     to_weights,
 )
 from pythia_probe.sweep.statistics import LazyStats, choose_for_models, read_stats_meta
-from pythia_probe.sweep.targets import prepare_scale, prepare_targets
 from pythia_probe.sweep.tasks import ShardInfo, Work, share, sweep_share
 from pythia_probe.tokenizer import tokenizer_fingerprint
 

@@ -32,8 +32,8 @@ from pythia_probe.analysis.layers import Layer, score_layers_sets
 from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
 from pythia_probe.sweep.config import ScoringConfig
+from pythia_probe.sweep.held import RAW
 from pythia_probe.sweep.statistics import LazyStats
-from pythia_probe.sweep.targets import RAW
 
 #: rounding a value may carry beyond its analysis's bounds, by compute dtype
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8}
@@ -52,7 +52,7 @@ class Scorer:
     text: Tensor | None
     scoring: ScoringConfig
     scale: Any = None
-    """A :class:`~pythia_probe.sweep.targets.Scale` (the left-out target sets and the
+    """A :class:`~pythia_probe.sweep.held.Scale` (the left-out target sets and the
     ceilings): every step's rows then carry ceiling, ci_low and ci_high."""
 
     def step_tensors(self, weights: NeoXWeights) -> StepTensors:
@@ -186,7 +186,7 @@ def load_text(sc: ScoringConfig, stats: LazyStats) -> Tensor:
 def build_scorer(sc: ScoringConfig, analyses: list[Analysis], needs: Needs, stats: LazyStats,
                  targets: Mapping[str, object], scale: Any = None) -> Scorer:
     """The run's Scorer: raw statistics and text read once (only when an analysis needs them);
-    ``scale``: the ceiling and interval columns' targets (:func:`~pythia_probe.sweep.targets.
+    ``scale``: the ceiling and interval columns' targets (:func:`~pythia_probe.sweep.held.
     prepare_scale`), None for none."""
     raw = {n: stats.load()[n] for n in needs.raw}
     text = load_text(sc, stats) if needs.text else None

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.linalg import positional_bias  # noqa: F401 - re-exported for the toy model users
+from pythia_probe.linalg import positional_bias
 
 
 @dataclass(frozen=True)

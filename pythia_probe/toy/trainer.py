@@ -24,21 +24,18 @@ what it runs, and every name here is also ``pythia_probe.toy.train.NAME``.
 from __future__ import annotations
 
 import logging
-import math
 from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from pythia_probe import theory
-from pythia_probe.errors import BadInputError, MissingFileError, OutOfRangeError
+from pythia_probe.errors import BadInputError, MissingFileError
 from pythia_probe.fileio import check_folders, check_writable
-from pythia_probe.linalg import frobenius_cosine
 from pythia_probe.ranks import Ranks, from_env
 from pythia_probe.results import (
     make_rows,
@@ -48,26 +45,23 @@ from pythia_probe.results import (
     write_manifest,
     write_shard,
 )
-from pythia_probe.stats import batch_stats
 from pythia_probe.toy import paper
 from pythia_probe.toy.config import (  # noqa: F401 - the trainer's public names
     DTYPES,
-    LEGACY_FIELDS,
     Schedule,
     TrainConfig,
     make_schedule,
-    parse_tokenizer,
     saved_config,
     with_preset,
 )
 from pythia_probe.toy.data import load_toy_data
+from pythia_probe.toy.leading import batch_ceiling_rows, leading_terms, weight_rows
 from pythia_probe.toy.model import AttnOnlyTransformer, ToyConfig
 from pythia_probe.toy.resume import (  # noqa: F401 - the trainer's public names
     check_resumable,
     earlier_run_ids,
     latest_checkpoint,
     load_tensors,
-    run_manifest,
     save_checkpoint,
     save_tensors,
     saved_train_config,
@@ -77,7 +71,6 @@ log = logging.getLogger("pythia_probe.toy.train")  # the command's name, as befo
 
 MODEL_NAME = "toy-attn"
 ANALYSIS = "toy_train"
-PAIRS = paper.PAIRS
 
 
 def resolve_device(device: str) -> str:
@@ -118,51 +111,6 @@ def sgd_step(model: torch.nn.Module, params: list[Tensor], seqs: Tensor, lr: flo
     return total
 
 
-def checked_cosine(a: Tensor, b: Tensor, what: str) -> float:
-    """frobenius_cosine, refused outside [-1, 1] beyond float rounding (corrupt statistics or a
-    bug; never written as a row)."""
-    c = frobenius_cosine(a, b)
-    if math.isfinite(c) and abs(c) > 1 + 1e-9:
-        raise OutOfRangeError(f"cosine of {what} is {c}, outside [-1, 1]")
-    return c
-
-
-def weight_rows(model: AttnOnlyTransformer, stats: dict[str, Tensor], step: int,
-                lr: float) -> list[dict]:
-    """Cosine, relative error and norm ratio of every weight vs its leading term at ``step``;
-    layers numbered 1..L as in the paper (W_O has no layer)."""
-    pred = theory.predicted_weights(stats, step, lr)
-    rows = []
-    for w, suffix in PAIRS.items():
-        term = stats[theory.LEADING_TERM[w]]
-        weights = model.W_O[None] if w == "W_O" else getattr(model, w)
-        for i, weight in enumerate(weights.detach().cpu()):
-            layer = None if w == "W_O" else i + 1
-            values = {f"cos_{suffix}": checked_cosine(weight, term, f"{w} layer {layer}"),
-                      f"relerr_{suffix}": theory.relative_error(weight, pred[w]),
-                      f"normratio_{suffix}": _norm_ratio(weight, pred[w])}
-            rows += [{"layer": layer, "metric": m, "value": v}
-                     for m, v in values.items() if math.isfinite(v)]
-    return rows
-
-
-def _norm_ratio(weight: Tensor, predicted: Tensor) -> float:
-    denom = float(predicted.double().norm())
-    return float(weight.detach().double().norm()) / denom if denom > 0 else math.nan
-
-
-def batch_ceiling_rows(first: dict[str, Tensor], whole: dict[str, Tensor]) -> list[dict]:
-    """Per weight: cosine of its first-batch leading term with the whole-set term (the batch
-    ceiling, toy/paper.py)."""
-    rows = []
-    for w, suffix in PAIRS.items():
-        term = theory.LEADING_TERM[w]
-        c = checked_cosine(first[term], whole[term], f"first-batch vs whole-set {term}")
-        if math.isfinite(c):
-            rows.append({"layer": None, "metric": f"{paper.CEILING}{suffix}", "value": c})
-    return rows
-
-
 def theory_batch(seqs: Tensor, sched: Schedule) -> Tensor:
     """The first training batch: the paper computes the theory matrices from it alone."""
     return seqs[sched.batch_indices(0)]
@@ -179,12 +127,22 @@ def subnormals_flushed(device: torch.device):
             torch.set_flush_denormal(False)
 
 
+class TrainRun(NamedTuple):
+    """Where a training run writes (``out``: rows and checkpoints, rank 0 only), the step it
+    starts from and the ids its rows carry."""
+
+    out: Path
+    start_step: int = 0
+    run_id: str | None = None
+    stats_id: str | None = None
+
+
 def train(model: AttnOnlyTransformer, seqs: Tensor, stats: dict[str, Tensor], cfg: TrainConfig,
-          sched: Schedule, out: Path, *, start_step: int = 0, run_id: str | None = None,
-          ranks: Ranks | None = None, stats_id: str | None = None) -> list[float]:
-    """Run SGD from ``start_step`` to the end of the schedule; write rows and checkpoints (rank
-    0 only)."""
+          sched: Schedule, run: TrainRun, *, ranks: Ranks | None = None) -> list[float]:
+    """Run SGD from ``run.start_step`` to the end of the schedule; write rows and checkpoints
+    under ``run.out`` (rank 0 only)."""
     ranks = ranks or Ranks()
+    out, start_step, run_id, stats_id = run
     params = list(model.parameters())
     device = model.W_O.device
     losses: list[float] = []
@@ -232,8 +190,7 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, ranks: Ranks | None = N
         log.info("%s already finished %d steps; nothing to train", out, found[0])
         return out
     device = torch.device(ranks.device)
-    first = batch_stats(theory_batch(data.tokens, sched), data.d_vocab, device=device)
-    stats = {k: v.cpu() for k, v in theory.as_stats(first).items()}
+    stats, stats_id = leading_terms(theory_batch(data.tokens, sched), data.d_vocab, device)
     model = AttnOnlyTransformer(ToyConfig(data.d_vocab, cfg.seq_len, cfg.layers),
                                 dtype=DTYPES[cfg.dtype], device=device)
     start = _restore(model, out, cfg) if found is not None else 0
@@ -244,14 +201,14 @@ def run(cfg: TrainConfig, argv: list[str] | None = None, ranks: Ranks | None = N
              "earlier_run_ids": earlier_run_ids(out) if start else []}
     if ranks.is_main:
         save_tensors(out / "theory.safetensors", stats)
-        whole = theory.as_stats(batch_stats(data.tokens, data.d_vocab, device=device))
-        write_shard(make_rows(batch_ceiling_rows(stats, {k: v.cpu() for k, v in whole.items()}),
+        whole = leading_terms(data.tokens, data.d_vocab, device)[0]
+        write_shard(make_rows(batch_ceiling_rows(stats, whole),
                               model=MODEL_NAME, analysis="toy_batch_ceiling", run_id=run_id,
-                              stats_id=first.stats_id, n=len(data.tokens)),
+                              stats_id=stats_id, n=len(data.tokens)),
                     out / "rows" / "batch_ceiling.parquet")
         write_manifest(out, config, argv=argv, started=started, run_id=run_id, extra=extra)
-    train(model, data.tokens, stats, cfg, sched, out, start_step=start, run_id=run_id,
-          ranks=ranks, stats_id=first.stats_id)
+    train(model, data.tokens, stats, cfg, sched, TrainRun(out, start, run_id, stats_id),
+          ranks=ranks)
     if ranks.is_main:
         write_manifest(out, config, argv=argv, started=started, run_id=run_id, extra=extra)
     return out

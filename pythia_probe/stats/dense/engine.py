@@ -16,20 +16,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pythia_probe.errors import MismatchError
 from pythia_probe.ranks import Ranks
 from pythia_probe.stats import compose, kept, reduce
-from pythia_probe.stats.checkpoint import Checkpoint
+from pythia_probe.stats.dense import second
 from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.dense.first import FirstPass, first_pass
-from pythia_probe.stats.dense.second import QAccumulator
-from pythia_probe.stats.engine import Engine, check_positions, divided
+from pythia_probe.stats.engine import Engine, check_positions
 from pythia_probe.stats.factors import Factors, SparseQ
 from pythia_probe.stats.groups import split_rows
 from pythia_probe.stats.native import fastcount
 from pythia_probe.stats.pass1 import bar
-from pythia_probe.stats.result import CorpusStats, stats_meta
-from pythia_probe.stats.stores import FactoredStore
 
 
 class DenseEngine(Engine):
@@ -81,9 +77,9 @@ class DenseEngine(Engine):
         are their sums."""
         dev = torch.device(d.device)
         qs = _accumulators(fp, ids, spec, dev)
-        ckpt = Checkpoint(_path(spec, d), _identity(spec, fp), every=spec.checkpoint_every)
+        ckpt = second.checkpoint(spec, d, fp)
         if (found := ckpt.load()) is not None:
-            _load(qs, *found)
+            second.load_all(qs, *found)
         done = {e["shard"] for e in qs[0].ledger}
         shown = bar(spec, "statistics pass 2", d)
         G = spec.groups or 1
@@ -102,8 +98,8 @@ class DenseEngine(Engine):
                         q.update(t[sl], n[sl])
                     shown.update(int(n[sl].sum()))
             qs[0].ledger.append({"shard": unit["shard"], "index": unit["index"]})
-            ckpt.tick(lambda: _state(qs))
-        ckpt.save(*_state(qs))
+            ckpt.tick(lambda: second.state(qs))
+        ckpt.save(*second.state(qs))
         shown.close()
         for q in qs:
             q.Gc = None  # type: ignore[assignment]  # frees 20 GB of device memory at 50,304
@@ -123,20 +119,8 @@ class DenseEngine(Engine):
         D = sum((grp["Qbar"].Delta for grp in by_group[1:]), by_group[0]["Qbar"].Delta.clone())
         return totals, D.cpu(), parts
 
-    def assemble(self, fp: FirstPass, Q: SparseQ | dict[str, SparseQ], D: Tensor,
-                 meta: dict[str, Any], ids: Tensor | None, spec,
-                 groups: list | None = None) -> CorpusStats:
-        """The factors of pass 1, Qbar's and QbarHead's non-zeros and Delta, divided by the
-        positions (the same statistics file as the sparse engine's; each group's counts and
-        sums as they are)."""
-        P = fp.n_positions
-        qs = divided(Q, P)
-        kernel = dict(fastcount.info(), device=fp.device or fp.Gbar.device.type)
-        compose_ = getattr(spec, "compose", kept.FULL)
-        store = FactoredStore(fp.factors, qs["Qbar"], D.double() / P, ids, groups,
-                              qbar_head=qs.get("QbarHead"), compose=compose_)
-        return CorpusStats(store, stats_meta(meta, ids, fp.factors.d_vocab, fp, kernel,
-                                             compose_))
+    def kernel(self, fp: FirstPass, spec) -> dict[str, Any]:
+        return dict(fastcount.info(), device=fp.device or fp.Gbar.device.type)
 
 
 TARGETS = ("Qbar", "QbarHead")
@@ -144,7 +128,7 @@ TARGETS = ("Qbar", "QbarHead")
 
 
 def _accumulators(fp: FirstPass, ids: Tensor | None, spec, dev: torch.device
-                  ) -> list[QAccumulator]:
+                  ) -> list[second.QAccumulator]:
     """Pass 2's accumulators, target-major: [Qbar of group 0..G-1, QbarHead of group 0..G-1]
     (one without groups), each target's sharing one Gc. Full Gbar, GbarHead (released once
     centred into the accumulators' Gc: no extra V x V in pass 2), or over kept ids the K x K
@@ -153,7 +137,7 @@ def _accumulators(fp: FirstPass, ids: Tensor | None, spec, dev: torch.device
     is_kept = getattr(spec, "compose", kept.FULL) == kept.KEPT
     comp = kept.compositions(fp.factors, ids.numpy()) if is_kept else None
     V = fp.factors.d_vocab
-    qs: list[QAccumulator] = []
+    qs: list[second.QAccumulator] = []
     for name in ("Gbar", "GbarHead"):
         if is_kept:
             table, remap = kept.centred(comp.pop(name), V), kept.remap(ids, V)
@@ -162,40 +146,7 @@ def _accumulators(fp: FirstPass, ids: Tensor | None, spec, dev: torch.device
             setattr(fp, name, None)  # centred into the accumulators' Gc, then released
         first = len(qs)
         for g in range(G):
-            qs.append(QAccumulator(table, T, ids, device=dev, remap=remap,
+            qs.append(second.QAccumulator(table, T, ids, device=dev, remap=remap,
                                    shared=qs[first] if g else None))
         del table
     return qs
-
-
-def _path(spec, d: Ranks):
-    if spec.work_dir is None:
-        return None
-    return spec.work_dir / f"pass2-rank{d.rank}-of{d.world}.safetensors"
-
-
-def _state(qs: list[QAccumulator]) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """One pass-2 checkpoint of every group's and target's accumulator (the first's ledger:
-    units done)."""
-    if len(qs) == 1:
-        return qs[0].state()
-    tensors, meta = qs[0].state()
-    for g, q in enumerate(qs[1:], 1):
-        t, m = q.state()
-        tensors.update({f"{k}.{g}": v for k, v in t.items()})
-        meta[f"n_positions.{g}"] = m["n_positions"]
-    return tensors, dict(meta, parts=len(qs))
-
-
-def _load(qs: list[QAccumulator], tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-    if meta.get("parts", 1) != len(qs):
-        raise MismatchError("the pass-2 checkpoint has another number of groups or targets "
-                            "(written by an older version?); delete it to run pass 2 again")
-    qs[0].load_state(tensors, meta)
-    for g, q in enumerate(qs[1:], 1):
-        q.load_state({k: tensors[f"{k}.{g}"] for k in ("Qbar_sum", "Delta_sum")},
-                     dict(meta, n_positions=meta[f"n_positions.{g}"], ledger=[]))
-
-
-def _identity(spec, fp: FirstPass) -> dict[str, Any]:
-    return dict(spec.identity, checksum=fp.checksum)

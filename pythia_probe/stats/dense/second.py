@@ -14,21 +14,21 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import MismatchError
+from pythia_probe.ranks import Ranks
 from pythia_probe.stats import engine
+from pythia_probe.stats.checkpoint import Checkpoint
 from pythia_probe.stats.dense import kernels
 from pythia_probe.stats.sequences import as_ids, check_batch, trimmed
 
 
-def add_q(Qbar: Tensor, Delta: Tensor, Gc: Tensor, tokens: Tensor, lengths: Tensor,
-          d_vocab: int, row_of: Tensor | None = None,
-          ws: kernels.Workspace | None = None) -> None:
-    """Scatter Q_i (Eq. 16) into Qbar[x_t, x_j] and Delta[t - j] for one batch.
+def add_q(q: QAccumulator, tokens: Tensor, lengths: Tensor) -> None:
+    """Scatter Q_i (Eq. 16) into ``q.Qbar[x_t, x_j]`` and ``q.Delta[t - j]`` for one batch.
 
-    Gc is the column-centred Gbar, flattened: M_i[t, k] = Gc[y_t, x_k]. ``row_of`` maps a
-    token id to its row of a restricted (top-k) Qbar, k (a dummy row dropped at the end) when
+    ``q.Gc`` is the column-centred Gbar, flattened: M_i[t, k] = Gc[y_t, x_k]. ``q.row_of`` maps
+    a token id to its row of a restricted (top-k) Qbar, k (a dummy row dropped at the end) when
     outside; None = full vocabulary.
     """
-    ws = ws or kernels.Workspace()
+    Qbar, Delta, Gc, d_vocab, row_of, ws = q.Qbar, q.Delta, q.Gc, q.n_ids, q.row_of, q._ws
     n, T = tokens.shape[0], tokens.shape[1] - 1
     tokens = kernels.clean(tokens, lengths)
     t, m = kernels.pair_index(T, tokens.device)
@@ -103,8 +103,7 @@ class QAccumulator:
         tokens = trimmed(tokens, lengths)
         if self.remap is not None:
             tokens = self.remap[kernels.clean(tokens, lengths)]
-        add_q(self.Qbar, self.Delta, self.Gc, tokens, lengths, self.n_ids, self.row_of,
-              self._ws)
+        add_q(self, tokens, lengths)
         self.n_positions += int((lengths - 1).sum())
         return self
 
@@ -129,3 +128,35 @@ class QAccumulator:
         self.Delta.copy_(tensors["Delta_sum"])
         self.n_positions, self.ledger = meta["n_positions"], meta["ledger"]
         return self
+
+
+def checkpoint(spec, d: Ranks, fp) -> Checkpoint:
+    """This rank's pass-2 checkpoint (none without a work folder), named by the run and the
+    pass-1 checksum of ``fp``."""
+    path = spec.work_dir and spec.work_dir / f"pass2-rank{d.rank}-of{d.world}.safetensors"
+    return Checkpoint(path, dict(spec.identity, checksum=fp.checksum),
+                      every=spec.checkpoint_every)
+
+
+def state(qs: list[QAccumulator]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """One pass-2 checkpoint of every group's and target's accumulator (the first's ledger:
+    units done)."""
+    if len(qs) == 1:
+        return qs[0].state()
+    tensors, meta = qs[0].state()
+    for g, q in enumerate(qs[1:], 1):
+        t, m = q.state()
+        tensors.update({f"{k}.{g}": v for k, v in t.items()})
+        meta[f"n_positions.{g}"] = m["n_positions"]
+    return tensors, dict(meta, parts=len(qs))
+
+
+def load_all(qs: list[QAccumulator], tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+    """Every group's and target's accumulator from one pass-2 checkpoint."""
+    if meta.get("parts", 1) != len(qs):
+        raise MismatchError("the pass-2 checkpoint has another number of groups or targets "
+                            "(written by an older version?); delete it to run pass 2 again")
+    qs[0].load_state(tensors, meta)
+    for g, q in enumerate(qs[1:], 1):
+        q.load_state({k: tensors[f"{k}.{g}"] for k in ("Qbar_sum", "Delta_sum")},
+                     dict(meta, n_positions=meta[f"n_positions.{g}"], ledger=[]))

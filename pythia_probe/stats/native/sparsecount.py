@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -182,18 +183,36 @@ def merge(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...], frac_bits
     return tuple(_shrink(x, o) for x in out)
 
 
-def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
-         threads: int = 1, transposed: bool = False, u: np.ndarray | None = None,
-         v: np.ndarray | None = None, scale: float = 1.0, x_transposed: bool = False
-         ) -> np.ndarray:
-    """(A @ X - u v^T) * scale for a CSR matrix A (int64 indptr/col, float64 val) and dense X
-    [*, w] (u None: ones; v None: no correction); ``transposed``: the result's transpose,
-    [w, rows] contiguous; ``x_transposed``: X is given as its transpose [w, *] (the same sums,
-    no transposed copy made). Threads split the columns (blocks of 32).
+class Correction(NamedTuple):
+    """The rank-one term and scale of a product (A @ X - u v^T) * scale: ``u`` None means
+    ones, ``v`` None no rank-one term."""
+
+    u: np.ndarray | None = None
+    v: np.ndarray | None = None
+    scale: float = 1.0
+
+
+def _in_parts(part: Callable[[int], None], threads: int) -> None:
+    """``part(0..threads-1)``, in a thread each when more than one (ctypes releases the GIL)."""
+    if threads == 1:
+        part(0)
+        return
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(part, range(threads)))
+
+
+def spmm(a: tuple[np.ndarray, np.ndarray, np.ndarray], X: np.ndarray, threads: int = 1,
+         transposed: bool = False, correction: Correction | None = None,
+         x_transposed: bool = False) -> np.ndarray:
+    """(A @ X - u v^T) * scale (``correction``) for a CSR matrix A = (int64 indptr, int64 col,
+    float64 val) and dense X [*, w]; ``transposed``: the result's transpose, [w, rows]
+    contiguous; ``x_transposed``: X is given as its transpose [w, *] (the same sums, no
+    transposed copy made). Threads split the columns (blocks of 32).
 
     The caller guarantees 0 <= col < X's rows (checked once where the CSR is built)."""
     if not use_c():
-        return twins.spmm(indptr, col, val, X, transposed, u, v, scale, x_transposed)
+        return twins.spmm(a, X, transposed, correction or Correction(), x_transposed)
+    (indptr, col, val), (u, v, scale) = a, correction or Correction()
     X = _contig(X, np.float64)
     nx, w = (X.shape[1], X.shape[0]) if x_transposed else X.shape
     rows = indptr.size - 1
@@ -216,11 +235,7 @@ def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
                     cuts[i + 1], _p(pack), _p(out), int(transposed), _p(u), _p(v),
                     float(scale), int(x_transposed))
 
-    if threads == 1:
-        part(0)
-    else:
-        with ThreadPoolExecutor(threads) as ex:
-            list(ex.map(part, range(threads)))
+    _in_parts(part, threads)
     return out
 
 
@@ -260,20 +275,39 @@ def spgemm_dense(a: tuple[np.ndarray, np.ndarray, np.ndarray],
         lib.sc_spgemm_dense(cuts[i], cuts[i + 1], _p(ai), _p(ac), _p(av), _p(bi), _p(bc),
                             _p(bv), ncols, _p(out), _p(u), _p(v))
 
-    if threads == 1:
-        part(0)
-    else:
-        with ThreadPoolExecutor(threads) as ex:
-            list(ex.map(part, range(threads)))
+    _in_parts(part, threads)
     return out
 
 
-def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
-          GcT: np.ndarray, row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
-          Delta: np.ndarray, Dc: np.ndarray, block: np.ndarray, touched: np.ndarray) -> None:
-    """One tile of pass 2 (``_sparsecount.c``: sc_sweep): S, Delta (+ Dc, a compensated sum)
-    and the tile's Qbar block [width, side] (``touched``, a uint64 bitmap of the block: bit j
-    of the whole marks entry j, set where a pair landed), in place."""
+class TokenWindows(NamedTuple):
+    """The windows pass 2 reads: tokens int32 [n, L] (C order), lengths int64 [n] (how many
+    tokens of each row count)."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+
+class Tile(NamedTuple):
+    """One tile of pass 2 as the kernels read it: ``occ`` the context positions s * L + k of
+    its key tokens (int64, by token), ``col_of`` [V] a key token's column in the tile (-1
+    outside it), ``row_of`` [V] a token's Qbar row (None: the token id), ``side`` the block's
+    rows per key, ``dummy`` the row of tokens outside the top-k (-1: none)."""
+
+    occ: np.ndarray
+    col_of: np.ndarray
+    row_of: np.ndarray | None
+    side: int
+    dummy: int
+
+
+def sweep(windows: TokenWindows, tile: Tile, GcT: np.ndarray, sums, block: np.ndarray,
+          touched: np.ndarray) -> None:
+    """One tile of pass 2 (``_sparsecount.c``: sc_sweep), in place: ``sums`` (pass 2's running
+    sums, ``second.TileSums``: S [n * (L - 1)] per position, Delta [L - 1] and Dc, its
+    compensation) and the tile's Qbar block [width, side] (``touched``, a uint64 bitmap of the
+    block: bit j of the whole marks entry j, set where a pair landed)."""
+    (tokens, lengths), (occ, col_of, row_of, side, dummy) = windows, tile
+    S, Delta, Dc = sums.S, sums.Delta, sums.Dc
     n, L = tokens.shape
     V, w = GcT.shape[1], GcT.shape[0]
     for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
@@ -290,11 +324,11 @@ def sweep(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.n
                            _p(block), _p(touched)))
 
 
-def centre_tile(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of: np.ndarray,
-                row_of: np.ndarray | None, side: int, dummy: int, S: np.ndarray,
-                block: np.ndarray, flat: np.ndarray, vals: np.ndarray) -> None:
+def centre_tile(windows: TokenWindows, tile: Tile, S: np.ndarray, block: np.ndarray,
+                flat: np.ndarray, vals: np.ndarray) -> None:
     """The centring term of Q subtracted from one tile's kept entries (places ``flat``,
     values ``vals``, updated in place) through the cleared block (sc_centre_tile)."""
+    (tokens, lengths), (occ, col_of, row_of, side, dummy) = windows, tile
     n, L = tokens.shape
     V = col_of.size
     for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
@@ -314,9 +348,11 @@ def centre_tile(tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, col_of
                                  _p(vals), flat.size))
 
 
-def centre(tokens: np.ndarray, lengths: np.ndarray, S: np.ndarray, Delta: np.ndarray,
-           Dc: np.ndarray, rows: tuple[int, int] | None = None) -> None:
-    """The centring term of Q subtracted from Delta for sequences ``rows`` (default all)."""
+def centre(windows: TokenWindows, sums, rows: tuple[int, int] | None = None) -> None:
+    """The centring term of Q subtracted from ``sums``' Delta for sequences ``rows`` (default
+    all)."""
+    tokens, lengths = windows
+    S, Delta, Dc = sums.S, sums.Delta, sums.Dc
     n, L = tokens.shape
     for name, a, dt, size in (("tokens", tokens, np.int32, n * L),
                               ("lengths", lengths, np.int64, n),

@@ -71,10 +71,10 @@ def reduce_sorted(codes: np.ndarray, tbits: int, w: np.ndarray
     return reduce_equal(codes >> tbits, w[codes & ((1 << tbits) - 1)])
 
 
-def spmm(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, X: np.ndarray,
-         transposed: bool, u: np.ndarray | None, v: np.ndarray | None, scale: float,
-         x_transposed: bool) -> np.ndarray:
+def spmm(a: tuple[np.ndarray, np.ndarray, np.ndarray], X: np.ndarray, transposed: bool,
+         correction, x_transposed: bool) -> np.ndarray:
     """(A @ X - u v^T) * scale by scipy (see ``sparsecount.spmm``)."""
+    (indptr, col, val), (u, v, scale) = a, correction
     n_cols = X.shape[1] if x_transposed else X.shape[0]
     A = scipy.sparse.csr_matrix((val, col, indptr), shape=(indptr.size - 1, n_cols))
     out = np.asarray(A @ (X.T if x_transposed else X))

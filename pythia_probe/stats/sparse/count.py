@@ -4,8 +4,8 @@
 ``merge``, ``state``/``from_state`` checkpoints, ``ledger``, ``checksum``) and the same integers:
 bigram counts C[x, y] and context weights W[y, a] = sum of round(2^42 / t) over every (target y
 at position t, context a at position m <= t), as fixed point hi + lo 2^-42 (0 <= lo < 2^42).
-Densified, its state equals the dense accumulator's bit for bit (``to_dense``), and its
-``checksum`` is the dense one, so both engines give the same ``stats_id``.
+Densified (``testing.counts.as_dense``), its state equals the dense accumulator's bit for bit,
+and its ``checksum`` is the dense one, so both engines give the same ``stats_id``.
 
 Storage (section 6 of the algebra: the counts live on the pairs the corpus holds; the tables
 in ``stats/tables.py``; pair codes are made and reduced by ``native.sparsecount``):
@@ -29,7 +29,6 @@ from torch import Tensor
 
 from pythia_probe.errors import BadInputError, MismatchError
 from pythia_probe.stats import checksum, engine
-from pythia_probe.stats.dense.count import CountAccumulator
 from pythia_probe.stats.fixedpoint import INT_MAX, context_weights
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.sequences import as_ids, check_batch
@@ -245,21 +244,6 @@ class SparseCountAccumulator:
         order = np.argsort(keys)
         self.context = FixedTable()
         self.context.add(keys[order], hi[idx][order], lo[idx][order])
-
-    def to_dense(self) -> CountAccumulator:
-        """The same state as a dense CountAccumulator (small vocabularies: tests)."""
-        self.flush()
-        acc = CountAccumulator(self.d_vocab, self.T)
-        acc.token_counts.copy_(torch.from_numpy(self.token_counts))
-        acc.bigram[torch.from_numpy(self.bigram.keys)] = torch.from_numpy(self.bigram.counts)
-        keys, hi, lo = self.context.arrays()
-        idx = torch.from_numpy(dense_index(keys, self.d_vocab))
-        acc.context.hi[idx] = torch.from_numpy(hi)
-        acc.context.lo[idx] = torch.from_numpy(lo)
-        for k in ("n_sequences", "n_positions", "n_tokens"):
-            setattr(acc, k, getattr(self, k))
-        acc.ledger = list(self.ledger)
-        return acc
 
     def checksum(self) -> list[int]:
         """The dense accumulator's fingerprints, computed from the non-zero entries only."""

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
+from pythia_probe.stats import kept
 from pythia_probe.stats.factors import Factors
 from pythia_probe.stats.sparse.count import SparseCountAccumulator
 
@@ -56,3 +58,20 @@ def gc_head_tile(fp: SparseFirstPass, cols: np.ndarray) -> np.ndarray:
     """GbarHead[:, cols]^T, contiguous [len(cols), V] (``Factors.gbar_head_tile``): pass 2's Gc
     for QbarHead (GbarHead's columns sum to 0, as Gbar's)."""
     return fp.factors.gbar_head_tile(cols)
+
+
+def tile_sources(fp: SparseFirstPass, ids: Tensor | None, row_of: np.ndarray | None,
+                 compose: str | None) -> tuple[dict, np.ndarray | None]:
+    """Each target's Gc tile (cols -> [len(cols), V]) and the key tokens to tile (None:
+    every context token): Gbar's and GbarHead's columns, or over kept ids the K x K
+    compositions' (``stats/kept.py``; only the kept context tokens are tiled: a key outside
+    K has M = 0)."""
+    if compose != kept.KEPT:
+        return {"Qbar": lambda c: gc_tile(fp, c),
+                "QbarHead": lambda c: gc_head_tile(fp, c)}, None
+    ids_np = ids.numpy().astype(np.int64)
+    G = kept.compositions(fp.factors, ids_np)
+    V = fp.d_vocab
+    tile_of = {t: (lambda c, g=G[name]: kept.tile(g, V, ids_np, row_of[c]))
+               for t, name in zip(("Qbar", "QbarHead"), ("Gbar", "GbarHead"), strict=True)}
+    return tile_of, np.intersect1d(fp.ctx_ids, ids_np)

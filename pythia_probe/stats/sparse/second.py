@@ -21,11 +21,16 @@ Gbar tile and one block at a time, the pairs that occur (12 B each), the windows
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pythia_probe.errors import MismatchError
+from pythia_probe.ranks import Ranks
+from pythia_probe.stats import kept
+from pythia_probe.stats.checkpoint import Checkpoint
 from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.sparse.first import SparseFirstPass, gc_tile
@@ -51,10 +56,6 @@ class QRows:
 
     def of_tokens(self, x: np.ndarray) -> np.ndarray:
         return x.astype(np.int64) if self.row_of is None else self.row_of[x]
-
-
-FLAT = np.int32
-"""A pair's place in a tile's block (width x side < 2^31 at any vocabulary: 4096 x 50,277)."""
 
 
 @dataclass
@@ -110,19 +111,19 @@ class Sweep:
     tiles, a token's place in the current tile and one reusable Qbar block. ``target``: the
     statistic it accumulates ('Qbar' or 'QbarHead': which tile of Gc it sweeps with)."""
 
-    def __init__(self, fp: SparseFirstPass, tokens: np.ndarray, lengths: np.ndarray,
-                 rows: QRows, width: int, shared: Sweep | None = None,
-                 target: str = "Qbar", ctx: np.ndarray | None = None) -> None:
+    def __init__(self, fp: SparseFirstPass, windows: sparsecount.TokenWindows, rows: QRows,
+                 width: int, shared: Sweep | None = None, target: str = "Qbar",
+                 ctx: np.ndarray | None = None) -> None:
         """``shared``: another sweep (of other windows, or another target) whose occurrences
         (when of the same windows), tiles, block and scratch this one reuses (the groups and
         targets of one pass 2: one block in memory); ``ctx``: the key tokens to tile (default
         every context token; the kept ones when composing over kept ids)."""
-        self.fp, self.tokens, self.lengths, self.rows = fp, tokens, lengths, rows
+        self.fp, self.windows, self.rows = fp, windows, rows
         self.target = target
-        if shared is not None and shared.tokens is tokens:
+        if shared is not None and shared.windows.tokens is windows.tokens:
             self.occ, self.occ_tok = shared.occ, shared.occ_tok
         else:
-            self.occ, self.occ_tok = occurrences(tokens, lengths)
+            self.occ, self.occ_tok = occurrences(*windows)
             if ctx is not None:  # only the tiled keys' occurrences (kept ids: not a range)
                 mine = np.isin(self.occ_tok, ctx)
                 self.occ, self.occ_tok = self.occ[mine], self.occ_tok[mine]
@@ -135,10 +136,13 @@ class Sweep:
         self.block = np.zeros(width * rows.side)
         self.touched = np.zeros(sparsecount.bitmap_words(width * rows.side), dtype=np.uint64)
 
-    def occurrences_of(self, cols: np.ndarray) -> np.ndarray:
+    def tile(self, cols: np.ndarray) -> sparsecount.Tile:
+        """The tile of key tokens ``cols`` (their places set in ``col_of``) as the kernels
+        read it: their occurrences, and where Qbar's rows live."""
         a = np.searchsorted(self.occ_tok, cols[0], side="left")
         b = np.searchsorted(self.occ_tok, cols[-1], side="right")
-        return self.occ[a:b]
+        return sparsecount.Tile(self.occ[a:b], self.col_of, self.rows.row_of, self.rows.side,
+                                self.rows.dummy)
 
     def first(self, i: int, sums: TileSums, GcT: np.ndarray | None = None) -> None:
         """Tile i: S, Delta and its Qbar block from its Gbar columns (``GcT``: already
@@ -146,9 +150,7 @@ class Sweep:
         cols = self.groups[i]
         GcT = gc_tile(self.fp, cols) if GcT is None else GcT
         self.col_of[cols] = np.arange(cols.size)
-        sparsecount.sweep(self.tokens, self.lengths, self.occurrences_of(cols), self.col_of,
-                          GcT, self.rows.row_of, self.rows.side, self.rows.dummy, sums.S,
-                          sums.Delta, sums.Dc, self.block, self.touched)
+        sparsecount.sweep(self.windows, self.tile(cols), GcT, sums, self.block, self.touched)
         self.col_of[cols] = -1
         sums.parts[i] = TilePart(*sparsecount.compact(self.block, self.touched))
 
@@ -156,9 +158,8 @@ class Sweep:
         """Tile i once S is complete: its centring term subtracted on its pairs."""
         cols = self.groups[i]
         self.col_of[cols] = np.arange(cols.size)
-        sparsecount.centre_tile(self.tokens, self.lengths, self.occurrences_of(cols),
-                                self.col_of, self.rows.row_of, self.rows.side, self.rows.dummy,
-                                S, self.block, part.flat, part.vals)
+        sparsecount.centre_tile(self.windows, self.tile(cols), S, self.block, part.flat,
+                                part.vals)
         self.col_of[cols] = -1
 
 
@@ -188,7 +189,7 @@ def finish(sweep: Sweep, sums: TileSums, seqs: tuple[int, int]) -> tuple[dict[in
     sequences ``seqs``; returns (the finished tiles, Delta sum)."""
     for i, part in sums.parts.items():
         sweep.centre(i, part, sums.S)
-    sparsecount.centre(sweep.tokens, sweep.lengths, sums.S, sums.Delta, sums.Dc, seqs)
+    sparsecount.centre(sweep.windows, sums, seqs)
     return sums.parts, sums.Delta + sums.Dc
 
 
@@ -227,3 +228,53 @@ def pass2_tokens(tokens: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np
     x = tokens.to(torch.int64).masked_fill(torch.arange(L)[None, :] >= lengths[:, None], 0)
     return (np.ascontiguousarray(x.numpy().astype(np.int32)),
             np.ascontiguousarray(lengths.to(torch.int64).numpy()))
+
+
+CHECKPOINT_SECONDS = 300.0
+"""A pass-2 checkpoint at most this often (and after the last tile)."""
+SUMS = ("S", "Delta", "Dc")
+KIND = "sparse_q2h"
+"""A pass-2 checkpoint's kind (one written by an older layout is refused)."""
+
+
+def checkpoint(spec, d: Ranks, fp: SparseFirstPass, width: int, ids: Tensor | None
+               ) -> Checkpoint:
+    """This rank's pass-2 checkpoint (none without a work folder), named by what decides its
+    sums: the run, the pass-1 checksum, the tile width and the kept ids."""
+    path = spec.work_dir and spec.work_dir / f"pass2-sparse-rank{d.rank}-of{d.world}.safetensors"
+    identity = dict(spec.identity, checksum=fp.checksum, tile_width=width,
+                    ids=None if ids is None else ids.tolist(),
+                    compose=getattr(spec, "compose", kept.FULL))
+    return Checkpoint(path, identity, seconds=CHECKPOINT_SECONDS)
+
+
+def state(sums: list[TileSums]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A pass-2 checkpoint: per group and target (Qbar, QbarHead; one group without groups)
+    S, Delta and the pairs of every tile done (its places and sums, one tensor each: nothing
+    is copied to write them)."""
+    tensors = {}
+    for g, s in enumerate(sums):
+        tensors.update({f"{k}.{g}": torch.from_numpy(getattr(s, k)) for k in SUMS})
+        for i, part in s.parts.items():
+            tensors[f"flat.{g}.{i}"] = torch.from_numpy(part.flat)
+            tensors[f"vals.{g}.{i}"] = torch.from_numpy(part.vals)
+    return tensors, {"kind": KIND, "done": sums[0].done, "parts": len(sums)}
+
+
+def resume(ckpt: Checkpoint, n_parts: int) -> list[TileSums] | None:
+    """Each group's and target's sums of a pass-2 checkpoint (None: none written)."""
+    found = ckpt.load()
+    if found is None:
+        return None
+    tensors, state = found
+    if state.get("kind") != KIND or state.get("parts") != n_parts:
+        raise MismatchError(f"{ckpt.path} is a pass-2 checkpoint of an older version; delete "
+                            "it to run pass 2 again")
+    out = []
+    for g in range(n_parts):
+        sums = TileSums(*(tensors[f"{k}.{g}"].numpy() for k in SUMS))  # owned
+        for i in state["done"]:
+            sums.parts[i] = TilePart(tensors[f"flat.{g}.{i}"].numpy(),
+                                            tensors[f"vals.{g}.{i}"].numpy())
+        out.append(sums)
+    return out
