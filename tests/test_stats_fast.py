@@ -143,7 +143,7 @@ def test_c_kernel_not_built_is_one_line_or_a_logged_fallback(monkeypatch, caplog
     RuntimeError traceback; auto: the torch / numpy kernels, said once in the log; the sparse
     engine, whose pass 2 exists only in C, is refused in one line."""
     from pythia_probe.errors import user_message
-    from pythia_probe.stats import plan
+    from pythia_probe.planner import statistics as plan
 
     monkeypatch.setattr(fastcount, "available", lambda: False)
     monkeypatch.setattr(sparsecount, "available", lambda: False)

@@ -13,7 +13,8 @@ from safetensors import SafetensorError
 from pythia_probe import fileio
 from pythia_probe.cli import run_main
 from pythia_probe.errors import BadInputError, DiskFullError, ResourceError
-from pythia_probe.stats import CorpusStats, plan
+from pythia_probe.planner import statistics as plan
+from pythia_probe.stats import CorpusStats
 from pythia_probe.stats.__main__ import main
 from pythia_probe.stats.job import StatsConfig
 from pythia_probe.tokenizer import d_vocab, load_tokenizer

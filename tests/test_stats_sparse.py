@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
-from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native, plan
+from pythia_probe.planner import statistics as plan
+from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.reference import reference_stats_ragged

@@ -18,9 +18,11 @@ The package, by concern (each module takes only its part of the configuration):
   the statistics' content identity, checked by their digest);
 - ``scoring``: what is scored (:class:`~pythia_probe.sweep.scoring.Scorer`: the analyses on
   one checkpoint, every value range-checked);
-- ``plan``: what runs, downloads, disk and memory, decided and printed before any download;
 - ``layout`` and ``manifest``: the results folder (shards, failures, lock) and its record;
-- ``runner``: the order of it all, this process's share of the steps, retries, resume.
+- ``runner``: the three stages in order: ``prepare`` (models, steps, statistics) ->
+  :mod:`pythia_probe.planner` (what runs, downloads, disk and memory, decided, checked and
+  printed before any download) -> ``execute`` (lock, targets, this process's share of the
+  steps, retries, resume, the summary).
 
 Each step writes ``OUT/shards/step{N}.parquet`` atomically; a rerun skips finished shards. A
 step that fails is retried ``--retries`` times, then reported in ``OUT/failed/`` and the
@@ -32,7 +34,8 @@ rejected before any weight is downloaded.
 """
 
 from pythia_probe.sweep.config import SweepConfig, SweepParts
-from pythia_probe.sweep.runner import run, run_step
+from pythia_probe.sweep.execute import run_step
+from pythia_probe.sweep.runner import run
 from pythia_probe.sweep.scoring import Scorer
 
 __all__ = ["Scorer", "SweepConfig", "SweepParts", "run", "run_step"]

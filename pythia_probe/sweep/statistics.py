@@ -1,12 +1,13 @@
 """The statistics a sweep scores against: ``--stats``, or the paper's recipe for the model's
 tokenizer, built on first use and cached. Takes the
 :class:`~pythia_probe.sweep.config.StatisticsConfig` part; what the statistics file holds and
-how big it is are the stats package's answers (``stats.plan``, ``read_meta``), never computed
-here.
+how big it is are the planner's and the stats package's answers (``planner.statistics``,
+``read_meta``), never computed here.
 
 The vocabulary is the full vocabulary (the authors' default) unless ``--top-k K`` is given, on
 every machine: no default depends on memory or device. Memory decides only how the work is
-chunked, or refuses it up front with the numbers (:func:`check_statistics_fit`). The choice
+chunked, or refuses it up front with the numbers
+(:func:`~pythia_probe.planner.statistics.check_statistics_fit`). The choice
 and why are printed and stored in the manifest.
 """
 
@@ -18,9 +19,9 @@ from pathlib import Path
 import torch
 
 from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
-from pythia_probe.resources import memory_budget
+from pythia_probe.planner.budget import memory_budget
+from pythia_probe.planner.statistics import check_statistics_fit
 from pythia_probe.stats import CorpusStats, read_meta
-from pythia_probe.stats import plan as stats_plan
 from pythia_probe.stats import result as stats_result
 from pythia_probe.stats.kept import parse_top_k
 from pythia_probe.stats.recipe import Recipe, cache_path
@@ -116,17 +117,6 @@ def choose_vocab(st: StatisticsConfig, V: int) -> tuple[int | None, str]:
     return int(asked), f"the {asked:,} most frequent tokens, --top-k {asked} given"
 
 
-def check_statistics_fit(st: StatisticsConfig, V: int, top_k: int | None, device: str,
-                         budget: tuple[float | None, str] | None = None) -> None:
-    """Refuse up front, with the numbers, statistics to build that the engine ``--engine
-    auto`` picks cannot fit in the device's memory budget (the stats package's own check,
-    made here before any download or allocation)."""
-    budget = budget if budget is not None else memory_budget(device)
-    choice = stats_plan.choose_engine("auto", V, st.seq_len, top_k, device, budget,
-                                      docs=st.docs)
-    stats_plan.check_sparse_fits(choice, V, top_k)
-
-
 def is_factored(meta: dict | None, top_k: int | None) -> bool:
     """Whether the statistics are (or, not built yet, will be) full-vocabulary factored ones,
     scored through their sparse parts."""
@@ -162,8 +152,9 @@ def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict |
                     d_vocab=V if authors else None)
     path = cache_path(recipe, fingerprint)
     meta = read_stats_meta(path, fingerprint) if path.is_file() else None
-    if meta is None:
-        check_statistics_fit(st, V, top_k, device, budget)
+    if meta is None:  # refused up front when it cannot fit
+        check_statistics_fit(st, V, top_k, device,
+                             budget if budget is not None else memory_budget(device))
     return StatsChoice(path, recipe, V if top_k is None else min(top_k, V), why, meta, V - 1)
 
 

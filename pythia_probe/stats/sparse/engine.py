@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import MismatchError
+from pythia_probe.planner import statistics as engine_plan
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import kept, native, plan, reduce
+from pythia_probe.stats import kept, native, reduce
 from pythia_probe.stats.checkpoint import Checkpoint
 from pythia_probe.stats.engine import Engine, check_positions, divided
 from pythia_probe.stats.factors import SparseQ
@@ -75,7 +76,7 @@ class SparseEngine(Engine):
         GbarHead columns are composed once for all the groups."""
         tokens, lengths, groups = _gather_windows(d, windows, spec.policy.seq_len + 1)
         check_positions(int((lengths - 1).sum()), fp.n_positions)
-        width = plan.tile_width(fp.d_vocab, spec.budget_bytes)
+        width = engine_plan.tile_width(fp.d_vocab, spec.budget_bytes)
         rows = second.QRows.of(ids, fp.d_vocab)
         tile_of, ctx = _tiles(fp, ids, rows, spec)
         sweeps: list[second.Sweep] = []
@@ -124,7 +125,7 @@ class SparseEngine(Engine):
         (and each group's counts and sums, as they are)."""
         P = fp.n_positions
         qs = divided(Q, P)
-        width = plan.tile_width(fp.d_vocab, getattr(spec, "budget_bytes", None))
+        width = engine_plan.tile_width(fp.d_vocab, getattr(spec, "budget_bytes", None))
         kernel = dict(sparsecount.info(), tile_width=width)
         compose = getattr(spec, "compose", kept.FULL)
         store = FactoredStore(fp.factors, qs["Qbar"], D / P, ids, groups,

@@ -1,4 +1,5 @@
-"""Memory plans of the dense and sparse statistics engines, and ``--engine auto``.
+"""Memory plans of the dense and sparse statistics engines (their sizes: the constants below,
+which the engines read), and ``--engine auto``.
 
 dense (``stats/dense/``): V x V tensors of 8 B, "1 VV" = 8 V^2 bytes (20.2 GB at
 V = 50,277). Pass 1 holds 3 VV (bigram counts and two fixed-point limbs); on the host the peak
@@ -11,9 +12,9 @@ sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^
   36 B per distinct (target, context) pair (the table, and W by target rows for GbarHead's
   tiles), 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
-  padded to T+1 slots), the pair buffer (16 B x max(tables.BUFFER, one window's pairs)),
+  padded to T+1 slots), the pair buffer (16 B x max(BUFFER, one window's pairs)),
   column tiles (4 arrays of V x width float64, width from the tile budget), one tile's Qbar
-  block (8 B and a bit x width x V), the head block (8 B x tables.HEAD^2) and Qbar and
+  block (8 B and a bit x width x V), the head block (8 B x HEAD^2) and Qbar and
   QbarHead on the (query, key) pairs that occur (12 B each, twice; GbarHead's tiles need W by
   target rows, 12 B per (target, context) pair). No V x V array at any vocabulary.
 
@@ -32,12 +33,23 @@ from typing import Any
 
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
-from pythia_probe.resources import memory_budget
-from pythia_probe.stats import compose, kept, tables
-from pythia_probe.stats.engine import SPARSE_KIND
-from pythia_probe.stats.native import fastcount
+from pythia_probe.planner.budget import GB, memory_budget
 
-GB = 1e9
+CHUNK = 1 << 22
+"""Entries per chunk of the context table (a merge copies at most two chunks at a time)."""
+BUFFER = 1 << 25
+"""Raw pair codes the sparse pass 1 buffers between sorts (8 B each: 256 MiB, and as much for
+their sums)."""
+HEAD = 4096
+"""Head tokens (the most frequent after the first flush): pairs of two head tokens are summed
+in a dense HEAD x HEAD int64 block (128 MiB) instead of being sorted: 72% of all pairs on a
+Zipf(1.08) stream over 50,277 tokens."""
+DEFAULT_CPU_BUDGET = 1 << 30
+"""Bytes of the matmul tiles (and the sparse engine's Gbar column tiles) on the host."""
+KEPT_ARRAYS = 10
+"""K x K float64 arrays held at once by a kept composition and its pass-2 tables."""
+SPARSE_KIND = "sparse_count"
+"""The sparse pass-1 accumulator's kind in its checkpoints (an engine choice resumes it)."""
 ENGINES = ("auto", "dense", "sparse")
 PAIR_BYTES = 36  # a (target, context) pair: the table (24 B) and W by target rows (12 B)
 QBAR_PAIR_BYTES = 24  # a (query, key) pair of Qbar and of QbarHead: int32 query + float64 value
@@ -81,7 +93,7 @@ def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int
     pass2 = 2 * VV + 2 * max(groups, 1) * 8 * side * side
     if device.startswith("cuda"):
         return max(3 * VV, 6 * VV if groups else 0, pass2) + (1 << 30)
-    return max(5 * VV, pass2, 6 * VV if groups else 0) + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
+    return max(5 * VV, pass2, 6 * VV if groups else 0) + min(DEFAULT_CPU_BUDGET, 2 * VV)
 
 
 def host_need(d_vocab: int, top_k: int | None, device: str, groups: int,
@@ -98,7 +110,7 @@ def host_need(d_vocab: int, top_k: int | None, device: str, groups: int,
 def check_kept(k: int, groups: int = 0, budget: tuple[float | None, str] | None = None) -> None:
     """Refuse up front a composition over k kept ids (``stats/kept.py``: dense K x K
     matrices, and the dense engine's per-group pass-2 sums) that cannot fit."""
-    need = 8 * (k + 1) ** 2 * (kept.KEPT_ARRAYS + 2 * max(groups, 1))
+    need = 8 * (k + 1) ** 2 * (KEPT_ARRAYS + 2 * max(groups, 1))
     limit, how = budget if budget is not None else memory_budget("cpu")
     if limit is not None and need > limit:
         raise ResourceError(f"composing over the {k:,} kept ids (--conventions authors at "
@@ -110,7 +122,7 @@ def check_kept(k: int, groups: int = 0, budget: tuple[float | None, str] | None 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
     """Columns per Gbar tile: TILE_ARRAYS arrays of V x width float64 within the tile budget;
     a multiple of 32 (the C kernel's register block) when it reaches 32, at most 4096."""
-    budget = compose.DEFAULT_CPU_BUDGET if budget_bytes is None else budget_bytes
+    budget = DEFAULT_CPU_BUDGET if budget_bytes is None else budget_bytes
     width = budget // (TILE_ARRAYS * 8 * d_vocab)
     return int(min(4096, width // 32 * 32 if width >= 32 else max(1, width)))
 
@@ -126,10 +138,10 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     """
     width = tile_width(d_vocab, budget_bytes)
     side = d_vocab if top_k is None else top_k + 1
-    buffer = max(tables.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
+    buffer = max(BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"tiles": TILE_ARRAYS * 8 * d_vocab * width,
              "qbar_block": QBAR_BLOCK_BYTES * width * side + 8 * -(-width * side // 64),
-             "pair_buffer": (16 * buffer + 48 * tables.CHUNK + 8 * tables.HEAD**2)
+             "pair_buffer": (16 * buffer + 48 * CHUNK + 8 * HEAD**2)
              * (2 if groups else 1),
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
@@ -279,11 +291,10 @@ def batch_needs(T: int, batch_size: int, docs: int | None, mode: str,
 
 def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: str,
                   work_dir, budget: tuple[float | None, str] | None = None,
-                  torch_kernels: bool | None = None) -> str:
+                  torch_kernels: bool = True) -> str:
     """Refuse, before any document is read, a run whose batches, kernel workspace or token
-    cache cannot fit (e.g. --seq-len 100000000); return the plan line."""
-    torch_kernels = (not fastcount.runs_on(device) if torch_kernels is None
-                     else torch_kernels)
+    cache cannot fit (e.g. --seq-len 100000000); return the plan line (``torch_kernels``:
+    the batches run through the torch kernels, on CUDA or without the C kernel)."""
     need = batch_needs(T, batch_size, docs, mode, torch_kernels)
     return _check_batches(T, batch_size, docs, need, device, work_dir, budget)
 
@@ -341,3 +352,13 @@ def check_pass2_windows(choice: EngineChoice, T: int, docs: int | None, short: s
                             f"need {need / GB:.1f} GB, more than the budget {limit / GB:.1f} GB"
                             + ("; --keep-short pads short documents to that length"
                                if short == "keep" else "") + "; lower --seq-len or --docs")
+
+
+def check_statistics_fit(st, V: int, top_k: int | None, device: str,
+                         budget: tuple[float | None, str] | None = None) -> None:
+    """Refuse up front, with the numbers, statistics to build (``st``: their seq_len and
+    docs) that the engine ``--engine auto`` picks cannot fit in the device's memory budget
+    (the statistics' own check, made by the sweep before any download or allocation)."""
+    budget = budget if budget is not None else memory_budget(device)
+    choice = choose_engine("auto", V, st.seq_len, top_k, device, budget, docs=st.docs)
+    check_sparse_fits(choice, V, top_k)
