@@ -29,7 +29,7 @@ and stored in the statistics metadata (``meta["engine"]``).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
@@ -75,6 +75,19 @@ class EngineChoice:
 
     def line(self) -> str:
         return f"engine: {self.requested} -> {self.resolved} ({self.reason})"
+
+
+class StatsShape(NamedTuple):
+    """What the statistics' memory depends on: the vocabulary, the window length T, top-k
+    (None: the full vocabulary), the documents (None: not known up front), G document groups
+    and the bytes of the Gbar tiles (None: the default)."""
+
+    d_vocab: int
+    T: int
+    top_k: int | None
+    docs: int | None = None
+    groups: int = 0
+    tile_budget: int | None = None
 
 
 def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int = 0) -> int:
@@ -127,8 +140,7 @@ def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
     return int(min(4096, width // 32 * 32 if width >= 32 else max(1, width)))
 
 
-def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | None = None,
-                docs: int | None = None, groups: int = 0) -> dict[str, Any]:
+def sparse_plan(s: StatsShape) -> dict[str, Any]:
     """Bytes the sparse engine needs that do not depend on the corpus, and its per-item costs.
     The statistics are factored at any vocabulary: no V x V output (Qbar is kept on the
     (query, key) pairs that occur). ``docs`` (when known) bounds the distinct pairs by
@@ -136,7 +148,8 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     many again as the occurrences: ``group_factor`` 2 on every per-pair cost) and one group's
     pass-1 buffers are held beside the total's while the groups are counted.
     """
-    width = tile_width(d_vocab, budget_bytes)
+    d_vocab, T, top_k, docs, groups = s.d_vocab, s.T, s.top_k, s.docs, s.groups
+    width = tile_width(d_vocab, s.tile_budget)
     side = d_vocab if top_k is None else top_k + 1
     buffer = max(BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"tiles": TILE_ARRAYS * 8 * d_vocab * width,
@@ -170,17 +183,15 @@ def describe_sparse(plan: dict[str, Any]) -> str:
     return s
 
 
-def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
-                  device: str = "cpu", budget: tuple[float | None, str] | None = None,
-                  checkpoint_kind: str | None = None, tile_budget: int | None = None,
-                  docs: int | None = None, sparse_built: bool = True,
-                  groups: int = 0) -> EngineChoice:
-    """Resolve ``--engine``: auto -> dense when its peak fits ``budget`` and is below the
-    sparse engine's, else sparse (which needs its C kernels: ``sparse_built``)."""
+def choose_engine(requested: str, s: StatsShape, device: str = "cpu",
+                  budget: tuple[float | None, str] | None = None,
+                  checkpoint_kind: str | None = None, sparse_built: bool = True) -> EngineChoice:
+    """Resolve ``--engine`` for statistics of shape ``s``: auto -> dense when its peak fits
+    ``budget`` and is below the sparse engine's, else sparse (which needs its C kernels:
+    ``sparse_built``); an existing pass-1 checkpoint (``checkpoint_kind``) keeps its engine."""
     if requested not in ENGINES:
         raise BadInputError(f"--engine {requested!r}; valid: {', '.join(ENGINES)}")
-    choice = _choose(requested, d_vocab, T, top_k, device, budget, checkpoint_kind,
-                     tile_budget, docs, groups)
+    choice = _choose(requested, s, device, budget, checkpoint_kind)
     if choice.resolved == "sparse" and not sparse_built:
         if requested == "auto" and choice.plan["budget_bytes"] is not None and \
                 choice.plan["dense_peak_bytes"] <= choice.plan["budget_bytes"]:
@@ -192,13 +203,13 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
     return choice
 
 
-def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str,
-            budget: tuple[float | None, str] | None, checkpoint_kind: str | None,
-            tile_budget: int | None, docs: int | None, groups: int = 0) -> EngineChoice:
-    splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs, groups)
-    need = dense_peak(d_vocab, top_k, device, groups)
+def _choose(requested: str, s: StatsShape, device: str,
+            budget: tuple[float | None, str] | None, checkpoint_kind: str | None) -> EngineChoice:
+    d_vocab, docs = s.d_vocab, s.docs
+    splan = sparse_plan(s)
+    need = dense_peak(d_vocab, s.top_k, device, s.groups)
     limit, how = budget if budget is not None else memory_budget(device)
-    host = host_need(d_vocab, top_k, device, groups, limit)
+    host = host_need(d_vocab, s.top_k, device, s.groups, limit)
     host_limit, host_how = memory_budget("cpu") if host else (None, "")
     plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan,
             "dense_host_bytes": host}
@@ -220,8 +231,7 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
     if checkpoint_kind is not None:
         kind = "sparse" if checkpoint_kind == SPARSE_KIND else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
-    sparse_need = (splan["fixed_bytes"] if docs is None
-                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget, groups))
+    sparse_need = splan["fixed_bytes"] if docs is None else sparse_bound(s)
     if limit is not None and need <= limit and need <= sparse_need:
         return EngineChoice(requested, "dense", f"dense peak {need / GB:.2f} GB fits budget "
                             f"{limit / GB:.2f} GB ({how}) and is below the sparse engine's "
@@ -247,25 +257,16 @@ def check_sparse_fits(choice: EngineChoice, d_vocab: int, top_k: int | None) -> 
                         f"{limit / GB:.1f} GB; lower --budget-gb (narrower tiles) or --seq-len")
 
 
-def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
-                 budget_bytes: int | None = None, groups: int = 0) -> int:
-    """Upper bound of the sparse engine's peak for ``docs`` windows of T+1 tokens: every
+def sparse_bound(s: StatsShape) -> int:
+    """Upper bound of the sparse engine's peak for ``s.docs`` windows of T+1 tokens: every
     (target, context) pair, (query, key) pair and bigram distinct, up to the d_vocab^2 that
     can exist (each kept once more per group part with G groups)."""
-    p = sparse_plan(d_vocab, T, top_k, budget_bytes, docs, groups)
-    positions = docs * T
-    bigrams = min(positions, d_vocab * d_vocab)
+    p = sparse_plan(s)
+    positions = s.docs * s.T
+    bigrams = min(positions, s.d_vocab * s.d_vocab)
     return (p["fixed_bytes"] + p["group_factor"] * (
         p["max_context_pairs"] * PAIR_BYTES + p["max_qbar_pairs"] * QBAR_PAIR_BYTES
-        + bigrams * BIGRAM_BYTES) + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
-
-
-def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:
-    """Peak bytes of the statistics with the engine --engine auto would pick where they fit:
-    the dense engine's peak, or the sparse engine's bound when that is lower."""
-    dense = dense_peak(d_vocab, top_k, device)
-    return dense if device.startswith("cuda") else min(dense, sparse_bound(d_vocab, T, top_k,
-                                                                             docs))
+        + bigrams * BIGRAM_BYTES) + positions * POSITION_BYTES + s.docs * (s.T + 1) * TOKEN_BYTES)
 
 
 BATCH_COPIES = 4  # a token batch [B, T+1] int64 lives as ids, lengths/masks and kernel buffers
@@ -289,28 +290,28 @@ def batch_needs(T: int, batch_size: int, docs: int | None, mode: str,
             "cache_bytes": cache, "cache_bytes_per_window": window}
 
 
-def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: str,
-                  work_dir, budget: tuple[float | None, str] | None = None,
-                  torch_kernels: bool = True) -> str:
+def check_batches(T: int, batch_size: int, docs: int | None, mode: str, work_dir,
+                  budget: tuple[float | None, str], torch_kernels: bool = True) -> str:
     """Refuse, before any document is read, a run whose batches, kernel workspace or token
-    cache cannot fit (e.g. --seq-len 100000000); return the plan line (``torch_kernels``:
-    the batches run through the torch kernels, on CUDA or without the C kernel)."""
+    cache cannot fit the device's ``budget`` (e.g. --seq-len 100000000); return the plan line
+    (``torch_kernels``: the batches run through the torch kernels, on CUDA or without the C
+    kernel)."""
     need = batch_needs(T, batch_size, docs, mode, torch_kernels)
-    return _check_batches(T, batch_size, docs, need, device, work_dir, budget)
+    return _check_batches(T, batch_size, docs, need, work_dir, budget)
 
 
 def check_dense_batches(T: int, batch_size: int, device: str,
                         budget: tuple[float | None, str] | None = None) -> None:
     """The dense engine's pass 2 (torch kernels on every device) needs the per-pair workspace
     of a batch: refuse up front when it cannot fit."""
-    _check_batches(T, batch_size, None, batch_needs(T, batch_size, None, "first", True),
-                   device, None, budget)
+    _check_batches(T, batch_size, None, batch_needs(T, batch_size, None, "first", True), None,
+                   budget if budget is not None else memory_budget(device))
 
 
-def _check_batches(T: int, batch_size: int, docs: int | None, need: dict, device: str,
-                   work_dir, budget: tuple[float | None, str] | None) -> str:
+def _check_batches(T: int, batch_size: int, docs: int | None, need: dict, work_dir,
+                   budget: tuple[float | None, str]) -> str:
     mem = need["batch_bytes"] + need["position_bytes"] + need["kernel_bytes"]
-    limit, how = budget if budget is not None else memory_budget(device)
+    limit, how = budget
     if limit is not None and mem > limit:
         what = (f" (the torch kernels' workspace for {batch_size} x {T * (T + 1) // 2:,} "
                 f"(t, m) pairs: {need['kernel_bytes'] / GB:.1f} GB)" if need["kernel_bytes"]
@@ -360,5 +361,5 @@ def check_statistics_fit(st, V: int, top_k: int | None, device: str,
     docs) that the engine ``--engine auto`` picks cannot fit in the device's memory budget
     (the statistics' own check, made by the sweep before any download or allocation)."""
     budget = budget if budget is not None else memory_budget(device)
-    choice = choose_engine("auto", V, st.seq_len, top_k, device, budget, docs=st.docs)
+    choice = choose_engine("auto", StatsShape(V, st.seq_len, top_k, st.docs), device, budget)
     check_sparse_fits(choice, V, top_k)

@@ -160,10 +160,18 @@ def _bases(names: set[str], L: int, heads: int = 0) -> dict[str, int]:
     return out
 
 
-def memory_plan(s: StepShape, analyses: Sequence, *, dtype_bytes: int = 4,
-                per_head_layers: int | None = None, mode: str = "factored",
-                max_rank: int = 0, nnz: Mapping[str, int] | None = None,
-                batch_size: int = 4096) -> Plan:
+class Scoring(NamedTuple):
+    """How a step is scored: bytes of the compute dtype, the layers scored per head (None:
+    every layer), the rank a pass holds (0: one layer a pass) and the rows of an MLP batch."""
+
+    dtype_bytes: int = 4
+    per_head_layers: int | None = None
+    max_rank: int = 0
+    batch_size: int = 4096
+
+
+def memory_plan(s: StepShape, analyses: Sequence, *, mode: str = "factored",
+                nnz: Mapping[str, int] | None = None, how: Scoring | None = None) -> Plan:
     """Peak bytes and multiply-adds for scoring one checkpoint (see the module docstring);
     ``analyses``: the :class:`~pythia_probe.analysis.base.Analysis` objects, each declaring
     its cost; ``nnz``: non-zeros of the parts ``C``, ``W``, ``Qbar`` (``mode`` factored)."""
@@ -171,9 +179,10 @@ def memory_plan(s: StepShape, analyses: Sequence, *, dtype_bytes: int = 4,
         raise ValueError(f"targets mode {mode!r}; valid: {', '.join(MODES)}")
     chosen = list(analyses)
     names = {a.name for a in chosen}
-    V, d, L, b = s.V, s.d_model, s.n_layers, dtype_bytes
-    w = d + 1
-    heads = L if per_head_layers is None else per_head_layers
+    how = how or Scoring()
+    V, d, L, b = s.V, s.d_model, s.n_layers, how.dtype_bytes
+    w, max_rank, batch_size = d + 1, how.max_rank, how.batch_size
+    heads = L if how.per_head_layers is None else how.per_head_layers
     per_target = _bases(names, L, heads)
     costs = {a.name: a.cost(Shape(V, d, L, s.n_heads, heads)) for a in chosen}
     for a in chosen:  # an analysis the plan does not know: its own bases on its targets

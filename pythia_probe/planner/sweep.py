@@ -19,7 +19,14 @@ import torch
 from pythia_probe.errors import ResourceError
 from pythia_probe.planner.budget import human_bytes, memory_budget
 from pythia_probe.planner.estimate import Rate, estimate
-from pythia_probe.planner.step import Plan, StepShape, memory_plan, one_set_at_a_time, with_groups
+from pythia_probe.planner.step import (
+    Plan,
+    Scoring,
+    StepShape,
+    memory_plan,
+    one_set_at_a_time,
+    with_groups,
+)
 
 
 class Held(NamedTuple):
@@ -67,10 +74,9 @@ def checkpoint_plan(sc, analyses, c, rows: int, stats: StatsPlan) -> Plan:
     shape = StepShape(rows, c.d_model, c.n_layers, c.n_heads, c.d_mlp, n_params)
     heads = c.n_layers if sc.per_head is True else 0 if sc.per_head is False else len(
         sc.per_head)
-    plan = memory_plan(shape, analyses,
-                       dtype_bytes=torch.tensor([], dtype=sc.torch_dtype).element_size(),
-                       mode=stats.held.mode, max_rank=sc.max_rank, nnz=stats.nnz,
-                       per_head_layers=heads, batch_size=sc.batch_size)
+    how = Scoring(torch.tensor([], dtype=sc.torch_dtype).element_size(), heads, sc.max_rank,
+                  sc.batch_size)
+    plan = memory_plan(shape, analyses, mode=stats.held.mode, nnz=stats.nnz, how=how)
     plan = with_groups(plan, stats.groups if sc.intervals else 0)
     return plan if stats.held.together else one_set_at_a_time(plan)
 
@@ -143,12 +149,11 @@ class SweepPlan:
                                     for p, s in self.stats.items()})
 
     def with_downloads(self, downloads: Mapping[str, Any]) -> SweepPlan:
-        """The plan with each model's downloads (by name), each checked against the disk the
-        loader may use (:meth:`~pythia_probe.planner.disk.Downloads.check`) by
-        :meth:`check_disk`."""
+        """The plan with each model's downloads (by name; :meth:`check_disk` fits them)."""
         return replace(self, downloads=downloads)
 
     def check_disk(self) -> None:
+        """Refuse a checkpoint larger than the disk the loader may use."""
         for dl in self.downloads.values():
             dl.check()
 
@@ -213,7 +218,7 @@ def plan(job) -> SweepPlan:
             held = targets_held(r.stats.factored)
             factored = held.mode == "factored"
             stats[r.stats.path] = StatsPlan(held, r.stats.parts_nnz() if factored else None,
-                                            r.stats.groups, r.stats.exact_nnz or not factored)
+                                            r.stats.groups, r.stats.built or not factored)
     return SweepPlan(job.parts.scoring, job.parts.source.prefetch, tuple(job.analyses),
                      tuple(job.runs), stats)
 

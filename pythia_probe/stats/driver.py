@@ -205,10 +205,11 @@ def resolve(spec: RunSpec, d: Ranks) -> engine_plan.EngineChoice:
     composition over kept ids is refused up front when its K x K matrices cannot fit."""
     if spec.compose == kept.KEPT and spec.top_k is not None and spec.top_k < spec.d_vocab:
         engine_plan.check_kept(spec.top_k, spec.groups)
-    choice = engine_plan.choose_engine(spec.engine, spec.d_vocab, spec.policy.seq_len, spec.top_k,
-                                spec.device, checkpoint_kind=checkpoint_kind(pass1_path(spec, d)),
-                                tile_budget=spec.budget_bytes, docs=spec.max_docs,
-                                sparse_built=sparsecount.available(), groups=spec.groups)
+    shape = engine_plan.StatsShape(spec.d_vocab, spec.policy.seq_len, spec.top_k, spec.max_docs,
+                                   spec.groups, spec.budget_bytes)
+    choice = engine_plan.choose_engine(spec.engine, shape, spec.device,
+                                       checkpoint_kind=checkpoint_kind(pass1_path(spec, d)),
+                                       sparse_built=sparsecount.available())
     choice = d.gather(choice)[0]
     if choice.resolved == "sparse":
         engine_plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)

@@ -146,8 +146,8 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     measures each one alone, analyses/conventions_effect.py)."""
     rules = rules if rules is not None else Rules.named(cfg.conventions)
     work = Path(cfg.work_dir or cfg.out + ".work")
-    line = engine_plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode,
-                                     cfg.device, work,
+    line = engine_plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, work,
+                                     engine_plan.memory_budget(cfg.device),
                                      torch_kernels=not fastcount.runs_on(cfg.device))
     log.info(line)
     if shards is None:

@@ -3,7 +3,8 @@ need no network (files named on the command line, a Pythia model's --steps), the
 model's steps, first revision and config (the hub's or the cache's listing), its tokenizer and
 the statistics it scores against (one choice per tokenizer: every Pythia size shares one),
 as a :class:`Prepared` job the planner plans (``planner.sweep.plan``); and, once the run
-holds its folder, the statistics builds still missing (:func:`build_missing`).
+holds its folder, the statistics builds still missing (:func:`build_missing`). What each model
+still downloads (:func:`downloads`) is asked once the output folder's layout is known.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pythia_probe.analysis import combined_needs
 from pythia_probe.errors import BadInputError, HubError, MissingFileError
-from pythia_probe.hub import PYTHIA_STEPS, is_pythia, parse_steps
+from pythia_probe.hub import PYTHIA_STEPS, is_pythia, parse_steps, plan_downloads
+from pythia_probe.planner.disk import disk_limit, model_downloads
 from pythia_probe.stats.recipe import ensure
 from pythia_probe.sweep.claims import one_builder
 from pythia_probe.sweep.config import SweepParts
@@ -24,6 +27,7 @@ from pythia_probe.sweep.source import (
     asked_steps,
     model_config,
     offline_advice,
+    tensor_names,
     timed_tokenizer,
 )
 from pythia_probe.sweep.statistics import LazyStats, choose_for_models, read_stats_meta
@@ -142,3 +146,16 @@ def build_missing(job: Prepared, ranks, progress) -> dict[Path, LazyStats]:
                        ranks, progress if not out else None, show=parts.output.progress)
         out[path] = LazyStats(path, read_stats_meta(path, r.fingerprint))
     return out
+
+
+def downloads(job: Prepared, layout) -> tuple[list, dict]:
+    """The groups of identical weights over every model's steps (the unit of a share) and each
+    model's downloads (by name): its steps not done in ``layout`` yet, fetched once per group,
+    within the disk the loader may use."""
+    runs = job.runs
+    groups = plan_downloads([r.source for r in runs], {r.source.model: r.steps for r in runs})
+    sc, names = job.parts.scoring, tensor_names(combined_needs(job.analyses))
+    return groups.groups, {r.name: model_downloads(
+        r, groups.groups, [s for s in r.steps if not layout.done(r.name, s, sc.analyses,
+                                                          r.stats.stats_id)],
+        names, disk_limit(job.parts.source.max_disk_gb, r.source)) for r in runs}

@@ -13,26 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pythia_probe.analysis import combined_needs, get_analyses
+from pythia_probe.analysis import get_analyses
 from pythia_probe.fileio import check_folders, with_subfolders
-from pythia_probe.hub import plan_downloads
-from pythia_probe.planner.disk import disk_limit, model_downloads
 from pythia_probe.planner.rates import measure
-from pythia_probe.planner.sweep import SweepPlan, plan
+from pythia_probe.planner.sweep import plan
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats.result import part_counts
 from pythia_probe.sweep.config import SweepParts
 from pythia_probe.sweep.execute import Launch, Run, execute, folder_lock, job_progress
 from pythia_probe.sweep.layout import CLAIMS, FAILED, SHARDS, Layout
-from pythia_probe.sweep.prepare import Prepared, build_missing, prepare
-from pythia_probe.sweep.source import (
-    lacking_lines,
-    ledger_lines,
-    open_source,
-    revision_ledger,
-    tensor_names,
-)
-from pythia_probe.sweep.targets import uncached
+from pythia_probe.sweep.prepare import Prepared, build_missing, downloads, prepare
+from pythia_probe.sweep.report import plan_lines
+from pythia_probe.sweep.source import open_source, revision_ledger
 
 
 def run(parts: SweepParts, ranks: Ranks | None = None, argv: list[str] | None = None, *,
@@ -73,11 +64,11 @@ def _run(job: Prepared, ranks: Ranks, argv, shard) -> int:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
     layout = Layout(parts.output.out, tuple(r.name for r in runs))
     layout.check_strays()
-    groups = plan_downloads([r.source for r in runs], {r.source.model: r.steps for r in runs})
-    planned = planned.with_downloads(_downloads(job, groups.groups, layout))
+    groups, fetches = downloads(job, layout)
+    planned = planned.with_downloads(fetches)
     if ranks.is_main:
         rates = measure(parts.scoring.device, parts.scoring.torch_dtype)
-        print("\n".join(_lines(job, planned, rates, shard)), flush=True)
+        print("\n".join(plan_lines(job, planned, rates, shard)), flush=True)
     planned.check_disk()
     check_folders(parts.output.out, [f for kind in (SHARDS, FAILED, CLAIMS) for f in
                                      layout.folders(kind)]
@@ -88,40 +79,9 @@ def _run(job: Prepared, ranks: Ranks, argv, shard) -> int:
         progress = job_progress(job, ranks)
         try:
             lazies = build_missing(job, ranks, progress)
-            planned = planned.counted(part_counts).check()  # built now: no weight yet
-            return execute(Run(job, planned, layout, groups.groups, lazies),
+            planned = planned.counted(lambda p: lazies[p].parts_nnz()).check()  # no weight yet
+            return execute(Run(job, planned, layout, groups, lazies),
                            Launch(ranks, shard, run_id, progress, argv))
         finally:
             if progress is not None:
                 progress.close()
-
-
-def _downloads(job: Prepared, groups, layout: Layout) -> dict:
-    """Each model's downloads (by name): its steps not done yet, fetched once per group of
-    identical weights, within the disk the loader may use."""
-    sc, names = job.parts.scoring, tensor_names(combined_needs(job.analyses))
-    return {r.name: model_downloads(
-        r, groups, [s for s in r.steps if not layout.done(r.name, s, sc.analyses,
-                                                          r.stats.stats_id)],
-        names, disk_limit(job.parts.source.max_disk_gb, r.source)) for r in job.runs}
-
-
-def _lines(job: Prepared, planned: SweepPlan, rates, shard) -> list[str]:
-    """What every run prints first (and --dry-run only)."""
-    runs, lines, seen = job.runs, [], set()
-    for r in runs:
-        if r.stats.path not in seen:
-            seen.add(r.stats.path)
-            users = [x.model for x in runs if x.stats.path == r.stats.path]
-            shared = f" (shared by {', '.join(users)})" if len(users) > 1 else ""
-            lines += [line + shared if line.startswith("statistics") else line
-                      for line in r.stats.lines()]
-    for r in runs:
-        lines += planned.model_lines(r, rates, uncached, memory=len(runs) == 1)
-        lines += ledger_lines(r.ledger, r.model)
-    lines += lacking_lines(runs) + planned.total_lines(rates)
-    if shard[1] > 1:
-        i, n = shard
-        lines.append(f"this process: share {i} of {n} (the plan's groups of identical weights "
-                     f"number {i}, {i + n}, {i + 2 * n}, ...)")
-    return lines

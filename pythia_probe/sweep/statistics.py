@@ -67,7 +67,7 @@ class StatsChoice:
     def parts_nnz(self) -> dict[str, int]:
         """The non-zeros of the sparse parts C, W and Qbar: a built file's counts from its
         header; before the build an upper bound (every pair of positions the recipe reads
-        distinct), which :attr:`exact_nnz` says is not to refuse a run on."""
+        distinct), not to refuse a run on (:attr:`built` says which)."""
         if self.built:
             return part_counts(self.path)
         r = self.recipe
@@ -76,11 +76,6 @@ class StatsChoice:
         V2 = self.rows ** 2
         return {"C": min(V2, positions), "W": min(V2, pairs), "Qbar": min(V2, pairs),
                 "QbarHead": min(V2, pairs)}
-
-    @property
-    def exact_nnz(self) -> bool:
-        """Whether :meth:`parts_nnz` counts (a built file) rather than bounds (a recipe)."""
-        return self.built
 
     def lines(self) -> list[str]:
         if self.recipe is None:
@@ -235,6 +230,10 @@ class LazyStats:
         if self._stats is not None:
             return self._stats.has(statistic)
         return statistic in part_counts(self.path)
+
+    def parts_nnz(self) -> dict[str, int]:
+        """The non-zeros of the sparse parts, counted in the file's header."""
+        return part_counts(self.path)
 
     def load(self) -> CorpusStats:
         """The CorpusStats (every tensor read from disk, once)."""
