@@ -21,7 +21,7 @@ beyond the model inputs every method holds, and the ratios, all measured in this
 
 Memory plan of pythia-1.4b (V = 50277, d_model = 2048, 24 layers, 16 heads x 128, 1.41e9
 parameters) with its targets held dense, float32: printed at the end, computed by
-:func:`pythia_probe.analysis.plan.memory_plan` (the sweep's ``--dry-run`` prints the same for
+:func:`pythia_probe.planner.step.memory_plan` (the sweep's ``--dry-run`` prints the same for
 any model and statistics), never typed in here.
 Flags: :class:`BenchConfig` (the commands' config-dataclass idiom).
 """
@@ -243,12 +243,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_pythia_plan() -> None:
     """The computed plan for pythia-1.4b with dense targets (config values of the model)."""
-    from pythia_probe.analysis.plan import StepShape, memory_plan
+    from pythia_probe.analysis import get_analyses
+    from pythia_probe.planner.step import StepShape, memory_plan
 
     V, d, L, H, d_mlp, v_model = 50277, 2048, 24, 16, 8192, 50304
     n_params = 2 * v_model * d + L * (4 * d * d + 2 * d * d_mlp + 9 * d + d_mlp)
     for analyses in (["embedding", "attention"], ["embedding", "attention", "unembedding"]):
-        plan = memory_plan(StepShape(V, d, L, H, d_mlp, n_params), analyses, mode="dense")
+        plan = memory_plan(StepShape(V, d, L, H, d_mlp, n_params), get_analyses(analyses),
+                           mode="dense")
         print(f"pythia-1.4b, V={V}, float32 on the GPU, analyses {','.join(analyses)}:")
         print("\n".join("  " + line for line in plan.lines()))
 

@@ -52,8 +52,9 @@ import torch
 
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import BadInputError
+from pythia_probe.planner import statistics as plan
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import CorpusStats, SequencePolicy, plan, top_k_ids
+from pythia_probe.stats import CorpusStats, SequencePolicy, top_k_ids
 from pythia_probe.stats.driver import ENGINES, RunSpec, batch_stats, compute_stats
 from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.stats.pass1 import Windows

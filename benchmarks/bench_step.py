@@ -21,8 +21,8 @@ steps print are timings, not cosines; their exactness is tests/test_analysis_fac
 
 Each method in a fresh spawned process (peak RSS its own), ``--threads`` torch threads; the
 machine's matmul peak (float32 GEMM, multiply-adds/s) and sparse rate measured in the same run
-(:mod:`pythia_probe.analysis.rates`), the achieved rate of each step against it, and the plan's
-expected seconds (:func:`pythia_probe.analysis.plan.memory_plan` at those rates).
+(:mod:`pythia_probe.planner.rates`), the achieved rate of each step against it, and the plan's
+expected seconds (:func:`pythia_probe.planner.step.memory_plan` at those rates).
 """
 
 from __future__ import annotations
@@ -36,14 +36,13 @@ import scipy.sparse as sp
 import torch
 
 from pythia_probe.analysis import Options, get_analyses
-from pythia_probe.analysis.basis import gram_macs
 from pythia_probe.analysis.chance import Primitives
 from pythia_probe.analysis.cosine import covariance, prepare_target
 from pythia_probe.analysis.factored import FactoredTarget, Parts, Vectors, _row_norms_sums
 from pythia_probe.analysis.layers import score_layers
-from pythia_probe.analysis.plan import StepShape, memory_plan
 from pythia_probe.arch import NeoXConfig, iter_single_token_layers
 from pythia_probe.linalg import frobenius_cosine
+from pythia_probe.planner.step import StepShape, gram_macs, memory_plan
 
 ANALYSES = ("embedding", "attention_lnfold", "attention")
 PYTHIA = dict(d_vocab=50304, d_model=2048, n_heads=16, d_mlp=8192, rotary_dim=32)
@@ -230,7 +229,7 @@ def _run(fn, args, threads: int) -> dict:
 
 
 def _rates(threads: int) -> dict:
-    from pythia_probe.analysis.rates import dense_rate, measure
+    from pythia_probe.planner.rates import dense_rate, measure
 
     torch.set_num_threads(threads)
     return {"dense": dense_rate(n=2048), "sparse": measure()["sparse"]}
@@ -288,7 +287,7 @@ def _print_scaled_plan(full: dict, rates: dict, layers: int, nnz: dict, plan_nnz
     sparse rate, and the product rate the full step achieved."""
     scaled = {"W": plan_nnz, "Qbar": plan_nnz, "C": round(nnz["C"] * plan_nnz / nnz["W"])}
     shape = StepShape(V_FULL, 2048, layers, 16, 8192, n_params)
-    plan = memory_plan(shape, ANALYSES, mode="factored", nnz=scaled)
+    plan = memory_plan(shape, get_analyses(list(ANALYSES)), mode="factored", nnz=scaled)
     got = _part_macs(V_FULL, layers, full["live"], nnz)["products"] / full["split"]["products"]
     at_run = plan.dense_macs / rates["dense"] + plan.sparse_macs / got
     print(f"plan at nnz {scaled}: {plan.sparse_macs:.2e} sparse multiply-adds a step; "
@@ -324,10 +323,11 @@ def run_pythia(layers: int, docs: int, threads: int, chunk: int, dense_full: boo
         res["dense-TL top5000"] = _run(step_dense, (layers, V_TOP), threads)
     if dense_full:
         res["dense-TL full"] = _run(step_dense, (layers, V_FULL), threads)
-    plans = {"full": memory_plan(StepShape(V_FULL, 2048, layers, 16, 8192, n_params), ANALYSES,
+    chosen = get_analyses(list(ANALYSES))
+    plans = {"full": memory_plan(StepShape(V_FULL, 2048, layers, 16, 8192, n_params), chosen,
                                  mode="factored", nnz=nnz),
              "top5000": memory_plan(StepShape(V_TOP, 2048, layers, 16, 8192, n_params),
-                                    ANALYSES, mode="dense")}
+                                    chosen, mode="dense")}
     for name, r in res.items():
         plan = plans.get(name)
         macs = None if plan is None else plan.dense_macs + plan.sparse_macs

@@ -10,7 +10,7 @@ Three checks, each measured in this run:
    engine ``--engine auto`` picks: tokens/s and peak memory beside the engine's own plan;
 3. one sweep step at full vocabulary on a Pythia-1.4B-shaped random checkpoint (embedding,
    attention_lnfold and attention, every head, targets resident): seconds and peak memory
-   beside :func:`pythia_probe.analysis.plan.memory_plan`;
+   beside :func:`pythia_probe.planner.step.memory_plan`;
 4. the same step through factored targets (the sparse parts of a Zipf stream, nothing V x V):
    seconds against the plan's expected seconds at rates measured in the run, peak memory against
    the plan, and (small vocabularies) every value against the dense targets'.
@@ -32,12 +32,12 @@ import torch
 from pythia_probe.analysis import combined_needs, get_analyses
 from pythia_probe.analysis.cosine import prepare_target
 from pythia_probe.analysis.factored import FactoredTarget, Parts, _columns, target_vectors
-from pythia_probe.analysis.plan import StepShape, memory_plan
-from pythia_probe.analysis.rates import measure
 from pythia_probe.arch import NeoXConfig, NeoXWeights
 from pythia_probe.cli import parse_configs, run_main
 from pythia_probe.errors import OutOfRangeError
 from pythia_probe.fileio import write_text
+from pythia_probe.planner.rates import measure
+from pythia_probe.planner.step import StepShape, memory_plan
 from pythia_probe.ranks import check_device
 from pythia_probe.stats import batch_stats
 from pythia_probe.stats import driver as run
@@ -197,7 +197,7 @@ def check_sweep_step(s: Sizes, device: str) -> list[dict]:
                     None, ScoringConfig(ANALYSES, device=device))
     n_params = sum(t.numel() for t in weights.sd.values())
     plan = memory_plan(StepShape(V, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp,
-                                 n_params), ANALYSES, mode="dense")
+                                 n_params), analyses, mode="dense")
     with Meter(device) as m:
         try:
             rows, ok = scorer.rows({}, weights), True  # every value range-checked on the way
@@ -235,7 +235,7 @@ def check_factored_step(s: Sizes, device: str) -> list[dict]:
     nnz = {"C": parts["C"].nnz, "W": parts["W"].nnz, "Qbar": parts["Qbar"].nnz}
     n_params = sum(t.numel() for t in weights.sd.values())
     plan = memory_plan(StepShape(V, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp,
-                                 n_params), ANALYSES, mode="factored", nnz=nnz)
+                                 n_params), analyses, mode="factored", nnz=nnz)
     rates = measure(device, torch.float32)
     with Meter(device) as m:
         try:

@@ -10,6 +10,7 @@ from test_analysis_factored import _corpus, _dense, parts_from_tokens
 from pythia_probe.analysis import basis, factored
 from pythia_probe.analysis.cosine import row_centre, row_normalise
 from pythia_probe.analysis.factored import NAMES, FactoredTarget, Parts, target_vectors
+from pythia_probe.planner import step as step_plan
 from pythia_probe.stats.reference import reference_stats
 
 V = 23
@@ -24,7 +25,7 @@ def corpus():
 @pytest.mark.parametrize("block", [1, 3, 5, 1100])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_upper_triangle_gram_equals_the_full_product(monkeypatch, block, dtype):
-    monkeypatch.setattr(basis, "GRAM_BLOCK", block)
+    monkeypatch.setattr(step_plan, "GRAM_BLOCK", block)
     g = torch.Generator().manual_seed(block)
     X = [torch.randn(13, 11, generator=g, dtype=torch.float64) for _ in range(3)]
     M = torch.zeros(11, 11, dtype=torch.float64)
@@ -64,7 +65,7 @@ def test_live_row_grams_equal_the_dense_reference(monkeypatch, corpus, name):
     p, ref = corpus
     monkeypatch.setattr(factored, "CPU_TILE", 3)
     monkeypatch.setattr(factored, "GRAM_ROWS", 1)
-    monkeypatch.setattr(basis, "GRAM_BLOCK", 2)
+    monkeypatch.setattr(step_plan, "GRAM_BLOCK", 2)
     F = torch.randn(V, 10, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     edges = [0, 4, 10]
     vec = target_vectors(name, p)
@@ -82,12 +83,12 @@ def test_live_row_grams_equal_the_dense_reference(monkeypatch, corpus, name):
 
 
 def test_gram_macs_count_the_upper_block_triangle(monkeypatch):
-    monkeypatch.setattr(basis, "GRAM_BLOCK", 1)
-    assert basis.gram_macs(7, 11) == 7 * 11 * 12 // 2  # every entry on or above the diagonal
-    monkeypatch.setattr(basis, "GRAM_BLOCK", 11)
-    assert basis.gram_macs(7, 11) == 7 * 11 * 11  # one block: the whole product
-    monkeypatch.setattr(basis, "GRAM_BLOCK", 1100)
-    assert basis.gram_macs(1, 2049) == 1024 * 2049 + 1025 * 1025  # two blocks: about 3/4
+    monkeypatch.setattr(step_plan, "GRAM_BLOCK", 1)
+    assert step_plan.gram_macs(7, 11) == 7 * 11 * 12 // 2  # every entry on or above the diagonal
+    monkeypatch.setattr(step_plan, "GRAM_BLOCK", 11)
+    assert step_plan.gram_macs(7, 11) == 7 * 11 * 11  # one block: the whole product
+    monkeypatch.setattr(step_plan, "GRAM_BLOCK", 1100)
+    assert step_plan.gram_macs(1, 2049) == 1024 * 2049 + 1025 * 1025  # two blocks: about 3/4
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -95,7 +96,7 @@ def test_basis_moments_in_row_blocks_equal_the_float64_reference(monkeypatch, dt
     """G = Y^T Y, Gc = Yc^T Yc and e = Y^T 1 of a basis from row blocks of 5, the upper
     triangle in column blocks of 3: equal to the literal float64 products."""
     monkeypatch.setattr(basis, "GRAM_ROWS", 1)
-    monkeypatch.setattr(basis, "GRAM_BLOCK", 3)
+    monkeypatch.setattr(step_plan, "GRAM_BLOCK", 3)
     g = torch.Generator().manual_seed(7)
     E = torch.randn(17, 8, generator=g, dtype=torch.float64) + 3.0  # a large common row
     Y = torch.cat([E - E.mean(1, keepdim=True), E.mean(1, keepdim=True)], dim=1)

@@ -22,7 +22,7 @@ LAYERS = [
     "tokenizer",
     "corpus",
     "hub | builtin_corpus",
-    "arch | results | progress | ranks | resources",
+    "arch | results | progress | ranks | planner",
     "linalg",
     "cli",
     "logs",

@@ -170,7 +170,7 @@ def test_plan_refuses_what_cannot_fit_before_reading_any_document(tmp_path, monk
     file is written (it used to write 2.7 GB of padded windows)."""
     from pythia_probe import corpus
     from pythia_probe.errors import DiskFullError, ResourceError
-    from pythia_probe.stats import plan
+    from pythia_probe.planner import statistics as plan
 
     (tmp_path / "c.txt").write_text("a b c d e f\n<|endoftext|>\nb c d e\n")
     read = []

@@ -143,7 +143,7 @@ def test_c_kernel_not_built_is_one_line_or_a_logged_fallback(monkeypatch, caplog
     RuntimeError traceback; auto: the torch / numpy kernels, said once in the log; the sparse
     engine, whose pass 2 exists only in C, is refused in one line."""
     from pythia_probe.errors import user_message
-    from pythia_probe.stats import plan
+    from pythia_probe.planner import statistics as plan
 
     monkeypatch.setattr(fastcount, "available", lambda: False)
     monkeypatch.setattr(sparsecount, "available", lambda: False)
@@ -160,9 +160,9 @@ def test_c_kernel_not_built_is_one_line_or_a_logged_fallback(monkeypatch, caplog
     assert len(said) == 2 and all("is not built: using the" in m for m in said)
     with pytest.raises(KernelError, match="the sparse engine needs its C kernels"):
         sparsecount.require()
-    choice = plan.choose_engine("auto", 50277, 128, None, budget=(1e15, "test"),
+    choice = plan.choose_engine("auto", plan.StatsShape(50277, 128, None), budget=(1e15, "test"),
                                 sparse_built=False)
     assert choice.resolved == "dense" and "not built" in choice.reason
     with pytest.raises(KernelError, match="sparse engine needs its C kernels"):
-        plan.choose_engine("sparse", 3000, 128, None, budget=(1e12, "test"),
+        plan.choose_engine("sparse", plan.StatsShape(3000, 128, None), budget=(1e12, "test"),
                            sparse_built=False)

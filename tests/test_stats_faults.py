@@ -13,7 +13,8 @@ from safetensors import SafetensorError
 from pythia_probe import fileio
 from pythia_probe.cli import run_main
 from pythia_probe.errors import BadInputError, DiskFullError, ResourceError
-from pythia_probe.stats import CorpusStats, plan
+from pythia_probe.planner import statistics as plan
+from pythia_probe.stats import CorpusStats
 from pythia_probe.stats.__main__ import main
 from pythia_probe.stats.job import StatsConfig
 from pythia_probe.tokenizer import d_vocab, load_tokenizer
@@ -73,14 +74,15 @@ def test_huge_t_is_refused_by_every_plan_that_pads():
     """Per-batch padding, the torch kernels' pair workspace and the sparse pair buffer and
     pass-2 windows all grow with T: each plan says so with the numbers."""
     with pytest.raises(ResourceError, match=r"torch kernels' workspace for 1 x 12,500,002,500,000"):
-        plan.check_batches(5_000_000, 1, None, "first", "cpu", ".", (19e9, "test"),
+        plan.check_batches(5_000_000, 1, None, "first", ".", (19e9, "test"),
                            torch_kernels=True)
     assert plan.batch_needs(5_000_000, 1, None, "first")["kernel_bytes"] == 0  # C kernels
-    choice = plan.choose_engine("sparse", 50277, 5_000_000, 5000, budget=(19e9, "test"))
+    choice = plan.choose_engine("sparse", plan.StatsShape(50277, 5_000_000, 5000),
+                                budget=(19e9, "test"))
     assert choice.plan["sparse"]["pair_buffer_bytes"] > 16 * 12_500_002_500_000
     with pytest.raises(ResourceError, match="sparse engine need"):
         plan.check_sparse_fits(choice, 50277, 5000)
-    small = plan.choose_engine("sparse", 50277, 20000, 5000, budget=(19e9, "test"))
+    small = plan.choose_engine("sparse", plan.StatsShape(50277, 20000, 5000), budget=(19e9, "test"))
     with pytest.raises(ResourceError, match=r"--keep-short pads short documents"):
         plan.check_pass2_windows(small, 20000, 100_000, "keep")
 
@@ -111,18 +113,20 @@ def test_engine_dense_on_a_gpu_that_offloads_to_a_small_host_is_refused_up_front
     assert plan.dense_peak(V, None, "cuda:0") < device[0] < 6 * VV and host > 2e9
     with pytest.raises(ResourceError, match=rf"needs {host / 1e9:.1f} GB .* more than the budget "
                                             r"2\.0 GB \(host memory of a CUDA run: a 2 GB"):
-        plan.choose_engine("dense", V, 128, None, "cuda:0", device)
-    assert plan.choose_engine("auto", V, 128, None, "cuda:0", device).resolved == "sparse"
+        plan.choose_engine("dense", plan.StatsShape(V, 128, None), "cuda:0", device)
+    assert plan.choose_engine("auto", plan.StatsShape(V, 128, None),
+                              "cuda:0", device).resolved == "sparse"
     monkeypatch.setattr(plan, "memory_budget", lambda dev: (1e12, "a 1 TB test host"))
-    assert plan.choose_engine("dense", V, 128, None, "cuda:0", device).resolved == "dense"
+    assert plan.choose_engine("dense", plan.StatsShape(V, 128, None),
+                              "cuda:0", device).resolved == "dense"
 
 
 def test_engine_auto_follows_the_plan():
     """word:20000 on a 24 GB machine: the sparse engine (its fixed need is below the dense
     engine's 17 GB); a small vocabulary stays dense."""
-    big = plan.choose_engine("auto", 20000, 128, None, budget=(19.2e9, "24 GB"))
+    big = plan.choose_engine("auto", plan.StatsShape(20000, 128, None), budget=(19.2e9, "24 GB"))
     assert big.resolved == "sparse" and "is above the sparse engine's" in big.reason
-    small = plan.choose_engine("auto", 488, 128, None, budget=(19.2e9, "24 GB"))
+    small = plan.choose_engine("auto", plan.StatsShape(488, 128, None), budget=(19.2e9, "24 GB"))
     assert small.resolved == "dense"
 
 

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
-from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native, plan
+from pythia_probe.planner import statistics as plan
+from pythia_probe.stats import CorpusStats, CountAccumulator, batch_stats, native
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.native.sparsecount import Correction, Tile, TokenWindows
@@ -296,28 +297,28 @@ def test_kernels_refuse_bad_input():
 
 # -- the automatic choice --------------------------------------------------------------------
 def test_auto_choice_dense_when_it_fits_else_sparse():
-    fits = plan.choose_engine("auto", 3000, 128, None, budget=(1e12, "test"))
+    fits = plan.choose_engine("auto", plan.StatsShape(3000, 128, None), budget=(1e12, "test"))
     assert fits.resolved == "dense" and "fits" in fits.reason
-    pythia = plan.choose_engine("auto", 50277, 128, 5000, budget=(25.3e9, "test"))
+    pythia = plan.choose_engine("auto", plan.StatsShape(50277, 128, 5000), budget=(25.3e9, "test"))
     assert pythia.resolved == "sparse" and "exceeds budget" in pythia.reason
     assert pythia.plan["dense_peak_bytes"] == 5 * 8 * 50277**2 + (1 << 30)
     plan.check_sparse_fits(pythia, 50277, 5000)  # top-5000 outputs: 1.6 GB
-    full = plan.choose_engine("auto", 50277, 128, None, budget=(25.3e9, "test"))
+    full = plan.choose_engine("auto", plan.StatsShape(50277, 128, None), budget=(25.3e9, "test"))
     plan.check_sparse_fits(full, 50277, None)  # factored: no V x V output at any vocabulary
     assert full.plan["sparse"]["fixed_bytes"] < 3e9
-    tiny = plan.choose_engine("sparse", 50277, 128, None, budget=(1e9, "test"))
+    tiny = plan.choose_engine("sparse", plan.StatsShape(50277, 128, None), budget=(1e9, "test"))
     with pytest.raises(ResourceError, match="full-vocabulary statistics at d_vocab 50,277"):
         plan.check_sparse_fits(tiny, 50277, None)
-    resumed = plan.choose_engine("auto", 3000, 128, None, budget=(1e12, "test"),
+    resumed = plan.choose_engine("auto", plan.StatsShape(3000, 128, None), budget=(1e12, "test"),
                                  checkpoint_kind="sparse_count")
     assert resumed.resolved == "sparse" and "resuming" in resumed.reason
     with pytest.raises(MismatchError, match="sparse pass-1 checkpoint"):
-        plan.choose_engine("dense", 3000, 128, None, budget=(1e12, "test"),
+        plan.choose_engine("dense", plan.StatsShape(3000, 128, None), budget=(1e12, "test"),
                            checkpoint_kind="sparse_count")
-    given = plan.choose_engine("sparse", 3000, 128, None, budget=(1e12, "test"))
+    given = plan.choose_engine("sparse", plan.StatsShape(3000, 128, None), budget=(1e12, "test"))
     assert given.resolved == "sparse" and given.meta()["requested"] == "sparse"
     with pytest.raises(BadInputError, match="--engine 'fast'"):
-        plan.choose_engine("fast", 3000, 128, None)
+        plan.choose_engine("fast", plan.StatsShape(3000, 128, None))
     assert plan.tile_width(50277) == 640 and plan.tile_width(10, 1) == 1
 
 

@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 
 from pythia_probe import sweep
 from pythia_probe.analysis.cosine import materialised_cosine
+from pythia_probe.planner import sweep as sweep_plan
 from pythia_probe.results import read_manifest, read_results
 from pythia_probe.stats import batch_stats
-from pythia_probe.sweep import plan as sweep_plan
-from pythia_probe.sweep import runner
+from pythia_probe.sweep import execute
 from pythia_probe.sweep.__main__ import main as sweep_main
 from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
@@ -97,7 +97,7 @@ def test_tables_validate_and_match_the_paper_procedure(setup, clean_run):
 def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch):
     root, repo, stats = setup
     out = root / "killed"
-    real, calls = runner.run_step, []
+    real, calls = execute.run_step, []
 
     def dies_on_third(loaded, step, scorer, where):
         calls.append(step)
@@ -105,7 +105,7 @@ def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch)
             raise KeyboardInterrupt  # a kill: not an ordinary failure, stops the process
         return real(loaded, step, scorer, where)
 
-    monkeypatch.setattr(runner, "run_step", dies_on_third)
+    monkeypatch.setattr(execute, "run_step", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
         sweep_main(_argv(repo, stats, out))
     assert read_manifest(out)["status"] == "interrupted"
@@ -113,7 +113,7 @@ def test_killed_run_resumes_without_redoing_steps(setup, clean_run, monkeypatch)
     # step1's weights are step0's (as on the hub): copied, not scored; step 4 was the third
     assert sorted(done) == ["step0.parquet", "step1.parquet", "step2.parquet"]
     calls.clear()
-    monkeypatch.setattr(runner, "run_step", real)
+    monkeypatch.setattr(execute, "run_step", real)
     assert sweep_main(_argv(repo, stats, out)) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "shards").iterdir()
             if p.name in done} == done
@@ -127,8 +127,8 @@ def test_failing_step_is_retried_reported_and_the_rest_goes_on(setup, tmp_path, 
     shutil.copytree(repo, bad)
     (bad / "step2" / "model.safetensors").write_bytes(b"not a safetensors file")
     tries = []
-    real = runner.load_weights
-    monkeypatch.setattr(runner, "load_weights", lambda s, rev, names: (tries.append(rev.step),
+    real = execute.load_weights
+    monkeypatch.setattr(execute, "load_weights", lambda s, rev, names: (tries.append(rev.step),
                                                                        real(s, rev, names))[1])
     out = tmp_path / "out"
     assert sweep_main(_argv(bad, stats, out, "--retries", "2")) == 1
@@ -248,7 +248,7 @@ def test_dry_run_counts_duplicates_and_only_bytes_not_yet_cached(setup, tmp_path
     """The plan's download excludes step1 (= step0's bytes) and files already in the cache."""
     from pythia_probe.arch import name_filter
     from pythia_probe.hub.checkpoints import CheckpointSource
-    from pythia_probe.resources import human_bytes
+    from pythia_probe.planner.budget import human_bytes
     from pythia_probe.testing.hub import HubServer
 
     root, repo, stats = setup
@@ -364,18 +364,20 @@ def test_the_removed_target_flags_are_refused(setup, tmp_path, capsys, flag):
 
 
 def test_the_plan_holds_dense_targets_for_top_k_statistics_only(setup):
-    from pythia_probe.analysis import plan
+    from pythia_probe.analysis import get_analyses
+    from pythia_probe.planner import budget, step
 
     # pythia-1.4b, full vocabulary: four V x V float32 dense targets (PhiBT, Qbar, Qbar^T,
     # QbarHead^T: 40 GB) + one layer's streams, where the sparse parts need a few GB at most
-    shape = plan.StepShape(50277, 2048, 24, 16, 8192, 1_414_647_808)
-    need = plan.memory_plan(shape, ["embedding", "attention"], mode="dense").total
+    shape = step.StepShape(50277, 2048, 24, 16, 8192, 1_414_647_808)
+    chosen = get_analyses(["embedding", "attention"])
+    need = step.memory_plan(shape, chosen, mode="dense").total
     assert 45e9 < need < 60e9
     nnz = {"C": 10**8, "W": 10**9, "Qbar": 10**9, "QbarHead": 10**9}
-    assert plan.memory_plan(shape, ["embedding", "attention"], nnz=nnz).targets < 40e9
+    assert step.memory_plan(shape, chosen, nnz=nnz).targets < 40e9
     assert sweep_plan.targets_held(True)[0] == "factored"
     assert sweep_plan.targets_held(False)[0] == "dense"
-    budget, how = plan.memory_budget("cpu")  # the real probe: a positive number of bytes
+    budget, how = budget.memory_budget("cpu")  # the real probe: a positive number of bytes
     assert budget is None or budget > 0
 
 
@@ -528,7 +530,7 @@ def test_manifest_says_failed_with_the_reason_when_the_run_dies(setup, tmp_path,
 
     def no_targets(*a, **k):
         raise RuntimeError("target preparation broke")
-    monkeypatch.setattr(runner, "prepare_scorer", no_targets)
+    monkeypatch.setattr(execute, "prepare_scorer", no_targets)
     with pytest.raises(RuntimeError):
         sweep_main(_argv(repo, stats, tmp_path / "early"))
     m = read_manifest(tmp_path / "early")
@@ -537,7 +539,7 @@ def test_manifest_says_failed_with_the_reason_when_the_run_dies(setup, tmp_path,
 
     def disk_full(loaded, step, scorer, where):
         raise DiskFullError(f"disk full writing step{step}.parquet: 0 bytes free")
-    monkeypatch.setattr(runner, "run_step", disk_full)
+    monkeypatch.setattr(execute, "run_step", disk_full)
     out = tmp_path / "full"
     with pytest.raises(DiskFullError):
         sweep_main(_argv(repo, stats, out))
@@ -578,8 +580,8 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(setup, tmp_path, mon
     monkeypatch.setitem(registry.REGISTRY, toy.name, toy)  # the one registry line
     root, repo, stats = setup
     fetched = []
-    real = runner.tensor_names
-    monkeypatch.setattr(runner, "tensor_names", lambda needs: (fetched.append(needs.weights),
+    real = execute.tensor_names
+    monkeypatch.setattr(execute, "tensor_names", lambda needs: (fetched.append(needs.weights),
                                                                real(needs))[1])
     argv = ["--model", str(repo), "--stats", str(stats), "--steps", "0,64", "--analyses",
             "we_vs_bbar", "--dtype", "float64", "--out", str(tmp_path / "o")]

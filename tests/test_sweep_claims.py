@@ -324,11 +324,11 @@ def test_two_workers_on_one_share_never_score_a_task_twice(tiny, tmp_path, monke
     share 0/2 and releases its claims; B then claims each task, finds its shard and scores
     nothing (it used to score them again: 11 tasks scored for 8). Two workers of one process
     (threads: each its own claims, the folder's lock shared as by two processes)."""
-    from pythia_probe.sweep import runner, tasks
+    from pythia_probe.sweep import execute, tasks
 
     repo, stats, want = tiny
     out, scored, looked, go = tmp_path / "o", [], threading.Event(), threading.Event()
-    real_step, real_claim = runner.run_step, tasks._claim_and_copy
+    real_step, real_claim = execute.run_step, tasks._claim_and_copy
 
     def step(loaded, s, *a):
         scored.append((threading.current_thread().name, s))
@@ -340,7 +340,7 @@ def test_two_workers_on_one_share_never_score_a_task_twice(tiny, tmp_path, monke
             assert go.wait(120)
         return real_claim(*a)
 
-    monkeypatch.setattr(runner, "run_step", step)
+    monkeypatch.setattr(execute, "run_step", step)
     monkeypatch.setattr(tasks, "_claim_and_copy", claim)
     rc = {}
     b = threading.Thread(target=lambda: rc.update(

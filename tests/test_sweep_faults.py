@@ -329,9 +329,9 @@ def test_sigterm_records_interrupted_and_the_rerun_resumes_bit_identically(setup
     out = tmp_path / "o"
     script = tmp_path / "slow_sweep.py"
     script.write_text(
-        "import sys, time\nfrom pythia_probe.sweep import runner\nreal = runner.run_step\n"
+        "import sys, time\nfrom pythia_probe.sweep import execute\nreal = execute.run_step\n"
         "def slow(*a):\n    path = real(*a)\n    print('shard', flush=True)\n    time.sleep(60)\n"
-        "    return path\nrunner.run_step = slow\nfrom pythia_probe.cli import run_main\n"
+        "    return path\nexecute.run_step = slow\nfrom pythia_probe.cli import run_main\n"
         "from pythia_probe.sweep.__main__ import main\n"
         "raise SystemExit(run_main(lambda: main(sys.argv[1:]), 'sweep'))\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

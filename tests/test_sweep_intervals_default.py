@@ -5,12 +5,13 @@ the plan says whether the rows will have the scale columns."""
 import pandas as pd
 import pytest
 
-from pythia_probe.analysis.plan import StepShape, memory_plan, with_groups
+from pythia_probe.analysis import get_analyses
 from pythia_probe.errors import BadInputError
+from pythia_probe.planner.step import StepShape, memory_plan, with_groups
+from pythia_probe.planner.sweep import intervals_line
 from pythia_probe.stats.groups import DEFAULT_GROUPS
 from pythia_probe.stats.recipe import Recipe, cache_path
 from pythia_probe.sweep.config import ScoringConfig, SweepConfig
-from pythia_probe.sweep.plan import intervals_line
 
 
 def test_the_sweeps_recipe_keeps_groups_by_default():
@@ -38,7 +39,7 @@ def test_groups_name_another_statistics_file(monkeypatch):
 
 def test_interval_scorings_share_the_forward_pass_in_the_plan():
     shape = StepShape(5000, 64, 3, 4, 256, 10**6)
-    plan = memory_plan(shape, ["embedding", "attention"], mode="dense")
+    plan = memory_plan(shape, get_analyses(["embedding", "attention"]), mode="dense")
     forward = 5000 * 3 * (2 * 64 * 64 + 2 * 64 * 256)
     assert plan.shared_macs >= forward
     G = 10
@@ -62,10 +63,10 @@ def test_the_plan_says_whether_rows_get_the_scale(intervals, groups, word):
 
 def test_a_step_that_fits_only_without_intervals_is_refused_naming_the_flag():
     from pythia_probe.errors import ResourceError
-    from pythia_probe.sweep.plan import check_step_fits
+    from pythia_probe.planner.sweep import check_step_fits
 
     shape = StepShape(5000, 64, 3, 4, 256, 10**6)
-    plan = memory_plan(shape, ["embedding", "attention"], mode="dense")
+    plan = memory_plan(shape, get_analyses(["embedding", "attention"]), mode="dense")
     grouped = with_groups(plan, 10)
     sc = ScoringConfig(("embedding", "attention"))
     budget = (plan.total * 1.01, "a test's budget")
@@ -76,11 +77,11 @@ def test_a_step_that_fits_only_without_intervals_is_refused_naming_the_flag():
 
 
 def test_one_set_at_a_time_is_chosen_where_only_it_fits():
-    from pythia_probe.analysis.plan import one_set_at_a_time
-    from pythia_probe.sweep.plan import check_step_fits
+    from pythia_probe.planner.step import one_set_at_a_time
+    from pythia_probe.planner.sweep import check_step_fits
 
     plan = with_groups(memory_plan(StepShape(5000, 64, 3, 4, 256, 10**6),
-                                   ["embedding", "attention"], mode="dense"), 10)
+                                   get_analyses(["embedding", "attention"]), mode="dense"), 10)
     alone = one_set_at_a_time(plan)
     assert alone.targets == pytest.approx(3 * plan.targets / 13) and not alone.together
     assert alone.dense_macs > plan.dense_macs  # a forward pass per scoring
@@ -96,11 +97,10 @@ def test_a_sweep_holding_one_replicate_set_at_a_time_writes_the_same_table(tmp_p
     set), records it, and the table equals the run holding every set at once, bit for bit."""
     import torch
 
-    from pythia_probe.analysis.plan import one_set_at_a_time
+    from pythia_probe.planner import sweep as sweep_plan
+    from pythia_probe.planner.step import one_set_at_a_time
     from pythia_probe.results import read_manifest, read_results
     from pythia_probe.stats import batch_stats
-    from pythia_probe.sweep import plan as sweep_plan
-    from pythia_probe.sweep import runner
     from pythia_probe.sweep.__main__ import main as sweep_main
     from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
@@ -114,7 +114,7 @@ def test_a_sweep_holding_one_replicate_set_at_a_time_writes_the_same_table(tmp_p
             "embedding,attention", "--dtype", "float64", "--no-plots", "--no-progress"]
     assert sweep_main([*argv, "--out", str(tmp_path / "together")]) == 0
     real = sweep_plan.check_step_fits
-    monkeypatch.setattr(runner, "check_step_fits", lambda plan, sc: real(
+    monkeypatch.setattr(sweep_plan, "check_step_fits", lambda plan, sc, budget=None: real(
         plan, sc, ((plan.total + one_set_at_a_time(plan).total) / 2, "between the plans")))
     assert sweep_main([*argv, "--out", str(tmp_path / "alone")]) == 0
     assert read_manifest(tmp_path / "alone")["targets_choice"]["together"] is False

@@ -13,7 +13,7 @@ from pythia_probe.hub.revisions import read_ledger
 from pythia_probe.results import read_results
 from pythia_probe.stats import batch_stats
 from pythia_probe.summary import summary_table
-from pythia_probe.sweep import runner
+from pythia_probe.sweep import execute
 from pythia_probe.sweep.__main__ import main as sweep_main
 from pythia_probe.testing.repos import build_pythia_like_repo, tiny_config
 
@@ -46,13 +46,13 @@ def test_ledger_first_status_on_every_row_summary_and_figures_at_the_end(
     root, repo, stats = setup
     out = tmp_path / "o"
     seen = []
-    real = runner.run_step
+    real = execute.run_step
 
     def check_ledger_first(loaded, step, scorer, where):
         seen.append((out / "revisions.parquet").is_file())
         return real(loaded, step, scorer, where)
 
-    monkeypatch.setattr(runner, "run_step", check_ledger_first)
+    monkeypatch.setattr(execute, "run_step", check_ledger_first)
     assert sweep_main(_argv(repo, stats, out)) == 0
     captured = capsys.readouterr()
     text = captured.out

@@ -185,12 +185,12 @@ def _env(hub, home) -> dict:
 
 
 KILLER = """import os, signal, sys
-from pythia_probe.sweep import runner
-real = runner.run_step
+from pythia_probe.sweep import execute
+real = execute.run_step
 def once(*a):
     path = real(*a)
     os.kill(os.getpid(), signal.SIGKILL)  # a machine lost mid-run: no cleanup at all
-runner.run_step = once
+execute.run_step = once
 from pythia_probe.cli import run_main
 from pythia_probe.sweep.__main__ import main
 raise SystemExit(run_main(lambda: main(sys.argv[1:]), "sweep"))

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch import Tensor
 
 from pythia_probe.analysis.factored import FactoredTarget
+from pythia_probe.planner.step import Shape
 
 
 @dataclass
@@ -72,21 +73,10 @@ class Needs:
     raw: tuple[str, ...] = ()
 
 
-class Shape(NamedTuple):
-    """Sizes a cost depends on: statistic rows V, the model's d_model, layers, heads, and the
-    number of layers scored per head."""
-
-    V: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    head_layers: int
-
-
 @dataclass(frozen=True)
 class Cost:
     """What an analysis adds to a step beyond the per-layer passes every per-layer analysis
-    shares (:mod:`pythia_probe.analysis.plan`): ``bases`` model matrices of its own projected
+    shares (:mod:`pythia_probe.planner.step`): ``bases`` model matrices of its own projected
     on each of its targets (and their Grams), and ``macs``, its own dense multiply-adds (the
     r x r algebra of its factors)."""
 

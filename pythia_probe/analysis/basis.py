@@ -28,35 +28,24 @@ import torch
 from torch import Tensor
 
 from pythia_probe.analysis.defaults import DEFAULT_CHUNK
+from pythia_probe.planner.step import block_edges
 
-GRAM_BLOCK = 1100  # column block of a Gram's upper triangle (d + 1 = 2,049: two blocks)
 GRAM_ROWS = 8192  # rows per block product of a Gram (at least; a deep product keeps the peak)
 
 
-def _block_edges(k: int) -> list[int]:
-    nb = max(1, -(-k // GRAM_BLOCK))
-    return [k * i // nb for i in range(nb + 1)]
-
-
 def add_gram(M: Tensor, X: Tensor) -> Tensor:
-    """M += X^T X on the upper block triangle only (column blocks of about GRAM_BLOCK: the
-    lower blocks, about half the multiply-adds, are skipped), each block's product in X's
-    dtype, added to float64 M; :func:`mirror` completes M once every term is in."""
-    e = _block_edges(X.shape[1])
+    """M += X^T X on the upper block triangle only (column blocks of about GRAM_BLOCK,
+    ``planner.step``: the lower blocks, about half the multiply-adds, are skipped), each block's
+    product in X's dtype, added to float64 M; :func:`mirror` completes M once every term is in."""
+    e = block_edges(X.shape[1])
     for a, b in zip(e, e[1:], strict=False):
         M[a:b, a:] += (X[:, a:b].T @ X[:, a:]).to(torch.float64)
     return M
 
 
-def gram_macs(rows: int, k: int) -> int:
-    """Multiply-adds of :func:`add_gram` over ``rows`` rows of width k (about half of k^2)."""
-    e = _block_edges(k)
-    return rows * sum((b - a) * (k - a) for a, b in zip(e, e[1:], strict=False))
-
-
 def mirror(M: Tensor) -> Tensor:
     """The symmetric matrix whose upper block triangle (:func:`add_gram`) is M's, in place."""
-    e = _block_edges(M.shape[0])
+    e = block_edges(M.shape[0])
     for a, b in zip(e, e[1:], strict=False):
         M[a:b, a:b] = torch.triu(M[a:b, a:b]) + torch.triu(M[a:b, a:b], 1).T
         M[b:, a:b] = M[a:b, b:].T

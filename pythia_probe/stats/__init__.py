@@ -6,11 +6,11 @@ Public API: ``CorpusStats`` (the frozen result, factored at any vocabulary:
 ``python -m pythia_probe.stats``), ``SequencePolicy``, and the accumulators of both engines
 (``CountAccumulator`` / ``QAccumulator`` of ``stats/dense/``, ``SparseCountAccumulator`` of
 ``stats/sparse/``; ``update -> self``). Layout: the shared core (``result.py`` + ``stores.py``
-+ ``factors.py`` + ``tables.py`` + ``compose.py``, ``groups.py``, ``consistency.py``, ``plan.py``,
++ ``factors.py`` + ``tables.py`` + ``compose.py``, ``groups.py``, ``consistency.py``,
 ``pass1.py``, ``engine.py``: the interface) imports no engine; ``driver.py`` dispatches to the
 engines ``dense/`` and ``sparse/``; ``native/`` holds the C kernels behind one dispatch (C or
 their torch / numpy twins, chosen inside).
-Memory plans: ``stats/MEMORY.md``.
+Memory plans: ``stats/MEMORY.md``, computed in ``pythia_probe/planner/statistics.py``.
 """
 
 from pythia_probe.lazy import faces

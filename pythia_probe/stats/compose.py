@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pythia_probe.resources import memory_budget
+from pythia_probe.planner.budget import memory_budget
+from pythia_probe.planner.statistics import DEFAULT_CPU_BUDGET
 
 
 def slices(n: int, step: int) -> list[slice]:
     """[0, n) in consecutive slices of at most ``step``."""
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
-DEFAULT_CPU_BUDGET = 1 << 30
 
 
 def tile_budget(device: torch.device, budget_bytes: int | None) -> int:

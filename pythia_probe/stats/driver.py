@@ -1,12 +1,13 @@
 """The one statistics driver: corpus shards (or one batch) -> pass 1 -> first pass -> pass 2 ->
 CorpusStats, with either engine behind ``stats/engine.py``'s interface.
 
-The driver owns what both engines share: the engine choice (``plan.choose_engine``, once, on
-rank 0 for every rank), the shards each rank takes, pass 1 with its token caches, ledger,
-checkpoints and resume (``pass1.py``), the check that something was counted, the top-k ids
-(counted in the windows, or by the authors' rule over the documents: ``doctop.py``), the
-windows pass 2 reads again (checked against the ledger) and the barrier before rank 0 returns
-the statistics. :func:`batch_stats` runs the same steps over one batch in memory.
+The driver owns what both engines share: the engine choice (``choose_engine`` of
+``planner.statistics``, once, on rank 0 for every rank), the shards each rank takes, pass 1 with
+its token caches, ledger, checkpoints and resume (``pass1.py``), the check that something was
+counted, the top-k ids (counted in the windows, or by the authors' rule over the documents:
+``doctop.py``), the windows pass 2 reads again (checked against the ledger) and the barrier
+before rank 0 returns the statistics. :func:`batch_stats` runs the same steps over one batch in
+memory.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from safetensors import safe_open
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
+from pythia_probe.planner import statistics as engine_plan
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import doctop, kept, plan
+from pythia_probe.stats import doctop, kept
 from pythia_probe.stats.dense.engine import DenseEngine
 from pythia_probe.stats.engine import Engine, top_k_ids
 from pythia_probe.stats.groups import (
@@ -197,21 +199,23 @@ def _batch_digest(tokens: Tensor, lengths: Tensor | None) -> str:
     return digest.hexdigest()
 
 
-def resolve(spec: RunSpec, d: Ranks) -> plan.EngineChoice:
+def resolve(spec: RunSpec, d: Ranks) -> engine_plan.EngineChoice:
     """``spec.engine`` resolved once (rank 0 decides for every rank); printed on rank 0. A
     composition over kept ids is refused up front when its K x K matrices cannot fit."""
     if spec.compose == kept.KEPT and spec.top_k is not None and spec.top_k < spec.d_vocab:
-        plan.check_kept(spec.top_k, spec.groups)
-    choice = plan.choose_engine(spec.engine, spec.d_vocab, spec.policy.seq_len, spec.top_k,
-                                spec.device, checkpoint_kind=checkpoint_kind(pass1_path(spec, d)),
-                                tile_budget=spec.budget_bytes, docs=spec.max_docs,
-                                sparse_built=ENGINES["sparse"].available(), groups=spec.groups)
+        engine_plan.check_kept(spec.top_k, spec.groups)
+    shape = engine_plan.StatsShape(spec.d_vocab, spec.policy.seq_len, spec.top_k, spec.max_docs,
+                                   spec.groups, spec.budget_bytes)
+    choice = engine_plan.choose_engine(spec.engine, shape, spec.device,
+                                       checkpoint_kind=checkpoint_kind(pass1_path(spec, d)),
+                                       sparse_built=ENGINES["sparse"].available())
     choice = d.gather(choice)[0]
     if choice.resolved == "sparse":
-        plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)
-        plan.check_pass2_windows(choice, spec.policy.seq_len, spec.max_docs, spec.policy.short)
+        engine_plan.check_sparse_fits(choice, spec.d_vocab, spec.top_k)
+        engine_plan.check_pass2_windows(choice, spec.policy.seq_len, spec.max_docs,
+                                        spec.policy.short)
     else:
-        plan.check_dense_batches(spec.policy.seq_len, spec.batch_size, spec.device)
+        engine_plan.check_dense_batches(spec.policy.seq_len, spec.batch_size, spec.device)
     if d.is_main:
         log.info(choice.line())
     return choice

@@ -37,9 +37,6 @@ from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.result import CorpusStats, stats_meta
 from pythia_probe.stats.stores import FactoredStore
 
-SPARSE_KIND = "sparse_count"
-"""The sparse pass-1 accumulator's kind in its checkpoints (the planner reads it to resume)."""
-
 
 class Engine(ABC):
     """One way of holding the statistics while they are computed (see the module docstring)."""

@@ -10,13 +10,15 @@ from pathlib import Path
 
 from pythia_probe import corpus, tokenizer
 from pythia_probe.errors import BadInputError
+from pythia_probe.planner import statistics as engine_plan
 from pythia_probe.progress import JobProgress
 from pythia_probe.ranks import Ranks, check_device
-from pythia_probe.stats import conventions, kept, plan
+from pythia_probe.stats import conventions, kept
 from pythia_probe.stats import driver as run
 from pythia_probe.stats.config import StatsFlags
 from pythia_probe.stats.conventions import Rules
 from pythia_probe.stats.groups import check_groups
+from pythia_probe.stats.native import fastcount
 from pythia_probe.stats.result import CorpusStats
 from pythia_probe.stats.sequences import AUTHORS, MODES, SequencePolicy
 
@@ -55,8 +57,9 @@ class StatsConfig(StatsFlags):
         if self.tokenizer.startswith("word:") and not self.tokenizer[5:].isdigit():
             raise BadInputError(f"--tokenizer word:K needs an integer K, got {self.tokenizer!r}")
         check_device(self.device)
-        if self.engine not in plan.ENGINES:
-            raise BadInputError(f"--engine {self.engine!r}; valid: {', '.join(plan.ENGINES)}")
+        if self.engine not in engine_plan.ENGINES:
+            raise BadInputError(f"--engine {self.engine!r}; valid: "
+                                f"{', '.join(engine_plan.ENGINES)}")
         if not self.out.endswith(".safetensors"):
             raise BadInputError(f"--out must end in .safetensors, got {self.out!r}")
 
@@ -73,7 +76,9 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     measures each one alone, analyses/conventions_effect.py)."""
     rules = rules if rules is not None else Rules.named(cfg.conventions)
     work = Path(cfg.work_dir or cfg.out + ".work")
-    line = plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, cfg.device, work)
+    line = engine_plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, work,
+                                     engine_plan.memory_budget(cfg.device),
+                                     torch_kernels=not fastcount.runs_on(cfg.device))
     log.info(line)
     if shards is None:
         shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
@@ -87,7 +92,7 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     rules = rules.for_tokenizer(tokenizer.is_word_tokenizer(tok))
     if not rules.windows:
         extra = (cfg.bos is not None) + (cfg.eos is not None)
-        plan.check_window_length(cfg.seq_len, bytes_, extra * (1 if cfg.mode == "first" else
+        engine_plan.check_window_length(cfg.seq_len, bytes_, extra * (1 if cfg.mode == "first" else
                                                                (bytes_ or 0)))
     unk = cfg.oov == "unk" and tokenizer.is_word_tokenizer(tok)
     V = statistics_vocab(cfg, tok, tokenizer.d_vocab(tok) + unk, rules)  # --oov unk: [UNK] = k

@@ -44,8 +44,6 @@ def parse_top_k(value: str | int | None) -> int | None:
     return int(text)
 COMPOSED = ("SigmaB", "PhiBT", "Gbar", "GbarHead")
 """The statistics a ``kept`` composition makes from the K x K blocks."""
-KEPT_ARRAYS = 10
-"""K x K float64 arrays held at once by a kept composition and its pass-2 tables."""
 
 
 def check_compose(compose: str, restricted: bool) -> str:

@@ -13,19 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from pythia_probe.planner.statistics import CHUNK
 from pythia_probe.stats.fixedpoint import FRAC_BITS, INT_MAX, carry, reduce_equal
 from pythia_probe.stats.native import sparsecount
 
 F = FRAC_BITS
-CHUNK = 1 << 22
-"""Entries per chunk of the context table (a merge copies at most two chunks at a time)."""
-BUFFER = 1 << 25
-"""Raw pair codes the sparse pass 1 buffers between sorts (8 B each: 256 MiB, and as much for
-their sums)."""
-HEAD = 4096
-"""Head tokens (the most frequent after the first flush): pairs of two head tokens are summed
-in a dense HEAD x HEAD int64 block (128 MiB) instead of being sorted: 72% of all pairs on a
-Zipf(1.08) stream over 50,277 tokens."""
 
 
 def merge_fixed(a: tuple[np.ndarray, ...], b: tuple[np.ndarray | None, ...]

@@ -14,13 +14,15 @@ The package, by concern (each module takes only its part of the configuration):
 - ``source``: where the weights come from (checkpoints, steps, config, tokenizer, the
   download stream under a disk limit, the offline advice);
 - ``statistics``: ``--stats`` or the recipe, the vocabulary (``--top-k``), the file's metadata;
-- ``targets``: the targets prepared once per run, in the factored form (their norms cached by
+- ``held``: the targets prepared once per run, in the factored form (their norms cached by
   the statistics' content identity, checked by their digest);
 - ``scoring``: what is scored (:class:`~pythia_probe.sweep.scoring.Scorer`: the analyses on
   one checkpoint, every value range-checked);
-- ``plan``: what runs, downloads, disk and memory, decided and printed before any download;
 - ``layout`` and ``manifest``: the results folder (shards, failures, lock) and its record;
-- ``runner``: the order of it all, this process's share of the steps, retries, resume.
+- ``runner``: the three stages in order: ``prepare`` (models, steps, statistics) ->
+  :mod:`pythia_probe.planner` (what runs, downloads, disk and memory, decided, checked and
+  printed before any download) -> ``execute`` (lock, targets, this process's share of the
+  steps, retries, resume, the summary).
 
 Each step writes ``OUT/shards/step{N}.parquet`` atomically; a rerun skips finished shards. A
 step that fails is retried ``--retries`` times, then reported in ``OUT/failed/`` and the
@@ -36,6 +38,7 @@ from pythia_probe.lazy import faces
 __all__ = ["Scorer", "SweepConfig", "SweepParts", "run", "run_step"]
 __getattr__, __dir__ = faces(__name__, {
     ".config": ("SweepConfig", "SweepParts"),
-    ".runner": ("run", "run_step"),
+    ".runner": ("run",),
+    ".execute": ("run_step",),
     ".scoring": ("Scorer",),
 })

@@ -7,7 +7,7 @@ once at the entry point) and the small frozen parts each component takes (:meth:
   ``sweep.statistics``.
 - :class:`ScoringConfig`: what is scored and how (analyses, dtype, device, per-head layers,
   block sizes); ``sweep.scoring``.
-- :class:`PlanConfig`: which steps, retries, dry run; ``sweep.plan``, ``sweep.runner``.
+- :class:`PlanConfig`: which steps, retries, dry run; ``planner.sweep``, ``sweep.runner``.
 - :class:`OutputConfig`: the results folder and the progress display; ``sweep.runner``.
 
 Ranks are not configuration: the entry point builds :class:`~pythia_probe.ranks.Ranks` and

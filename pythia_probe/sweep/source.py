@@ -29,7 +29,6 @@ from pythia_probe.errors import (
     MissingFileError,
     UserError,
 )
-from pythia_probe.fileio import free_bytes
 from pythia_probe.hub import (
     CheckpointSource,
     endpoint,
@@ -39,9 +38,8 @@ from pythia_probe.hub import (
     parse_steps,
     read_json,
 )
-from pythia_probe.resources import human_bytes
+from pythia_probe.planner.estimate import Rate
 from pythia_probe.sweep.config import SourceConfig
-from pythia_probe.sweep.estimate import Rate
 from pythia_probe.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -51,7 +49,6 @@ TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", TOKENIZER
 #: the sizes of the Pythia suite (EleutherAI/pythia-SIZE, -deduped, -v0, -seedN variants)
 PYTHIA_SIZES = ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b")
 _SIZE = re.compile(r"pythia-(\d[^-]*)", re.IGNORECASE)
-DISK_SHARE = 0.9  # of the cache's free disk the downloads may hold (no --max-disk-gb)
 
 
 def check_model_name(model: str) -> None:
@@ -132,7 +129,7 @@ def model_tokenizer(source, rev, tokenizer: str | None, model: str):
 
 
 def timed_tokenizer(source, rev, tokenizer: str | None, model: str):
-    """(:func:`model_tokenizer`, the :class:`~pythia_probe.sweep.estimate.Rate` its downloads
+    """(:func:`model_tokenizer`, the :class:`~pythia_probe.planner.estimate.Rate` its downloads
     reached, or None when nothing was fetched): the plan's measured bandwidth."""
     files = ([] if tokenizer or source.local_dir is not None or source.offline else
              [f for n in TOKENIZER_FILES if (f := rev.file(n)) is not None])
@@ -151,18 +148,6 @@ def _load_model_tokenizer(path: Path, rev):
     except Exception as err:  # noqa: BLE001 - tokenizers/transformers raise many kinds
         raise CorruptFileError(f"the tokenizer files of {rev.where} in {path} cannot be "
                                f"loaded: {type(err).__name__}: {err}") from err
-
-
-def disk_limit(src: SourceConfig, source) -> tuple[float | None, str]:
-    """(bytes the downloads may hold at once, why): --max-disk-gb, else a share of the free
-    disk of the cache's filesystem; None for local folders (nothing is downloaded)."""
-    if source.local_dir is not None or source.offline:
-        return None, "nothing is downloaded"
-    if src.max_disk_gb is not None:
-        return src.max_disk_gb * 1e9, f"--max-disk-gb {src.max_disk_gb:g}"
-    free = free_bytes(source.cache_dir)
-    return DISK_SHARE * free, (f"{DISK_SHARE:.0%} of the {human_bytes(free)} free on the disk "
-                               f"of {source.cache_dir}; --max-disk-gb sets it")
 
 
 def to_weights(loaded, device: str, dtype: torch.dtype) -> NeoXWeights:

@@ -1,12 +1,13 @@
 """The statistics a sweep scores against: ``--stats``, or the paper's recipe for the model's
 tokenizer, built on first use and cached. Takes the
 :class:`~pythia_probe.sweep.config.StatisticsConfig` part; what the statistics file holds and
-how big it is are the stats package's answers (``stats.plan``, ``read_meta``), never computed
-here.
+how big it is are the planner's and the stats package's answers (``planner.statistics``,
+``read_meta``), never computed here.
 
 The vocabulary is the full vocabulary (the authors' default) unless ``--top-k K`` is given, on
 every machine: no default depends on memory or device. Memory decides only how the work is
-chunked, or refuses it up front with the numbers (:func:`check_statistics_fit`). The choice
+chunked, or refuses it up front with the numbers
+(:func:`~pythia_probe.planner.statistics.check_statistics_fit`). The choice
 and why are printed and stored in the manifest.
 """
 
@@ -18,9 +19,9 @@ from pathlib import Path
 import torch
 
 from pythia_probe.errors import BadInputError, MismatchError, MissingFileError
-from pythia_probe.resources import memory_budget
+from pythia_probe.planner.budget import memory_budget
+from pythia_probe.planner.statistics import check_statistics_fit
 from pythia_probe.stats import CorpusStats, read_meta
-from pythia_probe.stats import plan as stats_plan
 from pythia_probe.stats import result as stats_result
 from pythia_probe.stats.kept import parse_top_k
 from pythia_probe.stats.recipe import Recipe, cache_path
@@ -66,7 +67,7 @@ class StatsChoice:
     def parts_nnz(self) -> dict[str, int]:
         """The non-zeros of the sparse parts C, W and Qbar: a built file's counts from its
         header; before the build an upper bound (every pair of positions the recipe reads
-        distinct), which :attr:`exact_nnz` says is not to refuse a run on."""
+        distinct), not to refuse a run on (:attr:`built` says which)."""
         if self.built:
             return part_counts(self.path)
         r = self.recipe
@@ -75,11 +76,6 @@ class StatsChoice:
         V2 = self.rows ** 2
         return {"C": min(V2, positions), "W": min(V2, pairs), "Qbar": min(V2, pairs),
                 "QbarHead": min(V2, pairs)}
-
-    @property
-    def exact_nnz(self) -> bool:
-        """Whether :meth:`parts_nnz` counts (a built file) rather than bounds (a recipe)."""
-        return self.built
 
     def lines(self) -> list[str]:
         if self.recipe is None:
@@ -114,17 +110,6 @@ def choose_vocab(st: StatisticsConfig, V: int) -> tuple[int | None, str]:
         said = "the default" if st.top_k == "full" else f"--top-k {st.top_k}"
         return None, f"full vocabulary ({V:,} ids), {said}"
     return int(asked), f"the {asked:,} most frequent tokens, --top-k {asked} given"
-
-
-def check_statistics_fit(st: StatisticsConfig, V: int, top_k: int | None, device: str,
-                         budget: tuple[float | None, str] | None = None) -> None:
-    """Refuse up front, with the numbers, statistics to build that the engine ``--engine
-    auto`` picks cannot fit in the device's memory budget (the stats package's own check,
-    made here before any download or allocation)."""
-    budget = budget if budget is not None else memory_budget(device)
-    choice = stats_plan.choose_engine("auto", V, st.seq_len, top_k, device, budget,
-                                      docs=st.docs)
-    stats_plan.check_sparse_fits(choice, V, top_k)
 
 
 def is_factored(meta: dict | None, top_k: int | None) -> bool:
@@ -162,8 +147,9 @@ def choose_statistics(st: StatisticsConfig, model: str, tok, fingerprint: dict |
                     d_vocab=V if authors else None)
     path = cache_path(recipe, fingerprint)
     meta = read_stats_meta(path, fingerprint) if path.is_file() else None
-    if meta is None:
-        check_statistics_fit(st, V, top_k, device, budget)
+    if meta is None:  # refused up front when it cannot fit
+        check_statistics_fit(st, V, top_k, device,
+                             budget if budget is not None else memory_budget(device))
     return StatsChoice(path, recipe, V if top_k is None else min(top_k, V), why, meta, V - 1)
 
 
@@ -244,6 +230,10 @@ class LazyStats:
         if self._stats is not None:
             return self._stats.has(statistic)
         return statistic in part_counts(self.path)
+
+    def parts_nnz(self) -> dict[str, int]:
+        """The non-zeros of the sparse parts, counted in the file's header."""
+        return part_counts(self.path)
 
     def load(self) -> CorpusStats:
         """The CorpusStats (every tensor read from disk, once)."""

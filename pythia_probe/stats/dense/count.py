@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError, MismatchError, ResourceError
-from pythia_probe.resources import memory_budget
+from pythia_probe.planner.budget import memory_budget
 from pythia_probe.stats import checksum, engine
 from pythia_probe.stats.dense import kernels
 from pythia_probe.stats.fixedpoint import FRAC_BITS, FixedPoint

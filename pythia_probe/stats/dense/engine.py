@@ -1,5 +1,5 @@
 """The dense engine: V x V tensors on any device (torch kernels; pass-1 context counts in C on
-the CPU when built). Fast at small vocabularies; its memory is planned in ``stats/plan.py``
+the CPU when built). Fast at small vocabularies; its memory is planned in ``planner/statistics.py``
 (5-7 V x V float64 on the host, 3 on a GPU) and in ``stats/MEMORY.md``.
 
 Pass 1 is ``count.CountAccumulator``, the first pass ``first.first_pass`` (Bbar, Phibar,

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError
-from pythia_probe.resources import memory_budget
+from pythia_probe.planner.budget import memory_budget
 from pythia_probe.stats import compose
 from pythia_probe.stats.dense.count import CountAccumulator
 

@@ -28,11 +28,12 @@ import torch
 from torch import Tensor
 
 from pythia_probe.errors import BadInputError, MismatchError
+from pythia_probe.planner.statistics import BUFFER, HEAD, SPARSE_KIND
 from pythia_probe.stats import checksum, engine
 from pythia_probe.stats.fixedpoint import INT_MAX, context_weights
 from pythia_probe.stats.native import sparsecount
 from pythia_probe.stats.sequences import as_ids, check_batch
-from pythia_probe.stats.tables import BUFFER, HEAD, CountTable, F, FixedTable, merge_fixed
+from pythia_probe.stats.tables import CountTable, F, FixedTable, merge_fixed
 
 
 def t_bits(T: int) -> int:
@@ -70,7 +71,7 @@ def _row_slices(positions: np.ndarray, pairs: np.ndarray, max_positions: int, ma
 class SparseCountAccumulator:
     """Pass 1 over streamed batches with counts stored sparsely (host memory)."""
 
-    kind = engine.SPARSE_KIND
+    kind = SPARSE_KIND
 
     def __init__(self, d_vocab: int, T: int, device: str | torch.device = "cpu",
                  buffer_pairs: int = BUFFER, head: int = HEAD) -> None:

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pythia_probe.planner import statistics as engine_plan
 from pythia_probe.ranks import Ranks
-from pythia_probe.stats import native, plan, reduce
+from pythia_probe.stats import native, reduce
 from pythia_probe.stats.engine import Engine, check_positions
 from pythia_probe.stats.factors import SparseQ
 from pythia_probe.stats.groups import split_rows, sum_q
@@ -70,7 +71,7 @@ class SparseEngine(Engine):
         GbarHead columns are composed once for all the groups."""
         tokens, lengths, groups = _gather_windows(d, windows, spec.policy.seq_len + 1)
         check_positions(int((lengths - 1).sum()), fp.n_positions)
-        width = plan.tile_width(fp.d_vocab, spec.budget_bytes)
+        width = engine_plan.tile_width(fp.d_vocab, spec.budget_bytes)
         rows = second.QRows.of(ids, fp.d_vocab)
         tile_of, ctx = first.tile_sources(fp, ids, rows.row_of, getattr(spec, "compose", None))
         sweeps: list[second.Sweep] = []
@@ -114,7 +115,7 @@ class SparseEngine(Engine):
         return Q, sum((D for _, D in per_group[1:]), per_group[0][1].clone()), per_group
 
     def kernel(self, fp: first.SparseFirstPass, spec) -> dict[str, Any]:
-        width = plan.tile_width(fp.d_vocab, getattr(spec, "budget_bytes", None))
+        width = engine_plan.tile_width(fp.d_vocab, getattr(spec, "budget_bytes", None))
         return dict(sparsecount.info(), tile_width=width)
 
 

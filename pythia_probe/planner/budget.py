@@ -1,5 +1,5 @@
-"""How much memory a device offers: the one budget every plan (statistics engine, sweep theory
-mode, the main job's vocabulary) is checked against."""
+"""How much memory a device offers: the one budget every plan (the statistics engines, the
+sweep's step, the kept composition) is checked against."""
 
 from __future__ import annotations
 

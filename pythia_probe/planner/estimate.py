@@ -1,8 +1,8 @@
 """How long a sweep will take, before it starts, from rates measured now (never assumed):
 
-- scoring: the planned multiply-adds of every checkpoint to score (``analysis/plan.py``, dense
+- scoring: the planned multiply-adds of every checkpoint to score (:mod:`.step`, dense
   and sparse) at the dense and sparse rates measured on the scoring device now
-  (:mod:`pythia_probe.analysis.rates`, the rates the plan's per-step line uses); the products
+  (:mod:`.rates`, the rates the plan's per-step line uses); the products
   reach at most those, so this is a lower bound;
 - downloads: the bytes still to fetch at the rate the planning fetches reached (the tokenizer
   files each model's first revision ships, when they were not cached: :class:`Rate`); with
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pythia_probe.resources import human_bytes
+from pythia_probe.planner.budget import human_bytes
 
 SAMPLE_BYTES = 256_000  # planning fetches smaller than this say nothing about bandwidth
 

@@ -16,27 +16,48 @@ rate where they are not cached yet (:meth:`Plan.norm_macs`).
 A step is scored layer by layer (:mod:`pythia_probe.analysis.layers`): the forward pass holds
 one layer's streams, each stream becomes a basis of width d_model + 1 whose Gram and whose
 product with each target are computed once (:mod:`pythia_probe.analysis.basis`); a Gram costs
-its upper block triangle (:func:`~pythia_probe.analysis.basis.gram_macs`, about half of
-V (d + 1)^2). Work is
-counted in multiply-adds, split into dense (GEMM) and sparse products, so the expected seconds
-per step follow from the two rates measured on the device (:mod:`pythia_probe.analysis.rates`).
+its upper block triangle (:func:`gram_macs`, about half of V (d + 1)^2). Work is counted in
+multiply-adds, split into dense (GEMM) and sparse products, so the expected seconds per step
+follow from the two rates measured on the device (:mod:`.rates`). Each analysis declares its
+own part (``Analysis.cost`` of a :class:`Shape`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
-from pythia_probe.analysis.base import Shape as CostShape
-from pythia_probe.analysis.basis import gram_macs
-from pythia_probe.analysis.registry import get_analyses
-from pythia_probe.resources import GPU_SAFETY, memory_budget  # noqa: F401 - the plan's budget
+from pythia_probe.planner.budget import GB
 
-GB = 1e9
+GRAM_BLOCK = 1100  # column block of a Gram's upper triangle (d + 1 = 2,049: two blocks)
 MODES = ("dense", "factored")
 #: the products each factored target needs, by the parts they multiply
 PRODUCT_PARTS = {"PhiBT": ("W", "C"), "Qbar": ("Qbar",), "Bbar": ("C",), "BbarT": ("C",),
                  "QbarT": ("Qbar",), "QbarHeadT": ("QbarHead",)}
+
+
+class Shape(NamedTuple):
+    """Sizes an analysis's cost depends on (``Analysis.cost``): statistic rows V, the model's
+    d_model, layers, heads, and the number of layers scored per head."""
+
+    V: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    head_layers: int
+
+
+def block_edges(k: int) -> list[int]:
+    """Column edges of a Gram's blocks of about GRAM_BLOCK (``analysis.basis.add_gram``)."""
+    nb = max(1, -(-k // GRAM_BLOCK))
+    return [k * i // nb for i in range(nb + 1)]
+
+
+def gram_macs(rows: int, k: int) -> int:
+    """Multiply-adds of ``add_gram`` over ``rows`` rows of width k (about half of k^2)."""
+    e = block_edges(k)
+    return rows * sum((b - a) * (k - a) for a, b in zip(e, e[1:], strict=False))
 
 
 @dataclass(frozen=True)
@@ -139,21 +160,31 @@ def _bases(names: set[str], L: int, heads: int = 0) -> dict[str, int]:
     return out
 
 
-def memory_plan(s: StepShape, analyses: Sequence[str], *, dtype_bytes: int = 4,
-                per_head_layers: int | None = None, mode: str = "factored",
-                max_rank: int = 0, nnz: Mapping[str, int] | None = None,
-                batch_size: int = 4096) -> Plan:
+class Scoring(NamedTuple):
+    """How a step is scored: bytes of the compute dtype, the layers scored per head (None:
+    every layer), the rank a pass holds (0: one layer a pass) and the rows of an MLP batch."""
+
+    dtype_bytes: int = 4
+    per_head_layers: int | None = None
+    max_rank: int = 0
+    batch_size: int = 4096
+
+
+def memory_plan(s: StepShape, analyses: Sequence, *, mode: str = "factored",
+                nnz: Mapping[str, int] | None = None, how: Scoring | None = None) -> Plan:
     """Peak bytes and multiply-adds for scoring one checkpoint (see the module docstring);
-    ``nnz``: non-zeros of the parts ``C``, ``W``, ``Qbar`` (``mode`` factored)."""
+    ``analyses``: the :class:`~pythia_probe.analysis.base.Analysis` objects, each declaring
+    its cost; ``nnz``: non-zeros of the parts ``C``, ``W``, ``Qbar`` (``mode`` factored)."""
     if mode not in MODES:
         raise ValueError(f"targets mode {mode!r}; valid: {', '.join(MODES)}")
-    chosen = get_analyses(list(analyses))
+    chosen = list(analyses)
     names = {a.name for a in chosen}
-    V, d, L, b = s.V, s.d_model, s.n_layers, dtype_bytes
-    w = d + 1
-    heads = L if per_head_layers is None else per_head_layers
+    how = how or Scoring()
+    V, d, L, b = s.V, s.d_model, s.n_layers, how.dtype_bytes
+    w, max_rank, batch_size = d + 1, how.max_rank, how.batch_size
+    heads = L if how.per_head_layers is None else how.per_head_layers
     per_target = _bases(names, L, heads)
-    costs = {a.name: a.cost(CostShape(V, d, L, s.n_heads, heads)) for a in chosen}
+    costs = {a.name: a.cost(Shape(V, d, L, s.n_heads, heads)) for a in chosen}
     for a in chosen:  # an analysis the plan does not know: its own bases on its targets
         if a.name not in KNOWN:
             for t in a.needs.targets:

@@ -1,4 +1,5 @@
-"""Memory plans of the dense and sparse statistics engines, and ``--engine auto``.
+"""Memory plans of the dense and sparse statistics engines (their sizes: the constants below,
+which the engines read), and ``--engine auto``.
 
 dense (``stats/dense/``): V x V tensors of 8 B, "1 VV" = 8 V^2 bytes (20.2 GB at
 V = 50,277). Pass 1 holds 3 VV (bigram counts and two fixed-point limbs); on the host the peak
@@ -11,9 +12,9 @@ sparse (``stats/sparse/``): memory grows with what the corpus holds, not with V^
   36 B per distinct (target, context) pair (the table, and W by target rows for GbarHead's
   tiles), 64 B per distinct bigram (table, C and C^T),
   28 B per position and 4 B per token in pass 2 (S, occurrence order, tokens; every window
-  padded to T+1 slots), the pair buffer (16 B x max(tables.BUFFER, one window's pairs)),
+  padded to T+1 slots), the pair buffer (16 B x max(BUFFER, one window's pairs)),
   column tiles (4 arrays of V x width float64, width from the tile budget), one tile's Qbar
-  block (8 B and a bit x width x V), the head block (8 B x tables.HEAD^2) and Qbar and
+  block (8 B and a bit x width x V), the head block (8 B x HEAD^2) and Qbar and
   QbarHead on the (query, key) pairs that occur (12 B each, twice; GbarHead's tiles need W by
   target rows, 12 B per (target, context) pair). No V x V array at any vocabulary.
 
@@ -28,16 +29,27 @@ and stored in the statistics metadata (``meta["engine"]``).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pythia_probe import fileio
 from pythia_probe.errors import BadInputError, KernelError, MismatchError, ResourceError
-from pythia_probe.resources import memory_budget
-from pythia_probe.stats import compose, kept, tables
-from pythia_probe.stats.engine import SPARSE_KIND
-from pythia_probe.stats.native import fastcount
+from pythia_probe.planner.budget import GB, memory_budget
 
-GB = 1e9
+CHUNK = 1 << 22
+"""Entries per chunk of the context table (a merge copies at most two chunks at a time)."""
+BUFFER = 1 << 25
+"""Raw pair codes the sparse pass 1 buffers between sorts (8 B each: 256 MiB, and as much for
+their sums)."""
+HEAD = 4096
+"""Head tokens (the most frequent after the first flush): pairs of two head tokens are summed
+in a dense HEAD x HEAD int64 block (128 MiB) instead of being sorted: 72% of all pairs on a
+Zipf(1.08) stream over 50,277 tokens."""
+DEFAULT_CPU_BUDGET = 1 << 30
+"""Bytes of the matmul tiles (and the sparse engine's Gbar column tiles) on the host."""
+KEPT_ARRAYS = 10
+"""K x K float64 arrays held at once by a kept composition and its pass-2 tables."""
+SPARSE_KIND = "sparse_count"
+"""The sparse pass-1 accumulator's kind in its checkpoints (an engine choice resumes it)."""
 ENGINES = ("auto", "dense", "sparse")
 PAIR_BYTES = 36  # a (target, context) pair: the table (24 B) and W by target rows (12 B)
 QBAR_PAIR_BYTES = 24  # a (query, key) pair of Qbar and of QbarHead: int32 query + float64 value
@@ -65,6 +77,19 @@ class EngineChoice:
         return f"engine: {self.requested} -> {self.resolved} ({self.reason})"
 
 
+class StatsShape(NamedTuple):
+    """What the statistics' memory depends on: the vocabulary, the window length T, top-k
+    (None: the full vocabulary), the documents (None: not known up front), G document groups
+    and the bytes of the Gbar tiles (None: the default)."""
+
+    d_vocab: int
+    T: int
+    top_k: int | None
+    docs: int | None = None
+    groups: int = 0
+    tile_budget: int | None = None
+
+
 def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int = 0) -> int:
     """Peak bytes of the dense engine on the memory that decides whether it fits.
 
@@ -81,7 +106,7 @@ def dense_peak(d_vocab: int, top_k: int | None, device: str = "cpu", groups: int
     pass2 = 2 * VV + 2 * max(groups, 1) * 8 * side * side
     if device.startswith("cuda"):
         return max(3 * VV, 6 * VV if groups else 0, pass2) + (1 << 30)
-    return max(5 * VV, pass2, 6 * VV if groups else 0) + min(compose.DEFAULT_CPU_BUDGET, 2 * VV)
+    return max(5 * VV, pass2, 6 * VV if groups else 0) + min(DEFAULT_CPU_BUDGET, 2 * VV)
 
 
 def host_need(d_vocab: int, top_k: int | None, device: str, groups: int,
@@ -98,7 +123,7 @@ def host_need(d_vocab: int, top_k: int | None, device: str, groups: int,
 def check_kept(k: int, groups: int = 0, budget: tuple[float | None, str] | None = None) -> None:
     """Refuse up front a composition over k kept ids (``stats/kept.py``: dense K x K
     matrices, and the dense engine's per-group pass-2 sums) that cannot fit."""
-    need = 8 * (k + 1) ** 2 * (kept.KEPT_ARRAYS + 2 * max(groups, 1))
+    need = 8 * (k + 1) ** 2 * (KEPT_ARRAYS + 2 * max(groups, 1))
     limit, how = budget if budget is not None else memory_budget("cpu")
     if limit is not None and need > limit:
         raise ResourceError(f"composing over the {k:,} kept ids (--conventions authors at "
@@ -110,13 +135,12 @@ def check_kept(k: int, groups: int = 0, budget: tuple[float | None, str] | None 
 def tile_width(d_vocab: int, budget_bytes: int | None = None) -> int:
     """Columns per Gbar tile: TILE_ARRAYS arrays of V x width float64 within the tile budget;
     a multiple of 32 (the C kernel's register block) when it reaches 32, at most 4096."""
-    budget = compose.DEFAULT_CPU_BUDGET if budget_bytes is None else budget_bytes
+    budget = DEFAULT_CPU_BUDGET if budget_bytes is None else budget_bytes
     width = budget // (TILE_ARRAYS * 8 * d_vocab)
     return int(min(4096, width // 32 * 32 if width >= 32 else max(1, width)))
 
 
-def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | None = None,
-                docs: int | None = None, groups: int = 0) -> dict[str, Any]:
+def sparse_plan(s: StatsShape) -> dict[str, Any]:
     """Bytes the sparse engine needs that do not depend on the corpus, and its per-item costs.
     The statistics are factored at any vocabulary: no V x V output (Qbar is kept on the
     (query, key) pairs that occur). ``docs`` (when known) bounds the distinct pairs by
@@ -124,12 +148,13 @@ def sparse_plan(d_vocab: int, T: int, top_k: int | None, budget_bytes: int | Non
     many again as the occurrences: ``group_factor`` 2 on every per-pair cost) and one group's
     pass-1 buffers are held beside the total's while the groups are counted.
     """
-    width = tile_width(d_vocab, budget_bytes)
+    d_vocab, T, top_k, docs, groups = s.d_vocab, s.T, s.top_k, s.docs, s.groups
+    width = tile_width(d_vocab, s.tile_budget)
     side = d_vocab if top_k is None else top_k + 1
-    buffer = max(tables.BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
+    buffer = max(BUFFER, T * (T + 1) // 2)  # one window's pairs fit in the buffer
     fixed = {"tiles": TILE_ARRAYS * 8 * d_vocab * width,
              "qbar_block": QBAR_BLOCK_BYTES * width * side + 8 * -(-width * side // 64),
-             "pair_buffer": (16 * buffer + 48 * tables.CHUNK + 8 * tables.HEAD**2)
+             "pair_buffer": (16 * buffer + 48 * CHUNK + 8 * HEAD**2)
              * (2 if groups else 1),
              "vectors": 6 * 8 * d_vocab}
     plan = {"fixed_bytes": sum(fixed.values()), **{f"{k}_bytes": v for k, v in fixed.items()},
@@ -158,17 +183,15 @@ def describe_sparse(plan: dict[str, Any]) -> str:
     return s
 
 
-def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
-                  device: str = "cpu", budget: tuple[float | None, str] | None = None,
-                  checkpoint_kind: str | None = None, tile_budget: int | None = None,
-                  docs: int | None = None, sparse_built: bool = True,
-                  groups: int = 0) -> EngineChoice:
-    """Resolve ``--engine``: auto -> dense when its peak fits ``budget`` and is below the
-    sparse engine's, else sparse (which needs its C kernels: ``sparse_built``)."""
+def choose_engine(requested: str, s: StatsShape, device: str = "cpu",
+                  budget: tuple[float | None, str] | None = None,
+                  checkpoint_kind: str | None = None, sparse_built: bool = True) -> EngineChoice:
+    """Resolve ``--engine`` for statistics of shape ``s``: auto -> dense when its peak fits
+    ``budget`` and is below the sparse engine's, else sparse (which needs its C kernels:
+    ``sparse_built``); an existing pass-1 checkpoint (``checkpoint_kind``) keeps its engine."""
     if requested not in ENGINES:
         raise BadInputError(f"--engine {requested!r}; valid: {', '.join(ENGINES)}")
-    choice = _choose(requested, d_vocab, T, top_k, device, budget, checkpoint_kind,
-                     tile_budget, docs, groups)
+    choice = _choose(requested, s, device, budget, checkpoint_kind)
     if choice.resolved == "sparse" and not sparse_built:
         if requested == "auto" and choice.plan["budget_bytes"] is not None and \
                 choice.plan["dense_peak_bytes"] <= choice.plan["budget_bytes"]:
@@ -180,13 +203,13 @@ def choose_engine(requested: str, d_vocab: int, T: int, top_k: int | None,
     return choice
 
 
-def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str,
-            budget: tuple[float | None, str] | None, checkpoint_kind: str | None,
-            tile_budget: int | None, docs: int | None, groups: int = 0) -> EngineChoice:
-    splan = sparse_plan(d_vocab, T, top_k, tile_budget, docs, groups)
-    need = dense_peak(d_vocab, top_k, device, groups)
+def _choose(requested: str, s: StatsShape, device: str,
+            budget: tuple[float | None, str] | None, checkpoint_kind: str | None) -> EngineChoice:
+    d_vocab, docs = s.d_vocab, s.docs
+    splan = sparse_plan(s)
+    need = dense_peak(d_vocab, s.top_k, device, s.groups)
     limit, how = budget if budget is not None else memory_budget(device)
-    host = host_need(d_vocab, top_k, device, groups, limit)
+    host = host_need(d_vocab, s.top_k, device, s.groups, limit)
     host_limit, host_how = memory_budget("cpu") if host else (None, "")
     plan = {"dense_peak_bytes": need, "budget_bytes": limit, "sparse": splan,
             "dense_host_bytes": host}
@@ -208,8 +231,7 @@ def _choose(requested: str, d_vocab: int, T: int, top_k: int | None, device: str
     if checkpoint_kind is not None:
         kind = "sparse" if checkpoint_kind == SPARSE_KIND else "dense"
         return EngineChoice(requested, kind, f"resuming a {kind} pass-1 checkpoint", plan)
-    sparse_need = (splan["fixed_bytes"] if docs is None
-                   else sparse_bound(d_vocab, T, top_k, docs, tile_budget, groups))
+    sparse_need = splan["fixed_bytes"] if docs is None else sparse_bound(s)
     if limit is not None and need <= limit and need <= sparse_need:
         return EngineChoice(requested, "dense", f"dense peak {need / GB:.2f} GB fits budget "
                             f"{limit / GB:.2f} GB ({how}) and is below the sparse engine's "
@@ -235,25 +257,16 @@ def check_sparse_fits(choice: EngineChoice, d_vocab: int, top_k: int | None) -> 
                         f"{limit / GB:.1f} GB; lower --budget-gb (narrower tiles) or --seq-len")
 
 
-def sparse_bound(d_vocab: int, T: int, top_k: int | None, docs: int,
-                 budget_bytes: int | None = None, groups: int = 0) -> int:
-    """Upper bound of the sparse engine's peak for ``docs`` windows of T+1 tokens: every
+def sparse_bound(s: StatsShape) -> int:
+    """Upper bound of the sparse engine's peak for ``s.docs`` windows of T+1 tokens: every
     (target, context) pair, (query, key) pair and bigram distinct, up to the d_vocab^2 that
     can exist (each kept once more per group part with G groups)."""
-    p = sparse_plan(d_vocab, T, top_k, budget_bytes, docs, groups)
-    positions = docs * T
-    bigrams = min(positions, d_vocab * d_vocab)
+    p = sparse_plan(s)
+    positions = s.docs * s.T
+    bigrams = min(positions, s.d_vocab * s.d_vocab)
     return (p["fixed_bytes"] + p["group_factor"] * (
         p["max_context_pairs"] * PAIR_BYTES + p["max_qbar_pairs"] * QBAR_PAIR_BYTES
-        + bigrams * BIGRAM_BYTES) + positions * POSITION_BYTES + docs * (T + 1) * TOKEN_BYTES)
-
-
-def statistics_need(d_vocab: int, T: int, top_k: int | None, docs: int, device: str) -> int:
-    """Peak bytes of the statistics with the engine --engine auto would pick where they fit:
-    the dense engine's peak, or the sparse engine's bound when that is lower."""
-    dense = dense_peak(d_vocab, top_k, device)
-    return dense if device.startswith("cuda") else min(dense, sparse_bound(d_vocab, T, top_k,
-                                                                             docs))
+        + bigrams * BIGRAM_BYTES) + positions * POSITION_BYTES + s.docs * (s.T + 1) * TOKEN_BYTES)
 
 
 BATCH_COPIES = 4  # a token batch [B, T+1] int64 lives as ids, lengths/masks and kernel buffers
@@ -277,29 +290,28 @@ def batch_needs(T: int, batch_size: int, docs: int | None, mode: str,
             "cache_bytes": cache, "cache_bytes_per_window": window}
 
 
-def check_batches(T: int, batch_size: int, docs: int | None, mode: str, device: str,
-                  work_dir, budget: tuple[float | None, str] | None = None,
-                  torch_kernels: bool | None = None) -> str:
+def check_batches(T: int, batch_size: int, docs: int | None, mode: str, work_dir,
+                  budget: tuple[float | None, str], torch_kernels: bool = True) -> str:
     """Refuse, before any document is read, a run whose batches, kernel workspace or token
-    cache cannot fit (e.g. --seq-len 100000000); return the plan line."""
-    torch_kernels = (not fastcount.runs_on(device) if torch_kernels is None
-                     else torch_kernels)
+    cache cannot fit the device's ``budget`` (e.g. --seq-len 100000000); return the plan line
+    (``torch_kernels``: the batches run through the torch kernels, on CUDA or without the C
+    kernel)."""
     need = batch_needs(T, batch_size, docs, mode, torch_kernels)
-    return _check_batches(T, batch_size, docs, need, device, work_dir, budget)
+    return _check_batches(T, batch_size, docs, need, work_dir, budget)
 
 
 def check_dense_batches(T: int, batch_size: int, device: str,
                         budget: tuple[float | None, str] | None = None) -> None:
     """The dense engine's pass 2 (torch kernels on every device) needs the per-pair workspace
     of a batch: refuse up front when it cannot fit."""
-    _check_batches(T, batch_size, None, batch_needs(T, batch_size, None, "first", True),
-                   device, None, budget)
+    _check_batches(T, batch_size, None, batch_needs(T, batch_size, None, "first", True), None,
+                   budget if budget is not None else memory_budget(device))
 
 
-def _check_batches(T: int, batch_size: int, docs: int | None, need: dict, device: str,
-                   work_dir, budget: tuple[float | None, str] | None) -> str:
+def _check_batches(T: int, batch_size: int, docs: int | None, need: dict, work_dir,
+                   budget: tuple[float | None, str]) -> str:
     mem = need["batch_bytes"] + need["position_bytes"] + need["kernel_bytes"]
-    limit, how = budget if budget is not None else memory_budget(device)
+    limit, how = budget
     if limit is not None and mem > limit:
         what = (f" (the torch kernels' workspace for {batch_size} x {T * (T + 1) // 2:,} "
                 f"(t, m) pairs: {need['kernel_bytes'] / GB:.1f} GB)" if need["kernel_bytes"]
@@ -341,3 +353,13 @@ def check_pass2_windows(choice: EngineChoice, T: int, docs: int | None, short: s
                             f"need {need / GB:.1f} GB, more than the budget {limit / GB:.1f} GB"
                             + ("; --keep-short pads short documents to that length"
                                if short == "keep" else "") + "; lower --seq-len or --docs")
+
+
+def check_statistics_fit(st, V: int, top_k: int | None, device: str,
+                         budget: tuple[float | None, str] | None = None) -> None:
+    """Refuse up front, with the numbers, statistics to build (``st``: their seq_len and
+    docs) that the engine ``--engine auto`` picks cannot fit in the device's memory budget
+    (the statistics' own check, made by the sweep before any download or allocation)."""
+    budget = budget if budget is not None else memory_budget(device)
+    choice = choose_engine("auto", StatsShape(V, st.seq_len, top_k, st.docs), device, budget)
+    check_sparse_fits(choice, V, top_k)
