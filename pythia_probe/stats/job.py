@@ -144,7 +144,6 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     rules = rules if rules is not None else Rules.named(cfg.conventions)
     work = Path(cfg.work_dir or cfg.out + ".work")
     line = plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, cfg.device, work)
-    log.info(line)
     if shards is None:
         shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
                                       doc_split=cfg.doc_split, **_builtin_opts(cfg))
@@ -152,6 +151,7 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     if bytes_ == 0:  # as `corpus inspect` says it
         raise BadInputError(f"empty corpus: {cfg.dataset!r} is 0 bytes (a .txt corpus needs "
                             "non-blank text between <|endoftext|> lines)")
+    log.info(line)  # once the corpus is known readable: a bad one is its error line alone
     tok = tok if tok is not None else _tokenizer(cfg, shards, rules)
     name = rules.name  # recorded as asked; what applies depends on the tokenizer's kind
     rules = rules.for_tokenizer(tokenizer.is_word_tokenizer(tok))
