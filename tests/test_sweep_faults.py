@@ -596,3 +596,26 @@ def test_a_no_intervals_shard_under_an_edited_or_deleted_manifest_is_rescored(
     got = read_results(out)
     assert got["ci_low"].notna().all()
     pd.testing.assert_frame_equal(_sorted(got), _sorted(want))
+
+
+def test_two_run_sweep_calls_at_once_each_return_the_whole_table(setup, clean, tmp_path):
+    """Issue 28: pp.run_sweep called at the same time twice into one folder (two threads: to
+    each other like two processes) returned, in the first call, 4 of its 8 steps as if
+    complete. Each call returns every asked step's rows: the clean run's table."""
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    start, tables = threading.Barrier(2), []
+
+    def call():
+        start.wait()
+        tables.append(pp.run_sweep(**_kwargs(_argv(repo, stats, out))))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(tables) == 2
+    for df in tables:
+        pd.testing.assert_frame_equal(_sorted(df), _sorted(clean))
+    assert read_manifest(out)["status"] == "complete"
