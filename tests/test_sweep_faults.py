@@ -572,11 +572,12 @@ def grouped(setup):
 
 @pytest.mark.parametrize("edit", ["deleted", "flag edited", "another run's copied"])
 def test_a_no_intervals_shard_under_an_edited_or_deleted_manifest_is_rescored(
-        setup, grouped, tmp_path, edit):
+        setup, grouped, tmp_path, capsys, edit):
     """Issue 28: a --no-intervals run's manifest deleted, its intervals flag edited to on, or
     replaced by the manifest of a run with intervals: the rerun with intervals gave one table
     with intervals on some steps and none on others. The shard's own run key tells: step 0 is
-    rescored and the table equals a clean run's, intervals on every row."""
+    rescored (the plan counts it as to score, not done) and the table equals a clean run's,
+    intervals on every row."""
     root, repo, _ = setup
     stats, want = grouped
     out = tmp_path / "o"
@@ -592,7 +593,11 @@ def test_a_no_intervals_shard_under_an_edited_or_deleted_manifest_is_rescored(
         manifest.write_text(json.dumps(m))
     else:
         shutil.copy(root / "clean-grouped" / "manifest.json", manifest)
+    capsys.readouterr()
     assert sweep_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "3 steps: 0 done, 3 to score: [0, 1, 2]" in printed, printed
+    assert "rank 0: 3 steps done, 0 already done" in printed
     got = read_results(out)
     assert got["ci_low"].notna().all()
     pd.testing.assert_frame_equal(_sorted(got), _sorted(want))

@@ -46,6 +46,7 @@ from pythia_probe.sweep.layout import CLAIMS, FAILED, SHARDS, Layout
 from pythia_probe.sweep.manifest import (
     RunRecord,
     models_record,
+    planned_run_key,
     previous_run_id,
     run_checkpoints,
     run_choices,
@@ -227,7 +228,8 @@ def _run(parts: SweepParts, analyses, sources, ranks: Ranks, argv, shard) -> int
                                                       or targets[r.stats.path].mode != "factored"])
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
-    layout = Layout(parts.output.out, tuple(r.name for r in runs))
+    layout = Layout(parts.output.out, tuple(r.name for r in runs),
+                    planned_run_key(parts.identity(), runs))  # another run's shard: not done
     layout.check_strays()
     names = tensor_names(combined_needs(analyses))
     plan = plan_downloads([r.source for r in runs], {r.source.model: r.steps for r in runs})
