@@ -17,7 +17,8 @@ _RANK: list[int | None] = [None]  # this process's rank under a multi-process la
 class _TqdmHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            tqdm.write(self.format(record), file=sys.stderr)  # stdout is the results'
+            # the line and its end in one write: two ranks' lines never merge into one
+            tqdm.write(self.format(record) + "\n", file=sys.stderr, end="")  # stdout: results
         except Exception:  # noqa: BLE001 - logging must never raise
             self.handleError(record)
 

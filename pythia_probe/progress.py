@@ -56,13 +56,14 @@ class JobProgress:
         s.total = s.total if total is None else total
         s.started = time.monotonic()
         self.current = s
-        i = self.order.index(name) + 1
-        if self.bar is None:
-            self.bar = tqdm(total=s.total, disable=self.disable, dynamic_ncols=True,
-                            unit_scale=True)
-        self.bar.reset(total=s.total)
+        desc = f"[{self.order.index(name) + 1}/{len(self.order)}] {name}"
+        if self.bar is None:  # drawn once, named: no nameless 0% line first (a log shows it)
+            self.bar = tqdm(total=s.total, desc=desc, unit=s.unit, disable=self.disable,
+                            dynamic_ncols=True, unit_scale=True)
+            return self.update
         self.bar.unit = s.unit
-        self.bar.set_description(f"[{i}/{len(self.order)}] {name}")
+        self.bar.set_description(desc, refresh=False)
+        self.bar.reset(total=s.total)
         return self.update
 
     def counter(self, name: str, total: float | None = None) -> _Counter:

@@ -335,3 +335,30 @@ def test_target_sets_share_one_forward_pass_and_equal_separate_scorings(step, tm
     assert [[r["value"] for r in rows] for rows in shared] == \
         [[r["value"] for r in rows] for rows in alone]
     assert len({rows[0]["value"] for rows in shared}) == 3  # the sets do differ
+
+
+def test_empty_groups_leave_the_intervals_those_of_the_filled_groups(step, tmp_path):
+    """Issue 28: --groups past the documents (10 groups over 6 documents, one each) gave a
+    jackknife over the empty groups too. The replicates and the halves come from the filled
+    groups: the ceilings and intervals equal those of the same documents in 6 groups."""
+    from pythia_probe.stats import batch_stats, read_meta
+    from pythia_probe.sweep.statistics import LazyStats
+    from pythia_probe.sweep.held import prepare_scale
+
+    _, _, weights = step
+    tokens = _corpus(V, N=6)
+    sc = ScoringConfig(("attention", "embedding"), dtype="float64")
+    analyses = get_analyses(["attention", "embedding"])
+    got = {}
+    for G in (10, 6):
+        path = batch_stats(tokens, V, groups=G).save(tmp_path / f"g{G}.safetensors")
+        lazy = LazyStats(path, read_meta(path))
+        assert lazy.load().filled_groups() == list(range(6))
+        scale = prepare_scale(lazy, ["PhiBT", "Qbar"], sc, progress=False)
+        assert len(scale.left_out) == 6
+        targets = held_targets(lazy.load(), ["PhiBT", "Qbar"], sc, False)
+        rows = Scorer(analyses, combined_needs(analyses), targets, torch.arange(V), "g", {},
+                      None, sc, scale).rows({}, weights)
+        got[G] = (scale.ceilings, torch.tensor([(r["ci_low"], r["ci_high"]) for r in rows]))
+    assert got[10][0] == pytest.approx(got[6][0], abs=1e-12)
+    assert torch.allclose(got[10][1], got[6][1], rtol=0, atol=1e-12)

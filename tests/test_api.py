@@ -82,3 +82,33 @@ def test_pp_read_results_and_summary_table_of_what_is_no_table_are_user_errors(t
         pp.read_results(tmp_path / "step0.parquet")
     with pytest.raises(ResultsError, match=r"lacks the columns \['model', 'settings'"):
         summary_table(pd.DataFrame({"x": [1]}))
+
+
+def test_pp_run_sweep_of_a_model_without_the_asked_checkpoints_is_one_user_error(tmp_path,
+                                                                                 capsys):
+    """A folder holding no step*/ folders, or --steps selecting none of a model's steps: it
+    was a ValueError from the plan (max() of no downloads) after the statistics' choice; now
+    one line naming the folder or the steps it has, before anything is written."""
+    from pythia_probe.cli import run_main
+    from pythia_probe.errors import StepError
+    from pythia_probe.sweep.__main__ import main as sweep_main
+    from pythia_probe.testing.repos import build_pythia_like_repo
+
+    empty, out = tmp_path / "empty", tmp_path / "o"
+    empty.mkdir()
+    late = build_pythia_like_repo(tmp_path, "org/late", (1000, 2000), with_main=False)
+    cases = [(str(empty), "all", rf"--model {empty} has no checkpoints \(no step\*/ folders "
+                                 rf"in {empty}\)"),
+             (str(late), "early", rf"--steps early selects none of the 2 steps {late} has "
+                                  r"\(1000, 2000\)"),
+             (f"{empty},{late}", "early", rf"--steps early selects no step of any of the "
+                                          rf"models \({empty} has no checkpoints; {late} has "
+                                          r"steps 1000, 2000\)")]
+    for model, steps, says in cases:
+        with pytest.raises(StepError, match=says):
+            pp.run_sweep(model=model, steps=steps, out=str(out), dry_run=True)
+        assert run_main(lambda m=model, s=steps: sweep_main(
+            ["--model", m, "--steps", s, "--out", str(out), "--dry-run"]), "sweep") == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("sweep: error: --") and "Traceback" not in line
+    assert not out.exists()

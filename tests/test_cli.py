@@ -100,6 +100,13 @@ def test_log_level_flag_and_rank_aware_lines(capsys, monkeypatch):
     logs.set_rank(1)  # what ranks.from_env does at the entry point
     log.info("from a rank")
     assert "[rank 1] from a rank" in capsys.readouterr().err
+    writes = []  # a line and its end in one write: two ranks' lines never merge (issue 30)
+    with monkeypatch.context() as m:
+        m.setattr("sys.stderr", type("W", (), {"write": lambda _, s: writes.append(s),
+                                               "flush": lambda _: None})())
+        log.warning("whole")
+    writes = [w for w in writes if w]
+    assert len(writes) == 1 and writes[0].endswith("[rank 1] whole\n"), writes
     with pytest.raises(SystemExit):
         parse_config(PlotsConfig, ["--results", "x", "--log-level", "loud"], "p")
     logs.set_rank(None)

@@ -114,6 +114,7 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert "dataset" not in m["config"]["statistics"] and "recipe" not in m["statistics"]
     assert (tmp_path / "r" / "plots" / "embedding_cos_post.png").stat().st_size > 1000
     text = capsys.readouterr().out
+    assert 0 <= text.index("demo plan: ") < text.index("trained 8 steps")  # plan, then training
     # the printed summary is the table's: per layer the peak step and value, the exit step
     from pythia_probe.hub.revisions import read_ledger
     from pythia_probe.summary import summary_table

@@ -81,6 +81,7 @@ def weight_gets(hub) -> list[str]:
 # ---- item 2: models keyed by identity ---------------------------------------------------------
 @pytest.mark.parametrize("models,message", [
     ("org/tiny,B2/tiny", "org/tiny and B2/tiny are two models named 'tiny'"),
+    ("org/tiny,C3/tiny", "org/tiny and C3/tiny are two models named 'tiny'"),  # common step 0
     ("org/tiny,./org/tiny", "org/tiny and ./org/tiny are the same folder ({}/org/tiny)"),
     ("org/tiny,link", "org/tiny and link are the same folder ({}/org/tiny)"),
     ("org/tiny,org/tiny/", "--model 'org/tiny,org/tiny/': give hub ids or folders, "
@@ -88,10 +89,12 @@ def weight_gets(hub) -> list[str]:
 ])
 def test_two_spellings_or_two_folders_of_one_name_are_refused(tmp_path, monkeypatch, capsys,
                                                               models, message):
-    """org/tiny and B2/tiny (disjoint steps) were one model "tiny" with the steps of both; the
-    same folder twice gave "the revision ledger has more than one row for a step"."""
+    """org/tiny and B2/tiny (disjoint steps) were one model "tiny" with the steps of both;
+    with C3/tiny (a common step) or the same folder twice, "the revision ledger has more than
+    one row for a step"."""
     build_pythia_like_repo(tmp_path, "org/tiny", (0,), with_main=False)
     build_pythia_like_repo(tmp_path, "B2/tiny", (2,), with_main=False)
+    build_pythia_like_repo(tmp_path, "C3/tiny", (0, 2), with_main=False)
     os.symlink(tmp_path / "org" / "tiny", tmp_path / "link")
     monkeypatch.chdir(tmp_path)
     assert pythia_probe_main(sweep_argv(models, "none.safetensors", "out", "0,2")) == 2

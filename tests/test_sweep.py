@@ -285,6 +285,7 @@ def test_resume_plan_lists_only_the_steps_left(setup, tmp_path, capsys):
 def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_path):
     """Real `accelerate launch` with 2 processes (torchrun + gloo on CPU)."""
     import os
+    import re
     import subprocess
     import sys
 
@@ -297,6 +298,11 @@ def test_accelerate_launch_two_cpu_processes_match_one(setup, clean_run, tmp_pat
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0:" in proc.stdout and "rank 1:" in proc.stdout
+    # one progress display for the job, rank 0's (issue 30: both ranks drew bars, and bars
+    # without a name at 0% first): each bar starts once, named
+    starts = [line.split(":")[0] for line in re.split(r"[\r\n]", proc.stderr)
+              if re.search(r"\b0%\|", line)]
+    assert sorted(starts) == ["[1/1] sweep", "target norms"], starts
     df = read_results(out)
     assert df["run_id"].nunique() == 1  # rank 1 took rank 0's run id from the manifest
     pd.testing.assert_frame_equal(_sorted(df), _sorted(clean_run[1]))

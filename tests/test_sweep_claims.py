@@ -371,7 +371,7 @@ def _tree(root) -> dict:
     return out
 
 
-@pytest.mark.parametrize("links,plots", [(("claims", "failed"), False),
+@pytest.mark.parametrize("links,plots", [(("claims", "failed"), False), (("shards",), False),
                                          (("plots/tiny",), True)])
 def test_a_folder_below_out_that_is_a_link_is_refused_before_anything_is_written(
         tiny, tmp_path, capsys, monkeypatch, links, plots):

@@ -555,3 +555,72 @@ def test_two_sweeps_at_once_into_one_out_end_as_one_run(setup, clean, tmp_path, 
                                                    "shards", "summary.parquet"]
     printed = capsys.readouterr().out
     assert printed.count(" 0 failed") == 2 and printed.count("wrote ") == 2
+
+
+@pytest.fixture(scope="module")
+def grouped(setup):
+    """Statistics kept in 4 document groups (intervals on) and the table of a clean run."""
+    root, repo, _ = setup
+    tokens = torch.randint(0, V, (40, 17), generator=torch.Generator().manual_seed(1))
+    stats = batch_stats(tokens, V, groups=4).save(root / "grouped.safetensors")
+    out = root / "clean-grouped"
+    assert sweep_main(_argv(repo, stats, out, "--analyses", "embedding")) == 0
+    df = read_results(out)
+    assert df["ci_low"].notna().all()  # intervals on every row: what the resume must give
+    return stats, df
+
+
+@pytest.mark.parametrize("edit", ["deleted", "flag edited", "another run's copied"])
+def test_a_no_intervals_shard_under_an_edited_or_deleted_manifest_is_rescored(
+        setup, grouped, tmp_path, capsys, edit):
+    """Issue 28: a --no-intervals run's manifest deleted, its intervals flag edited to on, or
+    replaced by the manifest of a run with intervals: the rerun with intervals gave one table
+    with intervals on some steps and none on others. The shard's own run key tells: step 0 is
+    rescored (the plan counts it as to score, not done) and the table equals a clean run's,
+    intervals on every row."""
+    root, repo, _ = setup
+    stats, want = grouped
+    out = tmp_path / "o"
+    argv = _argv(repo, stats, out, "--analyses", "embedding")
+    assert sweep_main([*argv, "--steps", "0", "--no-intervals"]) == 0
+    assert read_results(out)["ci_low"].isna().all()
+    manifest = out / "manifest.json"
+    if edit == "deleted":
+        manifest.unlink()
+    elif edit == "flag edited":
+        m = json.loads(manifest.read_text())
+        m["config"]["intervals"] = True
+        manifest.write_text(json.dumps(m))
+    else:
+        shutil.copy(root / "clean-grouped" / "manifest.json", manifest)
+    capsys.readouterr()
+    assert sweep_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "3 steps: 0 done, 3 to score: [0, 1, 2]" in printed, printed
+    assert "rank 0: 3 steps done, 0 already done" in printed
+    got = read_results(out)
+    assert got["ci_low"].notna().all()
+    pd.testing.assert_frame_equal(_sorted(got), _sorted(want))
+
+
+def test_two_run_sweep_calls_at_once_each_return_the_whole_table(setup, clean, tmp_path):
+    """Issue 28: pp.run_sweep called at the same time twice into one folder (two threads: to
+    each other like two processes) returned, in the first call, 4 of its 8 steps as if
+    complete. Each call returns every asked step's rows: the clean run's table."""
+    root, repo, stats = setup
+    out = tmp_path / "o"
+    start, tables = threading.Barrier(2), []
+
+    def call():
+        start.wait()
+        tables.append(pp.run_sweep(**_kwargs(_argv(repo, stats, out))))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(tables) == 2
+    for df in tables:
+        pd.testing.assert_frame_equal(_sorted(df), _sorted(clean))
+    assert read_manifest(out)["status"] == "complete"

@@ -79,7 +79,6 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     line = engine_plan.check_batches(cfg.seq_len, cfg.batch_size, cfg.docs, cfg.mode, work,
                                      engine_plan.memory_budget(cfg.device),
                                      torch_kernels=not fastcount.runs_on(cfg.device))
-    log.info(line)
     if shards is None:
         shards = corpus.corpus_shards(cfg.dataset, text_field=cfg.text_field, split=cfg.split,
                                       doc_split=cfg.doc_split, **_builtin_opts(cfg))
@@ -87,6 +86,7 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     if bytes_ == 0:  # as `corpus inspect` says it
         raise BadInputError(f"empty corpus: {cfg.dataset!r} is 0 bytes (a .txt corpus needs "
                             "non-blank text between <|endoftext|> lines)")
+    log.info(line)  # once the corpus is known readable: a bad one is its error line alone
     tok = tok if tok is not None else _tokenizer(cfg, shards, rules)
     name = rules.name  # recorded as asked; what applies depends on the tokenizer's kind
     rules = rules.for_tokenizer(tokenizer.is_word_tokenizer(tok))

@@ -33,10 +33,13 @@ SHARDS, FAILED, CLAIMS = "shards", "failed", "claims"
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the files of each (model, step) task go; ``models``: the table's model names."""
+    """Where the files of each (model, step) task go; ``models``: the table's model names;
+    ``run_key``: the run's content key where the plan knows it (:meth:`done` then counts
+    another run's shard as not done, as the tasks do)."""
 
     out: str
     models: tuple[str, ...] = ()
+    run_key: str | None = None
 
     def _folder(self, kind: str, model: str | None) -> Path:
         root = Path(self.out) / kind
@@ -64,6 +67,7 @@ class Layout:
         written by a run of this ``run_key`` (the same settings: one shape per table) where it
         says; an empty, truncated, partial or other run's shard is recomputed."""
         path = self.shard(model, step)
+        run_key = self.run_key if run_key is None else run_key
         if run_key is not None and (shard_run(path) or {}).get("run_key", run_key) != run_key:
             return False
         return _valid(path, step, analyses, stats_id, None if len(self.models) <= 1 else model)

@@ -150,6 +150,15 @@ def run_stats_id(runs, lazies) -> str | dict[str, str]:
     return next(iter(ids.values())) if len(set(ids.values())) == 1 else ids
 
 
+def planned_run_key(identity: dict, runs) -> str | None:
+    """The run's content key as the plan knows it (:func:`run_key` of :func:`run_stats_id`),
+    or None while some model's statistics are not built yet (their stats_id unknown)."""
+    ids = {r.name: r.stats.stats_id for r in runs}
+    if not ids or None in ids.values():
+        return None
+    return run_key(identity, next(iter(ids.values())) if len(set(ids.values())) == 1 else ids)
+
+
 def run_steps(runs) -> list[int]:
     return sorted({s for r in runs for s in r.steps})
 

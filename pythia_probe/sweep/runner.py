@@ -21,6 +21,7 @@ from pythia_probe.ranks import Ranks
 from pythia_probe.sweep.config import SweepParts
 from pythia_probe.sweep.execute import Launch, Run, execute, folder_lock, job_progress
 from pythia_probe.sweep.layout import CLAIMS, FAILED, SHARDS, Layout
+from pythia_probe.sweep.manifest import planned_run_key
 from pythia_probe.sweep.prepare import Prepared, build_missing, downloads, prepare
 from pythia_probe.sweep.report import plan_lines
 from pythia_probe.sweep.source import open_source, revision_ledger
@@ -62,7 +63,8 @@ def _run(job: Prepared, ranks: Ranks, argv, shard) -> int:
     planned = plan(job).check()
     for r in runs:
         r.ledger = revision_ledger(r.source, r.steps, r.name)  # metadata only, before weights
-    layout = Layout(parts.output.out, tuple(r.name for r in runs))
+    layout = Layout(parts.output.out, tuple(r.name for r in runs),
+                    planned_run_key(parts.identity(), runs))  # another run's shard: not done
     layout.check_strays()
     groups, fetches = downloads(job, layout)
     planned = planned.with_downloads(fetches)

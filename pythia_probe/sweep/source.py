@@ -27,6 +27,7 @@ from pythia_probe.errors import (
     HubError,
     HubUnreachableError,
     MissingFileError,
+    StepError,
     UserError,
 )
 from pythia_probe.hub import (
@@ -77,7 +78,21 @@ def select_steps(spec: str, source) -> list[int]:
     available = source.steps()
     if not available and source.local_dir is None and source.offline:
         raise MissingFileError(f"no checkpoint of {source.model} in the cache {source.storage}")
-    return parse_steps(spec, available)
+    steps = parse_steps(spec, available) if available else []
+    if not steps:
+        raise StepError(no_steps_line(spec, source, available))
+    return steps
+
+
+def no_steps_line(spec: str, source, available: list[int]) -> str:
+    """Why ``--steps spec`` selects nothing of ``source``: it has no checkpoints at all (a
+    folder without step*/ folders, a hub repo without step* branches), or none of those."""
+    if not available:
+        where = (f"no step*/ folders in {source.local_dir}" if source.local_dir is not None
+                 else "no step* branches on the hub")
+        return f"--model {source.model} has no checkpoints ({where})"
+    return (f"--steps {spec} selects none of the {len(available)} steps {source.model} has "
+            f"({_few(available)})")
 
 
 def offline_advice(model: str, err: BaseException, offline: bool) -> HubError:
@@ -245,6 +260,10 @@ def asked_steps(spec: str, sources) -> list[tuple[list[int], list[int]]]:
         if not steps and src.local_dir is None and src.offline:
             raise MissingFileError(f"no checkpoint of {src.model} in the cache {src.storage}")
     asked = parse_steps(spec, sorted(set().union(*have)))
+    if not asked:
+        has = "; ".join(f"{src.model} has {f'steps {_few(sorted(h))}' if h else 'no checkpoints'}"
+                        for src, h in zip(sources, have, strict=True))
+        raise StepError(f"--steps {spec} selects no step of any of the models ({has})")
     return [([s for s in asked if s in h], [s for s in asked if s not in h]) for h in have]
 
 
