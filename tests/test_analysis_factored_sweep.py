@@ -342,8 +342,8 @@ def test_empty_groups_leave_the_intervals_those_of_the_filled_groups(step, tmp_p
     jackknife over the empty groups too. The replicates and the halves come from the filled
     groups: the ceilings and intervals equal those of the same documents in 6 groups."""
     from pythia_probe.stats import batch_stats, read_meta
-    from pythia_probe.sweep.statistics import LazyStats
     from pythia_probe.sweep.held import prepare_scale
+    from pythia_probe.sweep.statistics import LazyStats
 
     _, _, weights = step
     tokens = _corpus(V, N=6)
