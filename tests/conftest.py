@@ -36,6 +36,23 @@ def one_thread():
 
 
 @pytest.fixture
+def sleeps(monkeypatch):
+    """Every ``time.sleep`` of the test (any thread), its seconds in order; the sleeps still
+    happen. Tests count retries and backoff waits with it instead of timing them: on a busy
+    machine a wall-clock limit fails for reasons of its own."""
+    import time
+
+    real, seen = time.sleep, []
+
+    def sleep(seconds):
+        seen.append(seconds)
+        real(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return seen
+
+
+@pytest.fixture
 def hub(hub_root, monkeypatch):
     """A loopback hub serving the test module's ``hub_root`` (each module builds its own repos;
     a module may define its own ``hub``)."""

@@ -83,17 +83,53 @@ def test_training_reduces_loss_and_rerun_skips(demo_dir):
     assert build_demo_model(TINY, out)["trained"] is False
 
 
-def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
-    """--demo: corpus -> tokenizer -> checkpoints -> statistics -> sweep -> tables + plots."""
+SMALL = dict(n_stories=150, seq_len=32, n_layers=2, d_model=32, d_mlp=64, batch_size=16,
+             max_step=8)
+
+
+@pytest.fixture(scope="module")
+def small_demo(tmp_path_factory, one_thread):
+    """The demo at SMALL, run once for the module: ``torchrun --nproc_per_node 2`` into ``two``
+    (rank 0 trains into ``work``), then one process into ``one`` on the trained ``work``, its
+    printed output kept. Returns ``(root, the torchrun process, one process's exit code, what it
+    printed)``."""
+    import contextlib
+    import io
+    import os
+    import subprocess
+    import sys
+
+    from pythia_probe import demo
+
+    root = tmp_path_factory.mktemp("small-demo")
+    script = root / "demo2.py"
+    script.write_text(
+        "import sys\nfrom pythia_probe import demo\nfrom pythia_probe.ranks import from_env\n"
+        f"cfg = demo.DemoConfig(**{SMALL!r})\nranks = from_env('cpu')\n"
+        "raise SystemExit(demo.run_demo(sys.argv[1], cfg, work=sys.argv[2], ranks=ranks, "
+        "progress=False))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(script), str(root / "two"), str(root / "work")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        code = demo.run_demo(root / "one", demo.DemoConfig(**SMALL), work=root / "work",
+                             progress=False)
+    return root, proc, code, printed.getvalue()
+
+
+def test_demo_end_to_end_offline(small_demo, monkeypatch):
+    """--demo: corpus -> tokenizer -> checkpoints -> statistics -> sweep -> tables + plots (the
+    one-process run of ``small_demo``)."""
     from pythia_probe import demo
     from pythia_probe.results import read_manifest, read_results
     from pythia_probe.sweep.__main__ import main as sweep_main
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    small = DemoConfig(n_stories=150, seq_len=32, n_layers=2, d_model=32, d_mlp=64,
-                       batch_size=16, max_step=8)
-    assert demo.run_demo(tmp_path / "r", small, work=tmp_path / "w") == 0
-    df = read_results(tmp_path / "r" / "run")
+    root, _, code, printed = small_demo
+    assert code == 0
+    df = read_results(root / "one" / "run")
     assert sorted(df["step"].unique()) == [0, 1, 2, 4, 8]
     assert set(df["analysis"]) == {"embedding", "attention", "attention_lnfold", "unembedding",
                                    "attention_text"}
@@ -107,27 +143,25 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert len(scaled) and scaled[["chance", "ceiling", "ci_low", "ci_high"]].notna().all().all()
     assert ((scaled["ci_low"] <= scaled["value"]) & (scaled["value"] <= scaled["ci_high"])).all()
     assert (scaled["ci_high"] > scaled["ci_low"]).all() and (scaled["ceiling"] <= 1 + 1e-9).all()
-    m = read_manifest(tmp_path / "r" / "run")
+    m = read_manifest(root / "one" / "run")
     assert m["status"] == "complete"
     # what was used: the built-in corpus the statistics came from, no recipe of another corpus
     assert m["statistics"]["from_file"]["corpus"]["dataset"] == "builtin"
     assert "dataset" not in m["config"]["statistics"] and "recipe" not in m["statistics"]
-    assert (tmp_path / "r" / "plots" / "embedding_cos_post.png").stat().st_size > 1000
-    text = capsys.readouterr().out
-    assert 0 <= text.index("demo plan: ") < text.index("trained 8 steps")  # plan, then training
+    assert (root / "one" / "plots" / "embedding_cos_post.png").stat().st_size > 1000
     # the printed summary is the table's: per layer the peak step and value, the exit step
     from pythia_probe.hub.revisions import read_ledger
     from pythia_probe.summary import summary_table
     want = summary_table(df)
-    got = pd.read_parquet(tmp_path / "r" / "run" / "summary.parquet")
+    got = pd.read_parquet(root / "one" / "run" / "summary.parquet")
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
     row = want[(want["analysis"] == "embedding") & (want["metric"] == "cos_post")
                & (want["layer"] == 2) & want["head"].isna()].iloc[0]
-    assert "embedding cos_post" in text and f"{row.peak_value:.3f}" in text
-    assert "drift" not in text  # last minus max, never positive: gone
-    ledger = read_ledger(tmp_path / "r" / "run" / "revisions.parquet")
+    assert "embedding cos_post" in printed and f"{row.peak_value:.3f}" in printed
+    assert "drift" not in printed  # last minus max, never positive: gone
+    ledger = read_ledger(root / "one" / "run" / "revisions.parquet")
     assert list(ledger["step"]) == [0, 1, 2, 4, 8] and set(df["revision_status"]) <= {"ok"}
-    assert (tmp_path / "r" / "plots" / "figure6.png").stat().st_size > 1000
+    assert (root / "one" / "plots" / "figure6.png").stat().st_size > 1000
     seen = {}
     monkeypatch.setattr(demo, "run_demo", lambda out, cfg, device, work, ranks, progress:
                         seen.update(out=out, cfg=cfg, work=work, progress=progress) or 0)
@@ -158,38 +192,21 @@ def test_demo_default_output_is_untracked(monkeypatch):
         assert ignored.returncode == 0, f"{probe} would be tracked by git"
 
 
-def test_demo_under_torchrun_trains_once_and_splits_the_sweep(tmp_path):
+def test_demo_under_torchrun_trains_once_and_splits_the_sweep(small_demo):
     """`torchrun --nproc_per_node 2` on the demo: rank 0 trains and computes the statistics
     once, both ranks sweep their share into one table, equal to one process's table."""
-    import os
-    import subprocess
-    import sys
-
-    import pandas as pd
-
-    from pythia_probe import demo
     from pythia_probe.results import read_manifest, read_results
 
-    small = dict(n_stories=150, seq_len=32, n_layers=2, d_model=32, d_mlp=64, batch_size=16,
-                 max_step=8)
-    script = tmp_path / "demo2.py"
-    script.write_text(
-        "import sys\nfrom pythia_probe import demo\nfrom pythia_probe.ranks import from_env\n"
-        f"cfg = demo.DemoConfig(**{small!r})\nranks = from_env('cpu')\n"
-        "raise SystemExit(demo.run_demo(sys.argv[1], cfg, work=sys.argv[2], ranks=ranks, "
-        "progress=False))\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", str(script), str(tmp_path / "two"), str(tmp_path / "work")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    root, proc, code, _ = small_demo
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("trained 8 steps") == 1  # one training, not one per rank
+    # the plan before the training (this run trains; the one-process run reuses its work)
+    assert 0 <= proc.stdout.index("demo plan: ") < proc.stdout.index("trained 8 steps")
     assert "rank 0:" in proc.stdout and "rank 1:" in proc.stdout
-    m = read_manifest(tmp_path / "two" / "run")
+    m = read_manifest(root / "two" / "run")
     assert m["world"] == 2 and m["status"] == "complete"
-    assert demo.run_demo(tmp_path / "one", demo.DemoConfig(**small), work=tmp_path / "work",
-                         progress=False) == 0
+    assert code == 0
     key = ["step", "analysis", "layer", "head", "metric"]
-    a, b = (read_results(tmp_path / d / "run").drop(columns="run_id").sort_values(
+    a, b = (read_results(root / d / "run").drop(columns="run_id").sort_values(
         key, na_position="first").reset_index(drop=True) for d in ("two", "one"))
     pd.testing.assert_frame_equal(a, b)

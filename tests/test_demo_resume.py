@@ -70,17 +70,9 @@ def interrupt(model: Path, signum: int) -> None:
     assert {p.name for p in model.glob("step*")} == {"step0", "step1", "step2", "step4"}
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_demo_training_resumes_after_a_signal(tmp_path, clean, signum):
-    """The rerun trains steps 4..8 only, to the same weights at every checkpoint and the same
-    loss history as the uninterrupted run."""
-    model = tmp_path / "demo-neox"
-    interrupt(model, signum)
-    plan = demo.plan_line(demo.DemoConfig(**SMALL), model, tmp_path)
-    assert "for 8 steps" in plan and "(resuming from step 4), 5 checkpoints (0, 1, 2, 4, 8)" \
-        in plan
-    info = demo.build_demo_model(demo.DemoConfig(**SMALL), model, progress=False)
-    assert info["trained"]
+def resumed_as_if_never_stopped(model: Path, clean: Path) -> None:
+    """The training in ``model`` (stopped after step 4, then rerun) has the uninterrupted
+    run's weights at every checkpoint and its loss history."""
     other = clean / "w" / "demo-neox"
     losses = [load_file(d / demo.STATE_FILE)["losses"] for d in (model, other)]
     assert len(losses[0]) == SMALL["max_step"] and torch.equal(*losses)  # none lost at the stop
@@ -89,18 +81,41 @@ def test_demo_training_resumes_after_a_signal(tmp_path, clean, signum):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), step
 
 
+def assert_resume_plan(model: Path, work: Path) -> None:
+    plan = demo.plan_line(demo.DemoConfig(**SMALL), model, work)
+    assert "for 8 steps" in plan and "(resuming from step 4), 5 checkpoints (0, 1, 2, 4, 8)" \
+        in plan
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_demo_training_resumes_after_a_signal(tmp_path, clean, signum):
+    """The rerun trains steps 4..8 only, to the same weights at every checkpoint and the same
+    loss history as the uninterrupted run (SIGKILL: the next test, which reruns the whole
+    demo)."""
+    model = tmp_path / "demo-neox"
+    interrupt(model, signum)
+    assert_resume_plan(model, tmp_path)
+    info = demo.build_demo_model(demo.DemoConfig(**SMALL), model, progress=False)
+    assert info["trained"]
+    resumed_as_if_never_stopped(model, clean)
+
+
 @pytest.mark.slow
 def test_killed_demo_rerun_gives_the_uninterrupted_table(tmp_path, clean, monkeypatch, capsys):
-    """SIGKILL mid-training, then `--demo` again: the final table equals a clean run's; the
-    plan is printed before the training."""
+    """SIGKILL mid-training, then `--demo` again: the training resumes from step 4 to the
+    uninterrupted run's weights and losses, the final table equals a clean run's; the plan is
+    printed before the training."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    interrupt(tmp_path / "w" / "demo-neox", signal.SIGKILL)
+    model = tmp_path / "w" / "demo-neox"
+    interrupt(model, signal.SIGKILL)
+    assert_resume_plan(model, tmp_path / "w")
     for root in (tmp_path, clean):
         assert demo.run_demo(root / "r", demo.DemoConfig(**SMALL), work=root / "w",
                              progress=False) == 0
         if root == tmp_path:
             out = capsys.readouterr().out
             assert 0 <= out.index("demo plan: ") < out.index("trained 8 steps")
+    resumed_as_if_never_stopped(model, clean)
     pd.testing.assert_frame_equal(table(tmp_path / "r"), table(clean / "r"))
 
 

@@ -109,15 +109,25 @@ def test_another_hosts_claim_is_stale_only_when_its_heartbeat_stops(tmp_path, mo
 
 
 def test_the_heartbeat_touches_every_held_claim(tmp_path, monkeypatch):
+    """Waited for by the heartbeat's touch itself, not a wall-clock limit (a busy machine may
+    delay the heartbeat thread for seconds)."""
     monkeypatch.setattr(claims_mod, "HEARTBEAT", 0.05)
     path = tmp_path / "step16.json"
+    touched, real = threading.Event(), claims_mod.touch
+
+    def spy(p):
+        real(p)
+        if Path(p) == path:
+            touched.set()
+
+    monkeypatch.setattr(claims_mod, "touch", spy)
     with Claims(tmp_path) as mine:
         assert mine.take(path)
         os.utime(path, (1.0, 1.0))
-        deadline = time.time() + 5
-        while path.stat().st_mtime < 2 and time.time() < deadline:
-            time.sleep(0.05)
-        assert path.stat().st_mtime > time.time() - 10
+        before = time.time()
+        touched.clear()  # the next beat touches it again
+        assert touched.wait(600), "no heartbeat at all"  # a guard against a hang only
+        assert path.stat().st_mtime > before - 1  # touched to "now", not left at 1970
     assert not path.exists()
 
 

@@ -270,7 +270,8 @@ def test_a_step_one_model_lacks_is_reported_for_it_only_and_twins_are_fetched_on
     out = machine / "o"
     with HubServer(uneven) as hub, use_endpoint(hub.endpoint):
         assert sweep_main(["--model", f"{SMALL},{LARGE},{DEDUP}", "--steps", "0,1,2,4",
-                           "--out", str(out), "--no-plots", "--no-progress"]) == 0
+                           "--top-k", str(K), "--out", str(out), "--no-plots",
+                           "--no-progress"]) == 0
         weights = [g["path"] for g in hub.requests("GET") if g["path"].endswith(".bin")]
     text = capsys.readouterr().out
     assert f"{LARGE} lacks 1 of the asked steps (4)" in text
@@ -296,13 +297,23 @@ def _readme_lines() -> list[str]:
     return section.split("```python\n", 1)[1].split("```", 1)[0].strip().splitlines()
 
 
-def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, monkeypatch,
-                                                  capsys):
+NOTEBOOK_IDS = 1000  # the notebook hub's tokenizer: the full vocabulary, scored in seconds
+
+
+@pytest.fixture(scope="module")
+def notebook_hub(tmp_path_factory):
+    """The two sizes with the early steps only and a 1,000-id tokenizer: the README's lines
+    score the full vocabulary (no --top-k), here 1,000 ids rather than Pythia's 50,277."""
+    root = tmp_path_factory.mktemp("notebook-hub")
+    build_pythia_suite_hub(root, steps=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+                           d_vocab=NOTEBOOK_IDS)
+    return root
+
+
+def test_the_readme_notebook_lines_run_as_written(notebook_hub, machine, monkeypatch, capsys):
     """The README's lines take the default vocabulary (the full one, every machine), so they
-    build the full-vocabulary recipe once (the one-process run above used --top-k); the
-    checkpoints come from the one-process run's cache and a rerun builds and fetches nothing."""
-    root, _ = suite
-    monkeypatch.setenv("PYTHIA_PROBE_CACHE", str(one_process[0] / "cache"))
+    build the full-vocabulary recipe once; a rerun builds and fetches nothing."""
+    root = notebook_hub
     lines = _readme_lines()
     assert len(lines) == 10 and lines[0] == "import pythia_probe as pp"
     builds = _count_builds(monkeypatch)
@@ -311,7 +322,8 @@ def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, m
         exec(compile("\n".join(lines), "README.md", "exec"), ns)  # exactly the README's lines
         first_builds = len(builds)
         gets = len(hub.requests("GET"))
-        again = ns["pp"].run_sweep(model=ns["models"], steps="early", out="runs/notebook")
+        again = ns["pp"].run_sweep(model=ns["models"], steps="early", out="runs/notebook",
+                                   plots=False)  # the figures were drawn by the first run
         refetched = [g for g in hub.requests("GET")[gets:] if g["path"].endswith(".bin")]
     df, table, peaks, st = ns["df"], ns["table"], ns["peaks"], ns["st"]
     assert first_builds == len(builds) == 1 and not refetched  # the rerun resumed
@@ -321,6 +333,7 @@ def test_the_readme_notebook_lines_run_as_written(suite, one_process, machine, m
     pd.testing.assert_frame_equal(_table(table), _table(df))
     pd.testing.assert_frame_equal(_table(again), _table(df))
     assert set(df["stats_id"]) == {st.stats_id} and st.d_vocab == st.meta["full_d_vocab"] > K
+    assert st.d_vocab == NOTEBOOK_IDS
     # the recipe keeps 10 document groups by default: every embedding/attention row is scaled
     assert st.groups == 10
     scaled = df[df["analysis"].isin(["embedding", "attention", "attention_lnfold"])]

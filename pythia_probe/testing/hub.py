@@ -22,7 +22,8 @@ whose sha is derived from the branch name and file contents. ``{type}`` is ``mod
 Faults (:class:`~pythia_probe.testing.faults.Fault`: errors, drops, slow, corrupt and
 oversized bodies, stalls, redirects to another server, redirect loops) and lying metadata
 (:class:`~pythia_probe.testing.faults.Tamper`, ``hub.tamper(field, value, match)``) are
-described in :mod:`pythia_probe.testing.faults`. ``HubServer.bandwidth`` throttles every data
+described in :mod:`pythia_probe.testing.faults`; ``HubServer.hits`` lists the faults taken, one
+per request they answered (tests count tries with it). ``HubServer.bandwidth`` throttles every data
 transfer; ``HubServer.log`` records each request (method, path, Range, Authorization header).
 """
 
@@ -60,6 +61,7 @@ class HubServer:
         self.cdn_url = cdn_url  # LFS redirects go here (default: this server as cdn_host)
         self.stopping = threading.Event()
         self.faults: list[Fault] = []
+        self.hits: list[Fault] = []  # every fault taken, in order (a fault once per request)
         self.tampers: list[Tamper] = []
         self.bandwidth: float | None = None  # bytes/s for every data transfer
         self.log: list[dict] = []
@@ -131,6 +133,7 @@ class HubServer:
             for f in self.faults:
                 if f.times != 0 and f.on in (on, "any") and fnmatch.fnmatch(name, f.match):
                     f.times -= 1 if f.times > 0 else 0
+                    self.hits.append(f)
                     return f
         return None
 

@@ -34,7 +34,11 @@ import torch
 from safetensors.torch import save_file
 
 from pythia_probe.hub.steps import PYTHIA_STEPS
-from pythia_probe.testing.tokenizers import pythia_like_backend, write_pythia_tokenizer
+from pythia_probe.testing.tokenizers import (
+    PYTHIA_D_VOCAB,
+    pythia_like_backend,
+    write_pythia_tokenizer,
+)
 
 Layout = tuple[str, int]  # (format "bin" | "safetensors", number of shards)
 
@@ -201,6 +205,16 @@ def build_dataset_repo(
     return dict(sorted(written.items()))
 
 
+def _tokenizer_into(folder: Path, backend, first: list[Path]) -> None:
+    """The tokenizer files into ``folder``: written the first time (``first`` empty), then
+    copied from that folder (the same bytes, serialised once)."""
+    if not first:
+        first.append(write_pythia_tokenizer(folder, backend))
+        return
+    for p in first[0].glob("*token*.json"):
+        shutil.copyfile(p, folder / p.name)
+
+
 def build_pythia_main_job_hub(root: Path, d_model: int = 8, n_layers: int = 2,
                               docs_per_shard: int = 60) -> Path:
     """The hub the main job reads, in miniature: ``EleutherAI/pythia-1.4b`` with every one of
@@ -211,7 +225,7 @@ def build_pythia_main_job_hub(root: Path, d_model: int = 8, n_layers: int = 2,
     config = tiny_config(vocab_size=50304, hidden_size=d_model, num_hidden_layers=n_layers,
                          num_attention_heads=2, intermediate_size=2 * d_model)
     repo = Path(root) / "EleutherAI" / "pythia-1.4b"
-    backend = pythia_like_backend()
+    backend, first = pythia_like_backend(), []
     for step in PYTHIA_STEPS:
         folder = repo / f"step{step}"
         if step == 1:  # as on the hub: step1 serves step0's weights
@@ -219,7 +233,7 @@ def build_pythia_main_job_hub(root: Path, d_model: int = 8, n_layers: int = 2,
             continue
         write_checkpoint(folder, config, random_state_dict(config, seed=step), "bin", 1,
                          with_legacy_buffers=False)
-        write_pythia_tokenizer(folder, backend)
+        _tokenizer_into(folder, backend, first)
     shutil.copytree(repo / f"step{PYTHIA_STEPS[-1]}", repo / "main")
     build_dataset_repo(root, "Skylion007/openwebtext", {"train": 2}, docs_per_shard)
     return repo
@@ -276,17 +290,21 @@ SUITE_STEPS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 143000)
 
 def build_pythia_suite_hub(root: Path, models: Mapping[str, tuple[int, int]] | None = None,
                            steps: Sequence[int] = SUITE_STEPS, docs_per_shard: int = 40,
-                           lacking: Mapping[str, Sequence[int]] | None = None) -> dict:
+                           lacking: Mapping[str, Sequence[int]] | None = None,
+                           d_vocab: int = PYTHIA_D_VOCAB) -> dict:
     """Several Pythia-shaped models on one hub, sharing one tokenizer in the real one's format
     (50,277 ids, 50,304 embedding rows) as the Pythia sizes do: ``models`` {hub id: (d_model,
     n_layers)} (default :data:`SUITE_MODELS`, two sizes), each with the ``step{N}`` branches of
     ``steps`` (step1 serving step0's weights, ``main`` the last step's) but those in
     ``lacking[model]``; plus ``Skylion007/openwebtext`` and a FineWeb-shaped
-    ``HuggingFaceFW/fineweb``. Returns ``{"repos": {id: folder}, "fineweb": {path: docs}}``."""
-    backend = pythia_like_backend()
+    ``HuggingFaceFW/fineweb``. ``d_vocab``: the tokenizer's ids (the embedding rows padded to a
+    multiple of 128, as Pythia's). Returns ``{"repos": {id: folder}, "fineweb": {path: docs}}``.
+    """
+    backend, first = pythia_like_backend(d_vocab), []
+    rows = -(-d_vocab // 128) * 128  # 50,304 for Pythia's 50,277 ids
     repos = {}
     for k, (model, (d_model, n_layers)) in enumerate((models or SUITE_MODELS).items()):
-        config = tiny_config(vocab_size=50304, hidden_size=d_model, num_hidden_layers=n_layers,
+        config = tiny_config(vocab_size=rows, hidden_size=d_model, num_hidden_layers=n_layers,
                              num_attention_heads=2, intermediate_size=2 * d_model)
         repo = repos[model] = Path(root) / model
         have = [s for s in steps if s not in set((lacking or {}).get(model, ()))]
@@ -297,7 +315,7 @@ def build_pythia_suite_hub(root: Path, models: Mapping[str, tuple[int, int]] | N
                 continue
             write_checkpoint(folder, config, random_state_dict(config, seed=1000 * k + step),
                              "bin", 1, with_legacy_buffers=False)
-            write_pythia_tokenizer(folder, backend)
+            _tokenizer_into(folder, backend, first)
         shutil.copytree(repo / f"step{max(have)}", repo / "main")
     build_dataset_repo(root, "Skylion007/openwebtext", {"train": 2}, docs_per_shard)
     return {"repos": repos, "fineweb": build_fineweb_repo(root, docs_per_shard=docs_per_shard)}

@@ -6,7 +6,9 @@ Layout (``repo_type`` "model" or "dataset")::
     root/datasets/ORG/NAME/<branch>/<files>      dataset repos (files may sit in sub-folders)
 
 A branch's commit sha is derived from the branch name and its files' git blob ids, so it changes
-when the files do. Hashes are cached by (path, mtime, size).
+when the files do. A file is hashed once per session: the hashes are shared by every server
+(keyed by the file's path, inode, mtime and size, so a rewritten file is hashed again), and a
+branch named in a request is resolved without hashing the other branches.
 """
 
 from __future__ import annotations
@@ -63,12 +65,29 @@ def _hashes(path: Path) -> tuple[str, str]:
     return hashlib.sha256(data).hexdigest(), git
 
 
+#: (path, device, inode, mtime, size) -> (sha256, git blob id), for every server of the session
+_HASHES: dict[tuple, tuple[str, str]] = {}
+_HASHES_LOCK = threading.Lock()
+
+
+def file_hashes(path: Path, st) -> tuple[str, str]:
+    """``(sha256, git blob id)`` of ``path`` (``st`` its stat), each file read once."""
+    key = (str(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    with _HASHES_LOCK:
+        known = _HASHES.get(key)
+    if known is None:
+        known = _hashes(path)
+        with _HASHES_LOCK:
+            _HASHES[key] = known
+    return known
+
+
 class RepoStore:
     """Branch folders on disk -> commits and file entries, for model and dataset repos."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self._cache: dict[tuple, tuple[str, str]] = {}
+        self._branch_of: dict[tuple[str, str, str], str] = {}  # (repo, type, commit) -> branch
         self._lock = threading.Lock()
 
     def repo_dir(self, repo: str, repo_type: str = "model") -> Path:
@@ -85,11 +104,7 @@ class RepoStore:
         out = []
         for p in sorted(q for q in folder.rglob("*") if q.is_file()):
             st = p.stat()
-            key = (str(p), st.st_mtime_ns, st.st_size)
-            with self._lock:
-                if key not in self._cache:
-                    self._cache[key] = _hashes(p)
-                sha, git = self._cache[key]
+            sha, git = file_hashes(p, st)
             out.append(FileEntry(p.relative_to(folder).as_posix(), st.st_size, sha, git, p))
         return sorted(out, key=lambda f: f.path)
 
@@ -99,9 +114,24 @@ class RepoStore:
         return hashlib.sha1(text.encode()).hexdigest()
 
     def resolve(self, repo: str, rev: str, repo_type: str = "model") -> tuple[str, Path] | None:
-        """A branch name or a commit sha -> (commit, folder)."""
-        for name, folder in self.branches(repo, repo_type).items():
-            commit = self.commit(repo, name, repo_type)
-            if rev in (name, commit):
-                return commit, folder
+        """A branch name or a commit sha -> (commit, folder). A branch name is looked up
+        directly; a commit is found through the branch it last named, else by hashing every
+        branch."""
+        branches = self.branches(repo, repo_type)
+        if rev in branches:
+            return self._commit_of(repo, rev, repo_type), branches[rev]
+        with self._lock:
+            known = self._branch_of.get((repo, repo_type, rev))
+        if known in branches and self._commit_of(repo, known, repo_type) == rev:
+            return rev, branches[known]
+        for name, folder in branches.items():
+            if self._commit_of(repo, name, repo_type) == rev:
+                return rev, folder
         return None
+
+    def _commit_of(self, repo: str, branch: str, repo_type: str) -> str:
+        """:meth:`commit`, remembering which branch the commit belongs to."""
+        commit = self.commit(repo, branch, repo_type)
+        with self._lock:
+            self._branch_of[(repo, repo_type, commit)] = branch
+        return commit
