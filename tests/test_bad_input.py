@@ -99,8 +99,9 @@ def test_empty_text_and_random_bytes_parquet_are_one_line_and_nothing_else(tmp_p
         assert str(tmp_path / name) in err and "below 0" not in err
     # at the default log level too: the batch plan's INFO line is logged once the corpus is
     # known not empty (it came before the error line)
-    argv = ["compute", "--dataset", str(tmp_path / "empty.txt"), "--out",
-            str(tmp_path / "s.safetensors")]
-    assert run_main(lambda: stats_main(argv), "stats") == 2
-    err = capfd.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("stats: error: empty corpus: "), err
+    for name, says in (("empty.txt", "empty corpus: "), ("random.parquet", "cannot read ")):
+        argv = ["compute", "--dataset", str(tmp_path / name), "--out",
+                str(tmp_path / "s.safetensors")]
+        assert run_main(lambda argv=argv: stats_main(argv), "stats") == 2
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"stats: error: {says}"), err

@@ -86,8 +86,8 @@ def compute(cfg: StatsConfig, ranks: Ranks | None = None, tok=None,
     if bytes_ == 0:  # as `corpus inspect` says it
         raise BadInputError(f"empty corpus: {cfg.dataset!r} is 0 bytes (a .txt corpus needs "
                             "non-blank text between <|endoftext|> lines)")
-    log.info(line)  # once the corpus is known readable: a bad one is its error line alone
     tok = tok if tok is not None else _tokenizer(cfg, shards, rules)
+    log.info(line)  # once the corpus was read (the word rule) or sized: a bad one is its line alone
     name = rules.name  # recorded as asked; what applies depends on the tokenizer's kind
     rules = rules.for_tokenizer(tokenizer.is_word_tokenizer(tok))
     if not rules.windows:
