@@ -1,8 +1,8 @@
-"""The sweep's last stage: a checked plan executed as it is. The output folder's lock (shared
-by the shards of one run), the run's manifest, the revision ledger, the targets prepared once
-per statistics file (held as the plan says), then this process's share of the (model, step)
-tasks (:mod:`.tasks`: ranks, claims, one shard each), and at the end, once every share is done,
-the run's status, the summary and the figures (:mod:`.report`).
+"""The sweep's last stage: a checked plan executed as it is (under the folder's lock of
+:func:`.manifest.folder_lock`): the run's manifest, the revision ledger, the targets prepared
+once per statistics file (held as the plan says), then this process's share of the (model,
+step) tasks (:mod:`.tasks`: ranks, claims, one shard each), and at the end, once every share
+is done, the run's status, the summary and the figures (:mod:`.report`).
 """
 
 from __future__ import annotations
