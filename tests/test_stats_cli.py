@@ -125,7 +125,7 @@ def test_bos_eos_may_be_the_unknown_token_as_in_pythia():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from pythia_probe.stats.job import _token_id
+    from pythia_probe.stats.settings import _token_id
 
     vocab = {"<|endoftext|>": 0, "a": 1, "b": 2}
     tok = PreTrainedTokenizerFast(

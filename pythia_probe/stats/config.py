@@ -1,7 +1,7 @@
 """The flags of ``python -m pythia_probe.stats compute|top`` (:class:`StatsFlags`,
 :class:`TopFlags`): names, types, defaults and help, and nothing else, so that ``--help``
-imports no torch. The validated configurations are :class:`~pythia_probe.stats.job.StatsConfig`
-and :class:`~pythia_probe.stats.top.TopConfig` (the same fields)."""
+imports no torch. The validated configurations: :class:`.settings.StatsConfig` and
+:class:`.top.TopConfig` (the same fields)."""
 
 from __future__ import annotations
 

@@ -118,17 +118,17 @@ def stats_config(recipe: Recipe, tokenizer: str, out: Path, device: str,
 
 
 def ensure(recipe: Recipe, tok, fingerprint: dict, device: str, ranks: Ranks | None = None,
-           progress: JobProgress | None = None, root: str | Path | None = None,
-           show: bool = True) -> Path:
+           progress: JobProgress | bool = True, root: str | Path | None = None) -> Path:
     """The statistics file of ``recipe``: read from the cache, or built now (rank 0 returns
-    it after every rank finished). ``show=False``: no display of its own (--no-progress)."""
+    it after every rank finished). ``progress``: the job's display to report into, True for
+    a display of its own, False for none (--no-progress)."""
     shards = recipe_shards(recipe)  # listed once: the key and the counts see the same shards
     path = cache_path(recipe, fingerprint, root, shards)
     if path.is_file():
         return path
     cfg = stats_config(recipe, tok.name_or_path or "model tokenizer", path, device)
-    compute(replace(cfg, progress=show and progress is None), ranks, tok=tok,
-            progress=progress, shards=shards)
+    compute(replace(cfg, progress=progress is True), ranks, tok=tok,
+            progress=None if isinstance(progress, bool) else progress, shards=shards)
     if ranks is not None:
         ranks.barrier()  # rank 0 has written the file
     return path

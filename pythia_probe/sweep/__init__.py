@@ -39,6 +39,6 @@ __all__ = ["Scorer", "SweepConfig", "SweepParts", "run", "run_step"]
 __getattr__, __dir__ = faces(__name__, {
     ".config": ("SweepConfig", "SweepParts"),
     ".runner": ("run",),
-    ".execute": ("run_step",),
     ".scoring": ("Scorer",),
+    ".tasks": ("run_step",),
 })

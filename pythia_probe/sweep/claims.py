@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pythia_probe.errors import FolderLockedError
-from pythia_probe.fileio import FolderLock, create_exclusive, pid_alive, remove, touch
+from pythia_probe.fileio import FolderLock, create_exclusive, empty_only, pid_alive, remove, touch
 from pythia_probe.ranks import Ranks
 
 log = logging.getLogger(__name__)
@@ -220,6 +220,12 @@ class Claims:
 
 
 # ---- one builder of a shared file ---------------------------------------------------------------
+def clear_claims(folders, out: str) -> None:
+    """The claims folders of a complete run, removed: no claim can come any more."""
+    for folder in folders:
+        remove(folder, [out], empty_only)
+
+
 class _BuildLock(FolderLock):
     def __init__(self, target: Path, holder: dict) -> None:
         super().__init__(target.parent, holder)

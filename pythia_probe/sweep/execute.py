@@ -1,54 +1,37 @@
-"""The sweep's last stage: a checked plan executed as it is. The output folder's lock (shared
-by the shards of one run), the run's manifest, the revision ledger, the targets prepared once
-per statistics file (held as the plan says), then this process's share of the (model, step)
-tasks (:mod:`.tasks`: ranks, claims, one shard each), and at the end, once every share is done,
-the run's status, the summary and the figures (:mod:`.report`).
+"""The sweep's last stage: a checked plan executed as it is (under the folder's lock of
+:func:`.manifest.folder_lock`): the run's manifest, the revision ledger, the targets prepared
+once per statistics file (held as the plan says), then this process's share of the (model,
+step) tasks (:mod:`.tasks`: ranks, claims, one shard each), and at the end, once every share
+is done, the run's status, the summary and the figures (:mod:`.report`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import logging
-from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-import pandas as pd
 from tqdm import tqdm
 
-from pythia_probe.analysis import combined_needs
-from pythia_probe.analysis.targets import statistic_of
-from pythia_probe.errors import FolderLockedError, user_message
-from pythia_probe.fileio import FolderLock, empty_only, remove
-from pythia_probe.hub import write_ledger
 from pythia_probe.planner.sweep import SweepPlan
 from pythia_probe.progress import JobProgress, Stage
 from pythia_probe.ranks import Ranks
-from pythia_probe.results import make_rows, write_shard
-from pythia_probe.sweep.claims import Claims
-from pythia_probe.sweep.held import prepare_scale, prepare_targets
+from pythia_probe.sweep.claims import Claims, clear_claims
 from pythia_probe.sweep.layout import CLAIMS, Layout
 from pythia_probe.sweep.manifest import (
     RunRecord,
     models_record,
-    previous_run_id,
     run_checkpoints,
     run_choices,
     run_stats_id,
     run_steps,
+    write_revisions,
 )
 from pythia_probe.sweep.prepare import Prepared
 from pythia_probe.sweep.report import finish, pending_line
-from pythia_probe.sweep.scoring import Scorer, build_scorer
-from pythia_probe.sweep.source import load_weights, stream, tensor_names, to_weights
+from pythia_probe.sweep.scoring import prepare_scorer
+from pythia_probe.sweep.source import load_weights, stream, tensor_names
 from pythia_probe.sweep.statistics import LazyStats
-from pythia_probe.sweep.tasks import ShardInfo, Work, share, sweep_share
-
-log = logging.getLogger(__name__)
-REVISIONS = "revisions.parquet"  # OUT/revisions.parquet: the revision ledger of the run
+from pythia_probe.sweep.tasks import ShardInfo, Work, run_step, share, sweep_share
 
 
 class Run(NamedTuple):
@@ -72,79 +55,6 @@ class Launch(NamedTuple):
     run_id: str | None
     progress: JobProgress | None
     argv: list[str] | None
-
-
-def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
-    """Score one loaded checkpoint and write its shard."""
-    sc = scorer.scoring
-    weights = to_weights(loaded, sc.device, sc.torch_dtype)
-    rows = scorer.rows(loaded.config, weights)
-    df = make_rows(rows, model=where.model, step=step, stats_id=scorer.stats_id,
-                   dtype=sc.dtype, run_id=where.run_id, revision_status=where.status.get(step))
-    return write_shard(df, where.shard(step), where.run)
-
-
-def prepare_scorer(parts, analyses: list, lazy: LazyStats, ranks: Ranks,
-                   together: bool = True) -> Scorer:
-    """Targets prepared once (their norms cached by stats_id) and shared by every step;
-    rank 0 builds a missing cache, the others then reuse it (``together``: the plan's
-    :class:`~pythia_probe.planner.sweep.Held`)."""
-    needs = combined_needs(analyses)
-    names, progress = held_targets(needs, lazy), parts.output.progress and ranks.is_main
-    for turn in (True, False):  # rank 0 first (it builds missing caches), then the others
-        if ranks.is_main == turn:
-            targets = prepare_targets(lazy, names, parts.scoring, progress and turn)
-            scale = prepare_scale(lazy, names, parts.scoring, together, progress and turn,
-                                  needs.raw)
-        if turn:
-            ranks.barrier()
-    return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)
-
-
-def held_targets(needs, lazy: LazyStats) -> list[str]:
-    """The needed targets the statistics can give; a missing one (QbarHeadT of statistics
-    built before QbarHead existed) is left out with one warning naming the rows it costs."""
-    names = [n for n in needs.targets if lazy.holds(statistic_of(n))]
-    for n in (m for m in needs.targets if m not in names):
-        log.warning("statistics %s hold no %s (built before it existed): no %s rows; rebuild "
-                    "them for those", lazy.stats_id, statistic_of(n),
-                    "cos_head_authors" if n == "QbarHeadT" else n)
-    return names
-
-
-def _lock_key(parts, runs) -> str:
-    """What makes two processes shards of one run: the identity and the statistics."""
-    ident = {**parts.identity(), "stats": sorted({str(r.stats.path) for r in runs})}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def folder_lock(job: Prepared, argv, ranks: Ranks) -> Iterator[str]:
-    """Rank 0 holds the output folder's lock for the whole launch, shared with the other
-    shards of this run (same identity and statistics) and refused to any other run; every
-    rank learns whether it got it, and the run id (the first shard's, or the folder's earlier
-    compatible run's)."""
-    parts = job.parts
-    out = parts.output.out
-    what = "sweep " + " ".join(argv if argv is not None else [])
-    lock = FolderLock(out, {"what": what[:300], "since": datetime.now(timezone.utc).isoformat(),
-                            "run_id": previous_run_id(out, parts.identity())},
-                      key=_lock_key(parts, job.runs))
-    err, run_id = None, None
-    if ranks.is_main:
-        try:
-            run_id = lock.acquire().info.get("run_id")
-        except Exception as e:  # noqa: BLE001 - shared with the other ranks, then raised
-            err = e
-    said = ranks.gather(None if err is None else user_message(err) or str(err))[0]
-    if err is not None:
-        raise err
-    if said:
-        raise FolderLockedError(said)
-    try:
-        yield run_id
-    finally:
-        lock.release()
 
 
 def job_progress(job: Prepared, ranks: Ranks) -> JobProgress | None:
@@ -171,7 +81,7 @@ def execute(run: Run, launch: Launch) -> int:
     run_id = record.start(parts.identity(), record.config["stats_id"], run_checkpoints(runs),
                           launch.run_id)  # refuses a folder of another run before any write
     if ranks.is_main:
-        write_ledger(pd.concat([r.ledger for r in runs], ignore_index=True), Path(out) / REVISIONS)
+        write_revisions(out, runs)
     infos = {r.source.model: ShardInfo(out, r.name, run_id, r.status, run.layout,
                                        record.run_key) for r in runs}
     try:
@@ -179,7 +89,7 @@ def execute(run: Run, launch: Launch) -> int:
         mine = share(run.groups, *launch.shard)
         with Claims(Path(out) / CLAIMS, run_id) as claims:
             work = Work(infos, scorers, {r.source.model: r.source for r in runs},
-                        tensor_names(combined_needs(run.job.analyses)), parts.scoring.analyses,
+                        tensor_names(run.job.needs), parts.scoring.analyses,
                         parts.plan.retries, parts.source.prefetch,
                         min((d.limit for d in run.plan.downloads.values()
                              if d.limit is not None), default=None), claims, ranks.rank)
@@ -189,7 +99,7 @@ def execute(run: Run, launch: Launch) -> int:
         record.end("interrupted", "stopped by a signal (SIGINT/SIGTERM); rerun to resume")
         raise
     except BaseException as err:
-        record.end("failed", user_message(err) or f"{type(err).__name__}: {err}")
+        record.fail(err)
         raise
     ranks.barrier()
     status = _finish_record(run, scorers, record)
@@ -242,6 +152,5 @@ def _finish_record(run: Run, scorers, record: RunRecord) -> str:
                   else "steps of other shards are not done yet")
         record.end(status, reason, [s for _, s in failed] if len(runs) == 1 else
                    [f"{m} step{s}" for m, s in failed])
-        for folder in layout.folders(CLAIMS) if complete else []:
-            remove(folder, [parts.output.out], empty_only)  # no claim can come any more
+        clear_claims(layout.folders(CLAIMS) if complete else [], parts.output.out)
     return status

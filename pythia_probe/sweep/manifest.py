@@ -19,12 +19,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pythia_probe.errors import FolderLockedError, MismatchError, ResultsError
+import pandas as pd
+
+from pythia_probe.errors import FolderLockedError, MismatchError, ResultsError, user_message
 from pythia_probe.fileio import FolderLock
+from pythia_probe.hub import write_ledger
 from pythia_probe.ranks import Ranks
 from pythia_probe.results import LAYERS, MANIFEST, new_run_id, read_manifest, write_manifest
+from pythia_probe.sweep.prepare import Prepared
 
 MANIFEST_WAIT = 60.0  # seconds a shard waits for another one writing its end status
+REVISIONS = "revisions.parquet"  # OUT/revisions.parquet: the revision ledger of the run
 
 
 class _ManifestLock(FolderLock):
@@ -142,6 +147,10 @@ class RunRecord:
                        run_id=self.run_id, extra=self._extra(status=status, reason=reason,
                                                              failed_steps=list(failed)))
 
+    def fail(self, err: BaseException) -> None:
+        """Rank 0 records the run as failed with ``err``'s one line."""
+        self.end("failed", user_message(err) or f"{type(err).__name__}: {err}")
+
 
 # ---- what the manifest says about the models of a run ------------------------------------
 def run_stats_id(runs, lazies) -> str | dict[str, str]:
@@ -194,3 +203,43 @@ def run_checkpoints(runs):
     if len(runs) == 1:
         return lambda: hub[0].source.manifest(hub[0].source.resolve(hub[0].steps))
     return lambda: {r.name: r.source.manifest(r.source.resolve(r.steps)) for r in hub}
+
+
+def write_revisions(out: str, runs) -> None:
+    """OUT/revisions.parquet: the revision ledger of the run (every model's steps)."""
+    write_ledger(pd.concat([r.ledger for r in runs], ignore_index=True), Path(out) / REVISIONS)
+
+
+def _lock_key(parts, runs) -> str:
+    """What makes two processes shards of one run: the identity and the statistics."""
+    ident = {**parts.identity(), "stats": sorted({str(r.stats.path) for r in runs})}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def folder_lock(job: Prepared, argv, ranks: Ranks) -> Iterator[str]:
+    """Rank 0 holds the output folder's lock for the whole launch, shared with the other
+    shards of this run (same identity and statistics) and refused to any other run; every
+    rank learns whether it got it, and the run id (the first shard's, or the folder's earlier
+    compatible run's)."""
+    parts = job.parts
+    out = parts.output.out
+    what = "sweep " + " ".join(argv if argv is not None else [])
+    lock = FolderLock(out, {"what": what[:300], "since": datetime.now(timezone.utc).isoformat(),
+                            "run_id": previous_run_id(out, parts.identity())},
+                      key=_lock_key(parts, job.runs))
+    err, run_id = None, None
+    if ranks.is_main:
+        try:
+            run_id = lock.acquire().info.get("run_id")
+        except Exception as e:  # noqa: BLE001 - shared with the other ranks, then raised
+            err = e
+    said = ranks.gather(None if err is None else user_message(err) or str(err))[0]
+    if err is not None:
+        raise err
+    if said:
+        raise FolderLockedError(said)
+    try:
+        yield run_id
+    finally:
+        lock.release()

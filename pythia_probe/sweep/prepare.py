@@ -45,6 +45,11 @@ class Prepared:
     analyses: list
     runs: list[ModelRun]
 
+    @property
+    def needs(self):
+        """What the analyses need together (weights, targets, raw statistics, text)."""
+        return combined_needs(self.analyses)
+
 
 def prepare(parts: SweepParts, analyses: list, sources) -> Prepared:
     """Each model's steps, config, tokenizer and statistics choice: nothing downloaded but
@@ -142,8 +147,8 @@ def build_missing(job: Prepared, ranks, progress) -> dict[Path, LazyStats]:
             continue
         if not r.stats.built:  # shards started together build it once
             with one_builder(path, ranks, f"statistics for {r.model}"):
-                ensure(r.stats.recipe, r.tokenizer, r.fingerprint, parts.scoring.device,
-                       ranks, progress if not out else None, show=parts.output.progress)
+                ensure(r.stats.recipe, r.tokenizer, r.fingerprint, parts.scoring.device, ranks,
+                       progress if progress is not None and not out else parts.output.progress)
         out[path] = LazyStats(path, read_stats_meta(path, r.fingerprint))
     return out
 
@@ -154,7 +159,7 @@ def downloads(job: Prepared, layout) -> tuple[list, dict]:
     within the disk the loader may use."""
     runs = job.runs
     groups = plan_downloads([r.source for r in runs], {r.source.model: r.steps for r in runs})
-    sc, names = job.parts.scoring, tensor_names(combined_needs(job.analyses))
+    sc, names = job.parts.scoring, tensor_names(job.needs)
     return groups.groups, {r.name: model_downloads(
         r, groups.groups, [s for s in r.steps if not layout.done(r.name, s, sc.analyses,
                                                           r.stats.stats_id)],

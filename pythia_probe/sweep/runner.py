@@ -19,9 +19,9 @@ from pythia_probe.planner.rates import measure
 from pythia_probe.planner.sweep import plan
 from pythia_probe.ranks import Ranks
 from pythia_probe.sweep.config import SweepParts
-from pythia_probe.sweep.execute import Launch, Run, execute, folder_lock, job_progress
+from pythia_probe.sweep.execute import Launch, Run, execute, job_progress
 from pythia_probe.sweep.layout import CLAIMS, FAILED, SHARDS, Layout
-from pythia_probe.sweep.manifest import planned_run_key
+from pythia_probe.sweep.manifest import folder_lock, planned_run_key
 from pythia_probe.sweep.prepare import Prepared, build_missing, downloads, prepare
 from pythia_probe.sweep.report import plan_lines
 from pythia_probe.sweep.source import open_source, revision_ledger

@@ -16,6 +16,7 @@ NaN).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -24,16 +25,20 @@ from typing import Any
 from safetensors.torch import load_file
 from torch import Tensor
 
-from pythia_probe.analysis import Analysis, Needs, Options, StepTensors
+from pythia_probe.analysis import Analysis, Needs, Options, StepTensors, combined_needs
 from pythia_probe.analysis.attention_text import model_attention
 from pythia_probe.analysis.basis import Basis
 from pythia_probe.analysis.intervals import add_intervals, judge
 from pythia_probe.analysis.layers import Layer, score_layers_sets
+from pythia_probe.analysis.targets import statistic_of
 from pythia_probe.arch import NeoXWeights, iter_single_token_layers
 from pythia_probe.errors import BadInputError, OutOfRangeError
+from pythia_probe.ranks import Ranks
 from pythia_probe.sweep.config import ScoringConfig
-from pythia_probe.sweep.held import RAW
+from pythia_probe.sweep.held import RAW, prepare_scale, prepare_targets
 from pythia_probe.sweep.statistics import LazyStats
+
+log = logging.getLogger(__name__)
 
 #: rounding a value may carry beyond its analysis's bounds, by compute dtype
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8}
@@ -193,3 +198,30 @@ def build_scorer(sc: ScoringConfig, analyses: list[Analysis], needs: Needs, stat
     return Scorer(analyses, needs, targets, stats.token_ids, stats.stats_id, raw, text, sc,
                   scale)
 
+
+def prepare_scorer(parts, analyses: list, lazy: LazyStats, ranks: Ranks,
+                   together: bool = True) -> Scorer:
+    """Targets prepared once (their norms cached by stats_id) and shared by every step;
+    rank 0 builds a missing cache, the others then reuse it (``together``: the plan's
+    :class:`~pythia_probe.planner.sweep.Held`)."""
+    needs = combined_needs(analyses)
+    names, progress = held_targets(needs, lazy), parts.output.progress and ranks.is_main
+    for turn in (True, False):  # rank 0 first (it builds missing caches), then the others
+        if ranks.is_main == turn:
+            targets = prepare_targets(lazy, names, parts.scoring, progress and turn)
+            scale = prepare_scale(lazy, names, parts.scoring, together, progress and turn,
+                                  needs.raw)
+        if turn:
+            ranks.barrier()
+    return build_scorer(parts.scoring, analyses, needs, lazy, targets, scale)
+
+
+def held_targets(needs, lazy: LazyStats) -> list[str]:
+    """The needed targets the statistics can give; a missing one (QbarHeadT of statistics
+    built before QbarHead existed) is left out with one warning naming the rows it costs."""
+    names = [n for n in needs.targets if lazy.holds(statistic_of(n))]
+    for n in (m for m in needs.targets if m not in names):
+        log.warning("statistics %s hold no %s (built before it existed): no %s rows; rebuild "
+                    "them for those", lazy.stats_id, statistic_of(n),
+                    "cos_head_authors" if n == "QbarHeadT" else n)
+    return names

@@ -32,8 +32,10 @@ from tqdm import tqdm
 from pythia_probe.errors import DiskFullError, ResourceError, user_message
 from pythia_probe.fileio import remove, write_json
 from pythia_probe.hub import Group, Task
-from pythia_probe.results import read_shard, write_shard
+from pythia_probe.results import make_rows, read_shard, write_shard
 from pythia_probe.sweep.layout import Layout, failure_proof
+from pythia_probe.sweep.scoring import Scorer
+from pythia_probe.sweep.source import to_weights
 
 log = logging.getLogger(__name__)
 WAIT_POLL = 1.0  # seconds between looks at tasks of this share another process is scoring
@@ -60,6 +62,16 @@ class ShardInfo:
 
     def failure(self, step: int) -> Path:
         return (self.layout or Layout(self.out)).failure(self.model, step)
+
+
+def run_step(loaded, step: int, scorer: Scorer, where: ShardInfo) -> Path:
+    """Score one loaded checkpoint and write its shard."""
+    sc = scorer.scoring
+    weights = to_weights(loaded, sc.device, sc.torch_dtype)
+    rows = scorer.rows(loaded.config, weights)
+    df = make_rows(rows, model=where.model, step=step, stats_id=scorer.stats_id,
+                   dtype=sc.dtype, run_id=where.run_id, revision_status=where.status.get(step))
+    return write_shard(df, where.shard(step), where.run)
 
 
 @dataclass
